@@ -1,0 +1,209 @@
+//! First-match classification of a packet (or a socket's tuple) against a [`PolicyTable`].
+//!
+//! The tc program calls [`classify`] on every parsed packet; the sock_ops program calls it on a
+//! connection's tuple. Matching is a handful of XOR/AND operations per rule with no early exits
+//! inside a rule, which keeps the verifier's state count and the per-rule cost small.
+
+use crate::maps::{MAX_CLASSES, MAX_RULES, PolicyTable, Rule};
+
+/// [`PacketInfo::unknown`]: the caller cannot see the packet's DSCP (sock_ops).
+pub const UNKNOWN_DSCP: u8 = 1 << 0;
+/// [`PacketInfo::unknown`]: the caller cannot see the socket's cgroup (sock_ops).
+pub const UNKNOWN_CGROUP: u8 = 1 << 1;
+/// [`PacketInfo::unknown`]: the caller cannot see the mark.
+pub const UNKNOWN_MARK: u8 = 1 << 2;
+
+/// What the classifier looks at. Addresses in network byte order, IPv4 mapped
+/// (see [`crate::maps::v4_mapped`]); ports in host byte order (0 without ports).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PacketInfo {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub cgroup_id: u64,
+    pub mark: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub dscp: u8,
+    /// 1 for IPv6, 0 for IPv4.
+    pub is_v6: u8,
+    /// Fields the caller could not observe: a rule that needs one of them does not match.
+    pub unknown: u8,
+    pub _pad: [u8; 4],
+}
+const _: () = assert!(core::mem::size_of::<PacketInfo>() == 56);
+
+/// Does `r` match `p`? Equality conditions fold into one OR of masked XORs; each port range is
+/// one unsigned compare. Three branches in all, which keeps the verifier's work per rule small
+/// (a loop of 64 rules with a branch per condition exceeds the verifier's budget).
+#[inline(always)]
+pub fn rule_matches(r: &Rule, p: &PacketInfo) -> bool {
+    let mut diff = 0u32;
+    let mut i = 0;
+    while i < 4 {
+        diff |= (p.src[i] ^ r.src[i]) & r.src_mask[i];
+        diff |= (p.dst[i] ^ r.dst[i]) & r.dst_mask[i];
+        i += 1;
+    }
+    let cg = (p.cgroup_id ^ r.cgroup_id) & r.cgroup_mask;
+    diff |= (cg as u32) | ((cg >> 32) as u32);
+    diff |= (p.mark ^ r.mark) & r.mark_mask;
+    diff |= ((p.proto ^ r.proto) & r.proto_mask) as u32;
+    diff |= ((p.dscp ^ r.dscp) & r.dscp_mask) as u32;
+    diff |= ((p.is_v6 ^ r.family) & r.family_mask) as u32;
+    // A rule that needs a field the caller could not see does not match.
+    diff |= (p.unknown & r.needs) as u32;
+    diff == 0
+        && p.sport.wrapping_sub(r.sport_min) <= r.sport_span
+        && p.dport.wrapping_sub(r.dport_min) <= r.dport_span
+}
+
+/// The class of `p`: the class of the first matching rule, else the table's default class.
+/// Always `< MAX_CLASSES`, whatever the table holds.
+#[inline(always)]
+pub fn classify(t: &PolicyTable, p: &PacketInfo) -> u32 {
+    let n = t.n_rules as usize;
+    let mut i = 0;
+    while i < MAX_RULES {
+        if i >= n {
+            break;
+        }
+        let r = &t.rules[i];
+        if rule_matches(r, p) {
+            return r.class as u32 & (MAX_CLASSES as u32 - 1);
+        }
+        i += 1;
+    }
+    t.default_class & (MAX_CLASSES as u32 - 1)
+}
+
+const _: () = assert!(MAX_CLASSES.is_power_of_two());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::maps::v4_mapped;
+
+    fn v4(a: [u8; 4]) -> [u32; 4] {
+        v4_mapped(u32::from_ne_bytes(a))
+    }
+
+    fn pkt_v4(src: [u8; 4], dst: [u8; 4], proto: u8, sport: u16, dport: u16) -> PacketInfo {
+        PacketInfo { src: v4(src), dst: v4(dst), proto, sport, dport, ..Default::default() }
+    }
+
+    fn mask_v4(prefix: u32) -> [u32; 4] {
+        // IPv4-mapped prefix /p is /(96+p) over the 128-bit address.
+        let bits = 96 + prefix;
+        let mut m = [0u32; 4];
+        for (w, word) in m.iter_mut().enumerate() {
+            let mut bytes = [0u8; 4];
+            for (b, byte) in bytes.iter_mut().enumerate() {
+                let start = (w * 32 + b * 8) as u32;
+                *byte = if bits >= start + 8 {
+                    0xff
+                } else if bits > start {
+                    0xffu8 << (8 - (bits - start))
+                } else {
+                    0
+                };
+            }
+            *word = u32::from_ne_bytes(bytes);
+        }
+        m
+    }
+
+    fn table(rules: &[Rule], default_class: u32) -> PolicyTable {
+        let mut t = PolicyTable::empty();
+        t.rules[..rules.len()].copy_from_slice(rules);
+        t.n_rules = rules.len() as u32;
+        t.default_class = default_class;
+        t
+    }
+
+    #[test]
+    fn first_match_wins_and_default_applies() {
+        let memcached = Rule::any(1).with_proto(6).with_dport(11211, 11211);
+        let subnet = Rule::any(2).with_dst(v4([10, 1, 0, 0]), mask_v4(16));
+        let t = table(&[memcached, subnet], 3);
+
+        assert_eq!(classify(&t, &pkt_v4([10, 0, 0, 1], [10, 1, 2, 3], 6, 4000, 11211)), 1);
+        assert_eq!(classify(&t, &pkt_v4([10, 0, 0, 1], [10, 1, 2, 3], 17, 4000, 11211)), 2);
+        assert_eq!(classify(&t, &pkt_v4([10, 0, 0, 1], [10, 2, 2, 3], 17, 4000, 11211)), 3);
+    }
+
+    #[test]
+    fn v4_cidr_never_matches_v6() {
+        let r = Rule::any(1).with_src(v4([0, 0, 0, 0]), mask_v4(0)); // 0.0.0.0/0 = "any IPv4"
+        let t = table(&[r], 0);
+        assert_eq!(classify(&t, &pkt_v4([1, 2, 3, 4], [5, 6, 7, 8], 6, 1, 2)), 1);
+        let v6 = PacketInfo { src: [0x20010db8u32.to_be(), 0, 0, 1], is_v6: 1, ..Default::default() };
+        assert_eq!(classify(&t, &v6), 0);
+    }
+
+    #[test]
+    fn family_flags() {
+        let r = Rule::any(1).with_family(true);
+        let t = table(&[r], 0);
+        assert_eq!(classify(&t, &PacketInfo { is_v6: 1, ..Default::default() }), 1);
+        assert_eq!(classify(&t, &PacketInfo { is_v6: 0, ..Default::default() }), 0);
+    }
+
+    #[test]
+    fn dscp_mark_cgroup() {
+        let r = Rule::any(5).with_dscp(46).with_mark(0x100, 0xf00).with_cgroup(77);
+        let t = table(&[r], 0);
+        let p = PacketInfo { dscp: 46, mark: 0x1ff, cgroup_id: 77, ..Default::default() };
+        assert_eq!(classify(&t, &p), 5);
+        assert_eq!(classify(&t, &PacketInfo { cgroup_id: 78, ..p }), 0);
+        assert_eq!(classify(&t, &PacketInfo { mark: 0x2ff, ..p }), 0);
+        assert_eq!(classify(&t, &PacketInfo { dscp: 0, ..p }), 0);
+    }
+
+    #[test]
+    fn unknown_fields_do_not_match_rules_that_need_them() {
+        let needs_cgroup = Rule::any(1).with_cgroup(9);
+        let port = Rule::any(2).with_dport(80, 80);
+        let t = table(&[needs_cgroup, port], 0);
+        let sock = PacketInfo { dport: 80, cgroup_id: 9, unknown: UNKNOWN_CGROUP | UNKNOWN_DSCP, ..Default::default() };
+        assert_eq!(classify(&t, &sock), 2);
+    }
+
+    #[test]
+    fn port_ranges_are_inclusive() {
+        let r = Rule::any(1).with_sport(1000, 2000);
+        let t = table(&[r], 0);
+        for (port, class) in [(999, 0), (1000, 1), (2000, 1), (2001, 0)] {
+            assert_eq!(classify(&t, &pkt_v4([0; 4], [0; 4], 6, port, 1)), class, "port {port}");
+        }
+    }
+
+    #[test]
+    fn full_and_single_port_ranges() {
+        let t = table(&[Rule::any(1).with_dport(0, 65535)], 0);
+        for port in [0, 1, 80, 65535] {
+            assert_eq!(classify(&t, &pkt_v4([0; 4], [0; 4], 6, 1, port)), 1);
+        }
+        let t = table(&[Rule::any(1).with_dport(65535, 65535)], 0);
+        assert_eq!(classify(&t, &pkt_v4([0; 4], [0; 4], 6, 1, 65535)), 1);
+        assert_eq!(classify(&t, &pkt_v4([0; 4], [0; 4], 6, 1, 0)), 0);
+    }
+
+    #[test]
+    fn v4_only_rule() {
+        let t = table(&[Rule::any(1).with_family(false)], 0);
+        assert_eq!(classify(&t, &PacketInfo::default()), 1);
+        assert_eq!(classify(&t, &PacketInfo { is_v6: 1, ..Default::default() }), 0);
+    }
+
+    #[test]
+    fn out_of_range_classes_are_masked() {
+        let mut t = table(&[Rule::any(200)], 300);
+        assert!(classify(&t, &PacketInfo::default()) < MAX_CLASSES as u32);
+        t.n_rules = 0;
+        assert!(classify(&t, &PacketInfo::default()) < MAX_CLASSES as u32);
+        t.n_rules = 1000; // corrupt count: still bounded by MAX_RULES
+        assert!(classify(&t, &PacketInfo::default()) < MAX_CLASSES as u32);
+    }
+}

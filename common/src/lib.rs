@@ -1,0 +1,18 @@
+//! # paceline-common
+//!
+//! Shared by the eBPF datapath (`no_std`, compiled for the bpf target) and the user-side agent.
+//!
+//! # Layout
+//! - [`maps`]: every `#[repr(C)]` type that crosses a BPF map, with size assertions beside each.
+//! - [`edt`]: Earliest-Departure-Time clock arithmetic (what the tc program computes per packet).
+//! - [`classify`]: first-match rule classification over a parsed packet or socket tuple.
+//! - [`qjump`]: QJump network epoch and per-level rate limits (NSDI 2015).
+//! - [`d3`]: D3 deadline-driven rate allocation and its wire format (SIGCOMM 2011).
+#![no_std]
+#![deny(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod classify;
+pub mod d3;
+pub mod edt;
+pub mod maps;
+pub mod qjump;

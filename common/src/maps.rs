@@ -1,0 +1,409 @@
+//! Every type that crosses a BPF map, shared by the datapath and the agent.
+//!
+//! Rules for this file: `#[repr(C)]`, no `bool`, no implicit padding (explicit `_pad` fields),
+//! a size assertion beside each type, and user-side `aya::Pod` impls behind the `user` feature.
+//! Addresses are 16 bytes in network byte order; IPv4 is carried IPv4-mapped (`::ffff:a.b.c.d`),
+//! so a single rule format matches both families and an IPv4 CIDR can never match IPv6 traffic.
+
+use core::mem::size_of;
+
+/// Names of the maps in the eBPF object (the agent looks them up by these names).
+pub mod names {
+    /// `Array<u32>` with one entry: which of the two [`super::PolicyTable`] slots is live.
+    pub const ACTIVE: &str = "PL_ACTIVE";
+    /// `Array<PolicyTable>` with two entries: the live policy and the one being written.
+    pub const TABLES: &str = "PL_TABLES";
+    /// `LruHashMap<FlowKey, FlowState>`: per-flow departure clocks.
+    pub const FLOWS: &str = "PL_FLOWS";
+    /// `Array<AggClock>`: class clocks at `[0, MAX_CLASSES)`, level clocks after them.
+    pub const AGG_CLOCKS: &str = "PL_AGG_CLOCKS";
+    /// `PerCpuArray<Counters>`: per class at `[0, MAX_CLASSES)`, per level after them.
+    pub const STATS: &str = "PL_STATS";
+    /// `PerCpuArray<GlobalCounters>` with one entry.
+    pub const GLOBAL_STATS: &str = "PL_GLOBAL_STATS";
+    /// `PerCpuArray<PacketInfo>` with one entry: the datapath's scratch slot.
+    pub const SCRATCH: &str = "PL_SCRATCH";
+}
+
+/// Upper bounds that size the maps and bound the datapath's loops.
+pub const MAX_RULES: usize = 64;
+pub const MAX_CLASSES: usize = 64;
+pub const MAX_LEVELS: usize = 8;
+/// Entries of [`names::AGG_CLOCKS`] and [`names::STATS`].
+pub const AGG_SLOTS: usize = MAX_CLASSES + MAX_LEVELS;
+
+/// Index of level `l`'s slot in [`names::AGG_CLOCKS`] / [`names::STATS`].
+#[inline(always)]
+pub const fn level_slot(level: u32) -> u32 {
+    MAX_CLASSES as u32 + level
+}
+
+/// One classification rule. Every condition is a masked compare, so matching costs a few
+/// XOR/AND/OR per rule and three branches (see `classify::rule_matches`); a zero mask or a full
+/// port span means "any". Build rules with the `with_*` methods, which keep the derived fields
+/// (`cgroup_mask`, `family_mask`, `needs`) consistent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub src: [u32; 4],
+    pub src_mask: [u32; 4],
+    pub dst: [u32; 4],
+    pub dst_mask: [u32; 4],
+    /// cgroup v2 id (the inode number of the cgroup directory).
+    pub cgroup_id: u64,
+    /// All ones when the rule matches on cgroup, else 0.
+    pub cgroup_mask: u64,
+    pub mark: u32,
+    pub mark_mask: u32,
+    /// Port ranges in host byte order as `min` and `max - min`: a port matches when
+    /// `port.wrapping_sub(min) <= span`. `0` and `65535` match any port.
+    pub sport_min: u16,
+    pub sport_span: u16,
+    pub dport_min: u16,
+    pub dport_span: u16,
+    pub proto: u8,
+    /// `0xff` to match [`Rule::proto`], `0` for any protocol.
+    pub proto_mask: u8,
+    /// DSCP (6 bits) to match, with `dscp_mask` `0x3f`, or `0` for any.
+    pub dscp: u8,
+    pub dscp_mask: u8,
+    /// 0 for IPv4, 1 for IPv6; compared when `family_mask` is 1.
+    pub family: u8,
+    pub family_mask: u8,
+    /// The `classify::UNKNOWN_*` fields this rule needs: it cannot match a caller that does not
+    /// see them (sock_ops sees no DSCP, cgroup or mark).
+    pub needs: u8,
+    pub _pad0: u8,
+    /// Index into [`PolicyTable::classes`].
+    pub class: u16,
+    pub _pad1: [u8; 6],
+}
+const _: () = assert!(size_of::<Rule>() == 112);
+
+impl Rule {
+    /// A rule that matches every packet and puts it in `class`.
+    pub const fn any(class: u16) -> Self {
+        Rule {
+            src: [0; 4],
+            src_mask: [0; 4],
+            dst: [0; 4],
+            dst_mask: [0; 4],
+            cgroup_id: 0,
+            cgroup_mask: 0,
+            mark: 0,
+            mark_mask: 0,
+            sport_min: 0,
+            sport_span: u16::MAX,
+            dport_min: 0,
+            dport_span: u16::MAX,
+            proto: 0,
+            proto_mask: 0,
+            dscp: 0,
+            dscp_mask: 0,
+            family: 0,
+            family_mask: 0,
+            needs: 0,
+            _pad0: 0,
+            class,
+            _pad1: [0; 6],
+        }
+    }
+
+    /// Source address/mask: 16 bytes each in network order (IPv4 mapped).
+    pub const fn with_src(mut self, addr: [u32; 4], mask: [u32; 4]) -> Self {
+        self.src = addr;
+        self.src_mask = mask;
+        self
+    }
+
+    pub const fn with_dst(mut self, addr: [u32; 4], mask: [u32; 4]) -> Self {
+        self.dst = addr;
+        self.dst_mask = mask;
+        self
+    }
+
+    /// Inclusive source port range (`lo <= hi`).
+    pub const fn with_sport(mut self, lo: u16, hi: u16) -> Self {
+        self.sport_min = lo;
+        self.sport_span = hi.wrapping_sub(lo);
+        self
+    }
+
+    /// Inclusive destination port range (`lo <= hi`).
+    pub const fn with_dport(mut self, lo: u16, hi: u16) -> Self {
+        self.dport_min = lo;
+        self.dport_span = hi.wrapping_sub(lo);
+        self
+    }
+
+    pub const fn with_proto(mut self, proto: u8) -> Self {
+        self.proto = proto;
+        self.proto_mask = 0xff;
+        self
+    }
+
+    pub const fn with_dscp(mut self, dscp: u8) -> Self {
+        self.dscp = dscp & 0x3f;
+        self.dscp_mask = 0x3f;
+        self.needs |= crate::classify::UNKNOWN_DSCP;
+        self
+    }
+
+    pub const fn with_mark(mut self, mark: u32, mask: u32) -> Self {
+        self.mark = mark & mask;
+        self.mark_mask = mask;
+        if mask != 0 {
+            self.needs |= crate::classify::UNKNOWN_MARK;
+        }
+        self
+    }
+
+    pub const fn with_cgroup(mut self, id: u64) -> Self {
+        self.cgroup_id = id;
+        self.cgroup_mask = u64::MAX;
+        self.needs |= crate::classify::UNKNOWN_CGROUP;
+        self
+    }
+
+    /// Restrict to one family: `false` = IPv4, `true` = IPv6.
+    pub const fn with_family(mut self, v6: bool) -> Self {
+        self.family = v6 as u8;
+        self.family_mask = 1;
+        self
+    }
+
+    /// Does this rule look at the cgroup id (the datapath then fetches it)?
+    pub const fn uses_cgroup(&self) -> bool {
+        self.cgroup_mask != 0
+    }
+}
+
+// ---- Class flags ([`ClassConfig::flags`]) ----
+/// Write [`ClassConfig::skb_priority`] into `skb->priority`.
+pub const CLASS_SET_PRIORITY: u32 = 1 << 0;
+
+/// What the datapath does with a packet of one class.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassConfig {
+    /// Per-flow pacing rate in bytes/s; 0 = no per-flow clock.
+    pub flow_rate: u64,
+    /// Aggregate rate of the whole class in bytes/s; 0 = no class clock.
+    pub class_rate: u64,
+    /// Value for `skb->priority`: the level's priority, or an HTB class id `major:minor`
+    /// when the interface enforces aggregates with HTB.
+    pub skb_priority: u32,
+    pub flags: u32,
+    /// TCP minimum RTO in microseconds set through sock_ops (TCP_BPF_RTO_MIN); 0 = leave.
+    pub rto_min_us: u32,
+    /// TCP delayed-ACK ceiling in microseconds (TCP_BPF_DELACK_MAX); 0 = leave.
+    pub delack_max_us: u32,
+    /// The QJump level this class belongs to (index into [`PolicyTable::levels`]).
+    pub level: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<ClassConfig>() == 40);
+
+impl ClassConfig {
+    pub const fn zeroed() -> Self {
+        ClassConfig {
+            flow_rate: 0,
+            class_rate: 0,
+            skb_priority: 0,
+            flags: 0,
+            rto_min_us: 0,
+            delack_max_us: 0,
+            level: 0,
+            _pad: 0,
+        }
+    }
+}
+
+// ---- Level flags ([`LevelConfig::flags`]) ----
+/// Rewrite the DSCP of IPv4/IPv6 packets to [`LevelConfig::dscp`] (ECN bits kept).
+pub const LEVEL_SET_DSCP: u32 = 1 << 0;
+/// Rewrite the 802.1p PCP of the packet's VLAN tag to [`LevelConfig::pcp`].
+pub const LEVEL_SET_PCP: u32 = 1 << 1;
+
+/// One QJump level on this host.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LevelConfig {
+    /// The level's rate limit for this host in bytes/s; 0 = not rate-limited (the lowest level).
+    pub rate: u64,
+    pub flags: u32,
+    pub dscp: u8,
+    pub pcp: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<LevelConfig>() == 16);
+
+impl LevelConfig {
+    pub const fn zeroed() -> Self {
+        LevelConfig { rate: 0, flags: 0, dscp: 0, pcp: 0, _pad: [0; 2] }
+    }
+}
+
+// ---- Table flags ([`PolicyTable::flags`]) ----
+/// Some rule matches on cgroup: the datapath must look up the packet's cgroup id.
+pub const TABLE_NEEDS_CGROUP: u32 = 1 << 0;
+
+/// A whole compiled policy: what one slot of [`names::TABLES`] holds.
+///
+/// The agent writes a new policy into the slot that is not live and then flips
+/// [`names::ACTIVE`], so every packet sees either the old or the new policy, never a mix.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyTable {
+    pub n_rules: u32,
+    /// Class of packets no rule matches.
+    pub default_class: u32,
+    pub flags: u32,
+    /// Number of classes in use (for the agent; the datapath never loops over classes).
+    pub n_classes: u32,
+    /// A packet whose departure would lie further than this in the future is dropped.
+    pub horizon_ns: u64,
+    /// Increments with every policy the agent writes (shows up in status and tests).
+    pub generation: u64,
+    pub rules: [Rule; MAX_RULES],
+    pub classes: [ClassConfig; MAX_CLASSES],
+    pub levels: [LevelConfig; MAX_LEVELS],
+}
+const _: () = assert!(
+    size_of::<PolicyTable>() == 32 + 112 * MAX_RULES + 40 * MAX_CLASSES + 16 * MAX_LEVELS
+);
+
+impl PolicyTable {
+    /// A table that puts everything in class 0 at level 0 and does nothing to it.
+    pub const fn empty() -> Self {
+        PolicyTable {
+            n_rules: 0,
+            default_class: 0,
+            flags: 0,
+            n_classes: 1,
+            horizon_ns: 0,
+            generation: 0,
+            rules: [Rule::any(0); MAX_RULES],
+            classes: [ClassConfig::zeroed(); MAX_CLASSES],
+            levels: [LevelConfig::zeroed(); MAX_LEVELS],
+        }
+    }
+}
+
+/// Key of the per-flow table: the 5-tuple as seen on egress.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// Host byte order; 0 for protocols without ports.
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<FlowKey>() == 40);
+
+/// Per-flow state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowState {
+    /// Earliest departure (CLOCK_MONOTONIC ns) of the flow's next packet.
+    pub t_next: u64,
+    /// A rate that overrides the class's per-flow rate (bytes/s), e.g. a D3 grant; 0 = none.
+    pub rate_override: u64,
+}
+const _: () = assert!(size_of::<FlowState>() == 16);
+
+/// An aggregate's departure clock, shared by all CPUs (updated with atomics).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct AggClock {
+    pub t_next: u64,
+}
+const _: () = assert!(size_of::<AggClock>() == 8);
+
+/// Per-CPU counters of one class or one level.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Counters {
+    pub packets: u64,
+    pub bytes: u64,
+    /// Packets whose departure the datapath moved into the future.
+    pub delayed_packets: u64,
+    /// Sum over delayed packets of (departure - max(now, stack timestamp)), ns.
+    pub delay_ns: u64,
+    /// Packets dropped because their departure lay beyond the horizon.
+    pub drops_horizon: u64,
+    /// Packets whose DSCP or PCP the datapath rewrote.
+    pub tagged_packets: u64,
+    /// TCP sockets the sock_ops program configured for this class.
+    pub tcp_sockets: u64,
+    /// bpf_setsockopt calls that failed for this class's sockets.
+    pub sockopt_errors: u64,
+}
+const _: () = assert!(size_of::<Counters>() == 64);
+
+impl Counters {
+    /// Adds `other` into `self` (summing per-CPU values on the user side).
+    pub fn add(&mut self, other: &Counters) {
+        self.packets = self.packets.wrapping_add(other.packets);
+        self.bytes = self.bytes.wrapping_add(other.bytes);
+        self.delayed_packets = self.delayed_packets.wrapping_add(other.delayed_packets);
+        self.delay_ns = self.delay_ns.wrapping_add(other.delay_ns);
+        self.drops_horizon = self.drops_horizon.wrapping_add(other.drops_horizon);
+        self.tagged_packets = self.tagged_packets.wrapping_add(other.tagged_packets);
+        self.tcp_sockets = self.tcp_sockets.wrapping_add(other.tcp_sockets);
+        self.sockopt_errors = self.sockopt_errors.wrapping_add(other.sockopt_errors);
+    }
+}
+
+/// Per-CPU counters that belong to no class.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct GlobalCounters {
+    /// Frames that are neither IPv4 nor IPv6 (ARP, LLDP, ...): passed untouched.
+    pub non_ip: u64,
+    /// Frames too short for the headers they announce: passed untouched.
+    pub truncated: u64,
+    /// IPv6 packets with more extension headers than the parser follows: passed untouched.
+    pub ipv6_ext_limit: u64,
+    /// Packets seen while no policy was loaded.
+    pub no_policy: u64,
+    /// Rewrites (DSCP, PCP) the kernel refused.
+    pub rewrite_errors: u64,
+    pub _reserved: [u64; 3],
+}
+const _: () = assert!(size_of::<GlobalCounters>() == 64);
+
+impl GlobalCounters {
+    pub fn add(&mut self, o: &GlobalCounters) {
+        self.non_ip = self.non_ip.wrapping_add(o.non_ip);
+        self.truncated = self.truncated.wrapping_add(o.truncated);
+        self.ipv6_ext_limit = self.ipv6_ext_limit.wrapping_add(o.ipv6_ext_limit);
+        self.no_policy = self.no_policy.wrapping_add(o.no_policy);
+        self.rewrite_errors = self.rewrite_errors.wrapping_add(o.rewrite_errors);
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all of these are `#[repr(C)]`, `Copy`, made only of integers and arrays of
+    // integers, with explicit padding fields, so every bit pattern is valid.
+    unsafe impl aya::Pod for Rule {}
+    unsafe impl aya::Pod for ClassConfig {}
+    unsafe impl aya::Pod for LevelConfig {}
+    unsafe impl aya::Pod for PolicyTable {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for FlowState {}
+    unsafe impl aya::Pod for AggClock {}
+    unsafe impl aya::Pod for Counters {}
+    unsafe impl aya::Pod for GlobalCounters {}
+}
+
+/// IPv4-mapped form of a network-order IPv4 address word.
+#[inline(always)]
+pub const fn v4_mapped(addr_be: u32) -> [u32; 4] {
+    [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), addr_be]
+}

@@ -1,0 +1,201 @@
+//! The loaded eBPF object: programs, typed map handles, and the operations the agent and the
+//! tests perform on them (write a policy table, read counters).
+
+use std::os::fd::AsFd;
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, MapData, PerCpuArray},
+    programs::{SchedClassifier, SockOps},
+};
+use paceline_common::maps::{
+    AGG_SLOTS, AggClock, Counters, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS,
+    PolicyTable, names,
+};
+
+/// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/paceline"));
+
+/// Program names in the object.
+pub const TC_EGRESS: &str = "pl_tc_egress";
+pub const SOCK_OPS: &str = "pl_sock_ops";
+
+/// Options fixed when the object is loaded (changing them needs a restart).
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Entries of the per-flow LRU table.
+    pub flow_table_size: u32,
+    /// Load the classifier in count-only mode (no pacing, no tagging): the benchmark's floor.
+    pub count_only: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { flow_table_size: DEFAULT_FLOW_TABLE_SIZE, count_only: false }
+    }
+}
+
+/// Default size of the per-flow table: 65 536 flows, about 9 MiB of kernel memory (measured
+/// with `paceline status`, which reports the map's memlock).
+pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
+
+/// Summed (over CPUs) counters of every class and level.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub classes: Vec<Counters>,
+    pub levels: Vec<Counters>,
+    pub global: GlobalCounters,
+}
+
+pub struct Datapath {
+    ebpf: Ebpf,
+    active: Array<MapData, u32>,
+    tables: Array<MapData, PolicyTable>,
+    stats: PerCpuArray<MapData, Counters>,
+    global: PerCpuArray<MapData, GlobalCounters>,
+    clocks: Array<MapData, AggClock>,
+    flows: HashMap<MapData, FlowKey, FlowState>,
+    flow_table_memlock: Option<u64>,
+    generation: u64,
+}
+
+impl Datapath {
+    /// Loads the object and its programs into the kernel (nothing is attached yet).
+    pub fn load(opts: &LoadOptions) -> Result<Self> {
+        let count_only: u32 = opts.count_only.into();
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries(names::FLOWS, opts.flow_table_size)
+            .override_global("PL_COUNT_ONLY", &count_only, true)
+            .load(EBPF_OBJECT)
+            .context("loading the paceline eBPF object (is this a kernel with BPF and BTF, and are we root?)")?;
+        let tc: &mut SchedClassifier = prog(&mut ebpf, TC_EGRESS)?.try_into()?;
+        tc.load().with_context(|| format!("verifying {TC_EGRESS}"))?;
+        let so: &mut SockOps = prog(&mut ebpf, SOCK_OPS)?.try_into()?;
+        so.load().with_context(|| format!("verifying {SOCK_OPS}"))?;
+
+        let active = Array::try_from(take(&mut ebpf, names::ACTIVE)?)?;
+        let tables = Array::try_from(take(&mut ebpf, names::TABLES)?)?;
+        let stats = PerCpuArray::try_from(take(&mut ebpf, names::STATS)?)?;
+        let global = PerCpuArray::try_from(take(&mut ebpf, names::GLOBAL_STATS)?)?;
+        let clocks = Array::try_from(take(&mut ebpf, names::AGG_CLOCKS)?)?;
+        let flows_map = take(&mut ebpf, names::FLOWS)?;
+        let flow_table_memlock = match &flows_map {
+            aya::maps::Map::LruHashMap(m) => memlock_of(m.fd().as_fd()),
+            _ => None,
+        };
+        let flows = HashMap::try_from(flows_map)?;
+        Ok(Datapath {
+            ebpf,
+            active,
+            tables,
+            stats,
+            global,
+            clocks,
+            flows,
+            flow_table_memlock,
+            generation: 0,
+        })
+    }
+
+    pub fn tc_program(&mut self) -> Result<&mut SchedClassifier> {
+        Ok(prog(&mut self.ebpf, TC_EGRESS)?.try_into()?)
+    }
+
+    pub fn sock_ops_program(&mut self) -> Result<&mut SockOps> {
+        Ok(prog(&mut self.ebpf, SOCK_OPS)?.try_into()?)
+    }
+
+    /// Writes `table` into the slot that is not live, then makes it live. Packets in flight see
+    /// the old or the new table, never a mix; flow and aggregate clocks are untouched.
+    pub fn write_policy(&mut self, table: &PolicyTable) -> Result<u64> {
+        let live = self.active.get(&0, 0).context("reading PL_ACTIVE")? & 1;
+        let next = live ^ 1;
+        self.generation += 1;
+        let mut t = *table;
+        t.generation = self.generation;
+        self.tables.set(next, t, 0).context("writing PL_TABLES")?;
+        self.active.set(0, next, 0).context("flipping PL_ACTIVE")?;
+        Ok(self.generation)
+    }
+
+    /// The table the datapath currently uses.
+    pub fn live_policy(&self) -> Result<PolicyTable> {
+        let live = self.active.get(&0, 0)? & 1;
+        Ok(self.tables.get(&live, 0)?)
+    }
+
+    /// Counters of every class and level, summed over CPUs.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let mut s = Snapshot {
+            classes: vec![Counters::default(); MAX_CLASSES],
+            levels: vec![Counters::default(); MAX_LEVELS],
+            global: GlobalCounters::default(),
+        };
+        for slot in 0..AGG_SLOTS as u32 {
+            let per_cpu = self.stats.get(&slot, 0).context("reading PL_STATS")?;
+            let dst = if (slot as usize) < MAX_CLASSES {
+                &mut s.classes[slot as usize]
+            } else {
+                &mut s.levels[slot as usize - MAX_CLASSES]
+            };
+            for c in per_cpu.iter() {
+                dst.add(c);
+            }
+        }
+        for g in self.global.get(&0, 0).context("reading PL_GLOBAL_STATS")?.iter() {
+            s.global.add(g);
+        }
+        Ok(s)
+    }
+
+    /// An aggregate clock's value (tests and diagnostics).
+    pub fn agg_clock(&self, slot: u32) -> Result<u64> {
+        Ok(self.clocks.get(&slot, 0)?.t_next)
+    }
+
+    /// Sets an aggregate clock (tests only: start from a known state).
+    pub fn set_agg_clock(&mut self, slot: u32, t_next: u64) -> Result<()> {
+        Ok(self.clocks.set(slot, AggClock { t_next }, 0)?)
+    }
+
+    /// A flow's state, if the flow table holds it.
+    pub fn flow(&self, key: &FlowKey) -> Result<Option<FlowState>> {
+        match self.flows.get(key, 0) {
+            Ok(v) => Ok(Some(v)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Sets a flow's state (D3 grants; tests).
+    pub fn set_flow(&mut self, key: &FlowKey, state: &FlowState) -> Result<()> {
+        Ok(self.flows.insert(key, state, 0)?)
+    }
+
+    /// Number of flows in the flow table (walks the map: diagnostics, not the hot path).
+    pub fn flow_count(&self) -> usize {
+        self.flows.keys().filter(|k| k.is_ok()).count()
+    }
+
+    /// Kernel memory charged to the flow table, from `/proc/self/fdinfo` (bytes).
+    pub fn flow_table_memlock(&self) -> Option<u64> {
+        self.flow_table_memlock
+    }
+}
+
+fn prog<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))
+}
+
+fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
+    ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
+}
+
+fn memlock_of(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("memlock:"))
+        .and_then(|v| v.trim().parse().ok())
+}

@@ -1,0 +1,143 @@
+//! EDT pacing: the per-flow clock (in the LRU flow table) and the class and level aggregate
+//! clocks (shared by all CPUs, advanced with compare-and-swap). The arithmetic is
+//! `paceline_common::edt`, the same code the unit tests cover.
+
+use core::intrinsics::{AtomicOrdering::Relaxed, atomic_cxchg, atomic_xadd};
+
+use paceline_common::{
+    classify::PacketInfo,
+    edt::{self, Verdict},
+    maps::{FlowKey, FlowState},
+};
+
+use super::maps::{AGG_CLOCKS, FLOWS};
+
+/// Reserves `len` bytes at `rate` on an aggregate clock; returns the start of the slot the
+/// packet got. Each compare-and-swap that succeeds reserves one slot no other CPU holds, so the
+/// aggregate rate is exact under concurrency. After eight lost races in a row (not seen in
+/// practice) the packet takes the last slot it saw and adds its time to the clock without
+/// checking, which can overlap one other packet's slot.
+#[inline(always)]
+fn reserve(clock: *mut u64, floor: u64, len: u64, rate: u64) -> u64 {
+    let d = edt::tx_time_ns(len, rate);
+    // The bpf target spec has no `atomic-cas`, so `AtomicU64::compare_exchange` is not offered;
+    // the intrinsic lowers to BPF_CMPXCHG (kernel 5.12+). Fetch-add is deliberately not used:
+    // rustc builds bpf code for the v1 ISA, where LLVM silently drops the FETCH of an add whose
+    // result is used.
+    // SAFETY: `clock` points into an array map value, 8-byte aligned, valid while the program runs.
+    let mut cur = unsafe { clock.read_volatile() };
+    let mut tries = 0;
+    while tries < 8 {
+        let slot = edt::slot_start(cur, floor);
+        // SAFETY: as above.
+        let (seen, ok) = unsafe { atomic_cxchg::<u64, { Relaxed }, { Relaxed }>(clock, cur, slot + d) };
+        if ok {
+            return slot;
+        }
+        cur = seen;
+        tries += 1;
+    }
+    // SAFETY: as above; the result of the add is not used (plain BPF_XADD).
+    unsafe { atomic_xadd::<u64, u64, { Relaxed }>(clock, d) };
+    edt::slot_start(cur, floor)
+}
+
+pub struct Pacing {
+    pub flow_rate: u64,
+    pub class_rate: u64,
+    pub class_slot: u32,
+    pub level_rate: u64,
+    pub level_slot: u32,
+    pub horizon_ns: u64,
+}
+
+pub enum Outcome {
+    /// No clock applies: leave the timestamp alone.
+    Untouched,
+    Send { depart: u64, added_delay: u64 },
+    Drop,
+}
+
+#[inline(always)]
+fn flow_key(p: &PacketInfo) -> FlowKey {
+    FlowKey { src: p.src, dst: p.dst, sport: p.sport, dport: p.dport, proto: p.proto, _pad: [0; 3] }
+}
+
+/// Decides the departure of a `len`-byte packet, advancing the clocks that apply.
+#[inline(always)]
+pub fn pace(pkt: &PacketInfo, len: u64, now: u64, stack_ts: u64, cfg: &Pacing) -> Outcome {
+    let mut flow_rate = cfg.flow_rate;
+    let key;
+    let mut flow: Option<*mut FlowState> = None;
+    if flow_rate != 0 {
+        key = flow_key(pkt);
+        flow = FLOWS.get_ptr_mut(&key);
+        if let Some(f) = flow {
+            // SAFETY: map value pointer valid for this program run.
+            let o = unsafe { (*f).rate_override };
+            if o != 0 {
+                flow_rate = o;
+            }
+        }
+    } else {
+        key = FlowKey { src: [0; 4], dst: [0; 4], sport: 0, dport: 0, proto: 0, _pad: [0; 3] };
+    }
+    let class_clock = if cfg.class_rate != 0 {
+        AGG_CLOCKS.get_ptr_mut(cfg.class_slot).map(|c| c.cast::<u64>())
+    } else {
+        None
+    };
+    let level_clock = if cfg.level_rate != 0 {
+        AGG_CLOCKS.get_ptr_mut(cfg.level_slot).map(|c| c.cast::<u64>())
+    } else {
+        None
+    };
+    if flow_rate == 0 && class_clock.is_none() && level_clock.is_none() {
+        return Outcome::Untouched;
+    }
+
+    let floor = if stack_ts > now { stack_ts } else { now };
+    // SAFETY (all three reads): map value pointers valid for this program run.
+    let flow_slot = match flow {
+        Some(f) => edt::slot_start(unsafe { (*f).t_next }, floor),
+        None => floor,
+    };
+    let class_slot = match class_clock {
+        Some(c) => edt::slot_start(unsafe { c.read_volatile() }, floor),
+        None => floor,
+    };
+    let level_slot = match level_clock {
+        Some(c) => edt::slot_start(unsafe { c.read_volatile() }, floor),
+        None => floor,
+    };
+    // Decide with the values read, before any clock moves: a drop advances nothing.
+    let mut depart = match edt::decide(now, floor, [flow_slot, class_slot, level_slot], cfg.horizon_ns) {
+        Verdict::Drop { .. } => return Outcome::Drop,
+        Verdict::Send { depart, .. } => depart,
+    };
+    // Commit the aggregates; concurrent CPUs may have taken earlier slots meanwhile.
+    if let Some(c) = class_clock {
+        let s = reserve(c, floor, len, cfg.class_rate);
+        if s > depart {
+            depart = s;
+        }
+    }
+    if let Some(c) = level_clock {
+        let s = reserve(c, floor, len, cfg.level_rate);
+        if s > depart {
+            depart = s;
+        }
+    }
+    if flow_rate != 0 {
+        let t_next = edt::flow_clock_after(depart, len, flow_rate);
+        match flow {
+            // SAFETY: map value pointer valid for this program run.
+            Some(f) => unsafe { (*f).t_next = t_next },
+            None => {
+                // A flood of new flows evicts the least recently used state (LRU map).
+                let _ = FLOWS.insert(&key, &FlowState { t_next, rate_override: 0 }, 0);
+            }
+        }
+    }
+    Outcome::Send { depart, added_delay: depart - floor }
+}

@@ -1,0 +1,108 @@
+//! sock_ops: per-class TCP settings when a connection starts (active: at connect, passive: when
+//! established). It classifies the connection's tuple with the same rules as the tc program;
+//! sock_ops cannot see a socket's cgroup nor a packet's DSCP, so rules that need those do not
+//! match here (the agent warns about such policies).
+//!
+//! Settings: SO_MAX_PACING_RATE (the class's per-flow rate; TCP then paces itself, which is the
+//! per-flow enforcement on kernels without sch_fq), TCP_BPF_RTO_MIN and TCP_BPF_DELACK_MAX (the
+//! incast mitigations of seed 002).
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::{
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_TCP_CONNECT_CB, bpf_sock_ops,
+    },
+    helpers::bpf_setsockopt,
+    macros::sock_ops,
+    programs::SockOpsContext,
+};
+use paceline_common::{
+    classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, classify},
+    maps::{ClassConfig, v4_mapped},
+};
+
+use super::maps;
+
+const AF_INET6: u32 = 10;
+const SOL_SOCKET: i32 = 1;
+const SO_MAX_PACING_RATE: i32 = 47;
+const SOL_TCP: i32 = 6;
+const TCP_BPF_DELACK_MAX: i32 = 1003;
+const TCP_BPF_RTO_MIN: i32 = 1004;
+
+#[sock_ops]
+pub fn pl_sock_ops(ctx: SockOpsContext) -> u32 {
+    let op = ctx.op();
+    if op == BPF_SOCK_OPS_TCP_CONNECT_CB || op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
+        configure(&ctx);
+    }
+    1
+}
+
+#[inline(always)]
+fn configure(ctx: &SockOpsContext) {
+    let Some(table) = maps::active_table() else { return };
+    let mut pkt = PacketInfo {
+        proto: 6,
+        sport: ctx.local_port() as u16,
+        dport: u16::from_be(ctx.remote_port() as u16),
+        unknown: UNKNOWN_DSCP | UNKNOWN_CGROUP | UNKNOWN_MARK,
+        ..PacketInfo::default()
+    };
+    if ctx.family() == AF_INET6 {
+        // SAFETY: reads of the program's own context.
+        unsafe {
+            pkt.src = ip6(core::ptr::addr_of!((*ctx.ops).local_ip6));
+            pkt.dst = ip6(core::ptr::addr_of!((*ctx.ops).remote_ip6));
+        }
+        pkt.is_v6 = 1;
+    } else {
+        pkt.src = v4_mapped(ctx.local_ip4());
+        pkt.dst = v4_mapped(ctx.remote_ip4());
+    }
+    let class_idx = classify(table, &pkt);
+    let class = &table.classes[class_idx as usize];
+    let (ok, failed) = apply(ctx.ops, class);
+    if ok + failed != 0 {
+        if let Some(c) = maps::stats(class_idx) {
+            c.tcp_sockets += 1;
+            c.sockopt_errors += failed;
+        }
+    }
+}
+
+/// Reads an IPv6 address from the context one word at a time: the verifier only allows context
+/// loads at constant offsets from the context pointer, and a plain array copy may be compiled
+/// into loads through a derived pointer.
+#[inline(always)]
+unsafe fn ip6(a: *const [u32; 4]) -> [u32; 4] {
+    let w = a.cast::<u32>();
+    // SAFETY: caller passes a pointer into the context; each read is a fixed-offset u32 load.
+    unsafe { [w.read_volatile(), w.add(1).read_volatile(), w.add(2).read_volatile(), w.add(3).read_volatile()] }
+}
+
+/// Applies the class's settings; returns (settings applied, settings refused).
+#[inline(always)]
+fn apply(ops: *mut bpf_sock_ops, class: &ClassConfig) -> (u64, u64) {
+    let mut ok = 0;
+    let mut failed = 0;
+    let mut set = |level: i32, name: i32, val: u32| {
+        let mut v = val;
+        // SAFETY: `ops` is the program's context; `v` is a live 4-byte value.
+        let r = unsafe { bpf_setsockopt(ops.cast(), level, name, (&mut v as *mut u32).cast::<c_void>(), 4) };
+        if r == 0 { ok += 1 } else { failed += 1 }
+    };
+    if class.flow_rate != 0 {
+        // The kernel takes a 4-byte rate in bytes/s here; larger rates saturate (~34 Gbit/s).
+        let rate = if class.flow_rate > u32::MAX as u64 { u32::MAX } else { class.flow_rate as u32 };
+        set(SOL_SOCKET, SO_MAX_PACING_RATE, rate);
+    }
+    if class.rto_min_us != 0 {
+        set(SOL_TCP, TCP_BPF_RTO_MIN, class.rto_min_us);
+    }
+    if class.delack_max_us != 0 {
+        set(SOL_TCP, TCP_BPF_DELACK_MAX, class.delack_max_us);
+    }
+    (ok, failed)
+}

@@ -1,0 +1,15 @@
+//! # paceline-tests
+//!
+//! # Layout
+//! - [`testbed`]: topologies of network namespaces joined by veth links, torn down by RAII guards.
+//! - [`workload`]: traffic generators (bulk flows, RPCs, partition-aggregate, incast) with JSON results.
+//! - [`skb`]: the `__sk_buff` mirror for BPF_PROG_TEST_RUN contexts.
+//! - [`packet`]: test packet builders and checkers.
+//! - [`report`]: turns result JSON into markdown tables and plots.
+//! - `tests/`: the privileged integration suite (one binary, flat module list).
+
+pub mod packet;
+pub mod report;
+pub mod skb;
+pub mod testbed;
+pub mod workload;

@@ -1,0 +1,16 @@
+//! The privileged integration suite: one binary, a flat list of modules.
+//!
+//! Every test that needs root or a kernel feature checks first and prints `SKIPPED: <why>`
+//! when it cannot run. CI runs as root, on the host kernel and in the VM (`cargo xtask test`).
+
+mod test_run;
+
+/// True when the test can use BPF and netlink; otherwise prints why it is skipped.
+pub fn privileged(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: {test}: needs root (BPF_PROG_TEST_RUN, netlink, namespaces)");
+        return false;
+    }
+    true
+}
