@@ -17,22 +17,19 @@ pub mod names {
     pub const FLOWS: &str = "PL_FLOWS";
     /// `Array<AggClock>`: class clocks at `[0, MAX_CLASSES)`, level clocks after them.
     pub const AGG_CLOCKS: &str = "PL_AGG_CLOCKS";
-    /// `PerCpuArray<Counters>`: per class at `[0, MAX_CLASSES)`, per level after them.
-    pub const STATS: &str = "PL_STATS";
-    /// `PerCpuArray<GlobalCounters>` with one entry.
-    pub const GLOBAL_STATS: &str = "PL_GLOBAL_STATS";
-    /// `PerCpuArray<PacketInfo>` with one entry: the datapath's scratch slot.
-    pub const SCRATCH: &str = "PL_SCRATCH";
+    /// `PerCpuArray<CpuState>` with one entry: every counter and the scratch slot, so a packet
+    /// costs one per-CPU lookup.
+    pub const CPU: &str = "PL_CPU";
 }
 
 /// Upper bounds that size the maps and bound the datapath's loops.
 pub const MAX_RULES: usize = 64;
 pub const MAX_CLASSES: usize = 64;
 pub const MAX_LEVELS: usize = 8;
-/// Entries of [`names::AGG_CLOCKS`] and [`names::STATS`].
+/// Entries of [`names::AGG_CLOCKS`] and of [`CpuState::stats`].
 pub const AGG_SLOTS: usize = MAX_CLASSES + MAX_LEVELS;
 
-/// Index of level `l`'s slot in [`names::AGG_CLOCKS`] / [`names::STATS`].
+/// Index of level `l`'s slot in [`names::AGG_CLOCKS`] / [`CpuState::stats`].
 #[inline(always)]
 pub const fn level_slot(level: u32) -> u32 {
     MAX_CLASSES as u32 + level
@@ -73,7 +70,9 @@ pub struct Rule {
     /// The `classify::UNKNOWN_*` fields this rule needs: it cannot match a caller that does not
     /// see them (sock_ops sees no DSCP, cgroup or mark).
     pub needs: u8,
-    pub _pad0: u8,
+    /// 1 when the rule has address, mark or cgroup conditions (the datapath checks those only
+    /// after the cheap protocol/port/DSCP conditions matched).
+    pub deep: u8,
     /// Index into [`PolicyTable::classes`].
     pub class: u16,
     pub _pad1: [u8; 6],
@@ -103,7 +102,7 @@ impl Rule {
             family: 0,
             family_mask: 0,
             needs: 0,
-            _pad0: 0,
+            deep: 0,
             class,
             _pad1: [0; 6],
         }
@@ -113,12 +112,14 @@ impl Rule {
     pub const fn with_src(mut self, addr: [u32; 4], mask: [u32; 4]) -> Self {
         self.src = addr;
         self.src_mask = mask;
+        self.deep = 1;
         self
     }
 
     pub const fn with_dst(mut self, addr: [u32; 4], mask: [u32; 4]) -> Self {
         self.dst = addr;
         self.dst_mask = mask;
+        self.deep = 1;
         self
     }
 
@@ -154,6 +155,7 @@ impl Rule {
         self.mark_mask = mask;
         if mask != 0 {
             self.needs |= crate::classify::UNKNOWN_MARK;
+            self.deep = 1;
         }
         self
     }
@@ -162,6 +164,7 @@ impl Rule {
         self.cgroup_id = id;
         self.cgroup_mask = u64::MAX;
         self.needs |= crate::classify::UNKNOWN_CGROUP;
+        self.deep = 1;
         self
     }
 
@@ -372,7 +375,10 @@ pub struct GlobalCounters {
     pub no_policy: u64,
     /// Rewrites (DSCP, PCP) the kernel refused.
     pub rewrite_errors: u64,
-    pub _reserved: [u64; 3],
+    /// Paced packets whose stack timestamp was not CLOCK_MONOTONIC (SO_TXTIME with REALTIME
+    /// or TAI): the timestamp was ignored and replaced by the pacing departure.
+    pub foreign_tstamp: u64,
+    pub _reserved: [u64; 2],
 }
 const _: () = assert!(size_of::<GlobalCounters>() == 64);
 
@@ -383,6 +389,25 @@ impl GlobalCounters {
         self.ipv6_ext_limit = self.ipv6_ext_limit.wrapping_add(o.ipv6_ext_limit);
         self.no_policy = self.no_policy.wrapping_add(o.no_policy);
         self.rewrite_errors = self.rewrite_errors.wrapping_add(o.rewrite_errors);
+        self.foreign_tstamp = self.foreign_tstamp.wrapping_add(o.foreign_tstamp);
+    }
+}
+
+/// One CPU's share of the datapath's state (the value of [`names::CPU`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuState {
+    /// Per class at `[0, MAX_CLASSES)`, per level after them (see [`level_slot`]).
+    pub stats: [Counters; AGG_SLOTS],
+    pub global: GlobalCounters,
+    /// The parsed packet passes through here (see the datapath's `launder`).
+    pub scratch: crate::classify::PacketInfo,
+}
+const _: () = assert!(size_of::<CpuState>() == 64 * AGG_SLOTS + 64 + 56);
+
+impl Default for CpuState {
+    fn default() -> Self {
+        CpuState { stats: [Counters::default(); AGG_SLOTS], global: GlobalCounters::default(), scratch: Default::default() }
     }
 }
 
@@ -400,6 +425,7 @@ mod pod {
     unsafe impl aya::Pod for AggClock {}
     unsafe impl aya::Pod for Counters {}
     unsafe impl aya::Pod for GlobalCounters {}
+    unsafe impl aya::Pod for CpuState {}
 }
 
 /// IPv4-mapped form of a network-order IPv4 address word.

@@ -10,7 +10,7 @@ use aya::{
     programs::{SchedClassifier, SockOps},
 };
 use paceline_common::maps::{
-    AGG_SLOTS, AggClock, Counters, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS,
+    AggClock, Counters, CpuState, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS,
     PolicyTable, names,
 };
 
@@ -20,6 +20,10 @@ pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 /// Program names in the object.
 pub const TC_EGRESS: &str = "pl_tc_egress";
 pub const SOCK_OPS: &str = "pl_sock_ops";
+/// An empty classifier, loaded only by the benchmark as its floor.
+pub const TC_FLOOR: &str = "pl_tc_floor";
+/// A classifier that only reads the clock: what `bpf_ktime_get_ns` costs (benchmark only).
+pub const TC_CLOCK: &str = "pl_tc_clock";
 
 /// Options fixed when the object is loaded (changing them needs a restart).
 #[derive(Clone, Debug)]
@@ -52,8 +56,7 @@ pub struct Datapath {
     ebpf: Ebpf,
     active: Array<MapData, u32>,
     tables: Array<MapData, PolicyTable>,
-    stats: PerCpuArray<MapData, Counters>,
-    global: PerCpuArray<MapData, GlobalCounters>,
+    cpu: PerCpuArray<MapData, CpuState>,
     clocks: Array<MapData, AggClock>,
     flows: HashMap<MapData, FlowKey, FlowState>,
     flow_table_memlock: Option<u64>,
@@ -76,8 +79,7 @@ impl Datapath {
 
         let active = Array::try_from(take(&mut ebpf, names::ACTIVE)?)?;
         let tables = Array::try_from(take(&mut ebpf, names::TABLES)?)?;
-        let stats = PerCpuArray::try_from(take(&mut ebpf, names::STATS)?)?;
-        let global = PerCpuArray::try_from(take(&mut ebpf, names::GLOBAL_STATS)?)?;
+        let cpu = PerCpuArray::try_from(take(&mut ebpf, names::CPU)?)?;
         let clocks = Array::try_from(take(&mut ebpf, names::AGG_CLOCKS)?)?;
         let flows_map = take(&mut ebpf, names::FLOWS)?;
         let flow_table_memlock = match &flows_map {
@@ -89,8 +91,7 @@ impl Datapath {
             ebpf,
             active,
             tables,
-            stats,
-            global,
+            cpu,
             clocks,
             flows,
             flow_table_memlock,
@@ -100,6 +101,15 @@ impl Datapath {
 
     pub fn tc_program(&mut self) -> Result<&mut SchedClassifier> {
         Ok(prog(&mut self.ebpf, TC_EGRESS)?.try_into()?)
+    }
+
+    /// A benchmark-only classifier ([`TC_FLOOR`], [`TC_CLOCK`]), loaded on first use.
+    pub fn bench_program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
+        let p: &mut SchedClassifier = prog(&mut self.ebpf, name)?.try_into()?;
+        if p.fd().is_err() {
+            p.load()?;
+        }
+        Ok(p)
     }
 
     pub fn sock_ops_program(&mut self) -> Result<&mut SockOps> {
@@ -132,21 +142,33 @@ impl Datapath {
             levels: vec![Counters::default(); MAX_LEVELS],
             global: GlobalCounters::default(),
         };
-        for slot in 0..AGG_SLOTS as u32 {
-            let per_cpu = self.stats.get(&slot, 0).context("reading PL_STATS")?;
-            let dst = if (slot as usize) < MAX_CLASSES {
-                &mut s.classes[slot as usize]
-            } else {
-                &mut s.levels[slot as usize - MAX_CLASSES]
-            };
-            for c in per_cpu.iter() {
-                dst.add(c);
+        for cpu in self.cpu.get(&0, 0).context("reading PL_CPU")?.iter() {
+            for (slot, c) in cpu.stats.iter().enumerate() {
+                if slot < MAX_CLASSES {
+                    s.classes[slot].add(c);
+                } else {
+                    s.levels[slot - MAX_CLASSES].add(c);
+                }
             }
-        }
-        for g in self.global.get(&0, 0).context("reading PL_GLOBAL_STATS")?.iter() {
-            s.global.add(g);
+            s.global.add(&cpu.global);
         }
         Ok(s)
+    }
+
+    /// Zeroes a class slot's counters and aggregate clock (the slot now names another class).
+    pub fn reset_class(&mut self, class: u32) -> Result<()> {
+        // Racy against packets counting on other CPUs at this instant; only used when a slot
+        // changes hands at a reload, when its new class has not seen traffic yet.
+        let mut per_cpu: Vec<CpuState> = self.cpu.get(&0, 0).context("reading PL_CPU")?.iter().copied().collect();
+        for cpu in per_cpu.iter_mut() {
+            if let Some(c) = cpu.stats.get_mut(class as usize) {
+                *c = Counters::default();
+            }
+        }
+        let values = aya::maps::PerCpuValues::try_from(per_cpu)?;
+        self.cpu.set(0, values, 0).context("zeroing a class slot in PL_CPU")?;
+        self.clocks.set(class, AggClock::default(), 0).context("zeroing PL_AGG_CLOCKS")?;
+        Ok(())
     }
 
     /// An aggregate clock's value (tests and diagnostics).

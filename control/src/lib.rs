@@ -3,5 +3,23 @@
 //! The agent's library: the `paceline` binary only parses arguments and calls into it.
 //!
 //! # Layout
+//! - [`cli`]: the subcommands (`agent`, `policy check|schema`, `status`, `cleanup`), one per file.
+//! - [`agent`]: start-up, reload on file change or SIGHUP, clean shutdown.
+//! - [`policy`]: YAML policy: raw (mirrors the file) -> validated -> compiled (map entries).
 //! - [`datapath`]: the loaded eBPF object, typed maps, policy writes and counter snapshots.
+//! - [`attach`]: tc attachment (tcx or clsact) and sock_ops on the cgroup v2 root.
+//! - [`qdisc`]: fq / mq+fq / HTB root qdiscs through `tc`, and their removal.
+//! - [`features`]: what the running kernel offers, probed at start.
+//! - [`state`]: the lock and the record of host changes that a start after `kill -9` undoes.
+//! - [`status`], [`metrics`], [`http`]: what the agent reports and how.
+// INTEGRATION-PENDING pub mod agent;
+pub mod attach;
+// INTEGRATION-PENDING pub mod cli;
 pub mod datapath;
+pub mod features;
+// INTEGRATION-PENDING pub mod http;
+pub mod metrics;
+pub mod policy;
+pub mod qdisc;
+pub mod state;
+pub mod status;

@@ -145,7 +145,6 @@ pub fn inspect(frame: &[u8]) -> Seen {
             let tc = s.header().traffic_class();
             (tc >> 2, tc & 3, true)
         }
-        _ => panic!("not IP"),
     };
     let _ = matches!(p.transport, Some(TransportSlice::Tcp(_)) | Some(TransportSlice::Udp(_)));
     Seen { dscp, ecn, pcp, ip_csum_ok: ok }

@@ -8,15 +8,15 @@ mod tag;
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
-    helpers::{bpf_ktime_get_ns, bpf_skb_cgroup_id},
+    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns, bpf_skb_cgroup_id},
     macros::classifier,
     programs::TcContext,
 };
 use paceline_common::{
     classify::{PacketInfo, classify},
     maps::{
-        CLASS_SET_PRIORITY, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_LEVELS, TABLE_NEEDS_CGROUP,
-        level_slot,
+        CLASS_SET_PRIORITY, CpuState, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_LEVELS,
+        TABLE_NEEDS_CGROUP, level_slot,
     },
 };
 
@@ -34,12 +34,27 @@ pub fn pl_tc_egress(ctx: TcContext) -> i32 {
     }
 }
 
+/// Reads the clock and returns: the cost of `bpf_ktime_get_ns` on this machine (benchmark only,
+/// never attached).
+#[classifier]
+pub fn pl_tc_clock(_ctx: TcContext) -> i32 {
+    // SAFETY: helper without arguments.
+    let t = unsafe { bpf_ktime_get_ns() };
+    if t == 0 { TC_ACT_SHOT } else { TC_ACT_UNSPEC }
+}
+
+/// An empty classifier: the benchmark's floor (the cost of BPF_PROG_TEST_RUN itself and of a
+/// program call). Never attached by the agent.
+#[classifier]
+pub fn pl_tc_floor(_ctx: TcContext) -> i32 {
+    TC_ACT_UNSPEC
+}
+
 #[inline(always)]
 fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
+    let Some(cpu) = maps::cpu() else { return Ok(TC_ACT_UNSPEC) };
     let Some(table) = maps::active_table() else {
-        if let Some(g) = maps::global_stats() {
-            g.no_policy += 1;
-        }
+        cpu.global.no_policy += 1;
         return Ok(TC_ACT_UNSPEC);
     };
     let skb = ctx.skb.skb;
@@ -47,12 +62,10 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let layout = match parse::parse(ctx, &mut pkt) {
         Ok(l) => l,
         Err(why) => {
-            if let Some(g) = maps::global_stats() {
-                match why {
-                    parse::Unparsed::NonIp => g.non_ip += 1,
-                    parse::Unparsed::Truncated => g.truncated += 1,
-                    parse::Unparsed::V6ExtLimit => g.ipv6_ext_limit += 1,
-                }
+            match why {
+                parse::Unparsed::NonIp => cpu.global.non_ip += 1,
+                parse::Unparsed::Truncated => cpu.global.truncated += 1,
+                parse::Unparsed::V6ExtLimit => cpu.global.ipv6_ext_limit += 1,
             }
             return Ok(TC_ACT_UNSPEC);
         }
@@ -63,47 +76,54 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         // SAFETY: helper on the program's own context.
         pkt.cgroup_id = unsafe { bpf_skb_cgroup_id(skb) };
     }
-    let Some(pkt) = maps::launder(&pkt) else { return Ok(TC_ACT_UNSPEC) };
+    let pkt = maps::launder(cpu, &pkt);
     let class_idx = classify(table, &pkt);
     let class = &table.classes[class_idx as usize];
     let level_idx = class.level & (MAX_LEVELS as u32 - 1);
     let level = &table.levels[level_idx as usize];
     let len = ctx.len() as u64;
+    let level_slot = level_slot(level_idx);
 
     // SAFETY: volatile read of a load-time constant.
     if unsafe { core::ptr::read_volatile(&PL_COUNT_ONLY) } != 0 {
-        count(class_idx, level_idx, len, 0, false, false);
+        count(cpu, class_idx, level_slot, len, 0, false);
         return Ok(TC_ACT_UNSPEC);
     }
 
-    // SAFETY: reading __sk_buff fields allowed for tc programs.
-    let stack_ts = unsafe { (*skb).tstamp };
-    let now = unsafe { bpf_ktime_get_ns() };
-    let cfg = pacer::Pacing {
-        flow_rate: class.flow_rate,
-        class_rate: class.class_rate,
-        class_slot: class_idx,
-        level_rate: level.rate,
-        level_slot: level_slot(level_idx),
-        horizon_ns: table.horizon_ns,
-    };
     let mut delay = 0;
-    match pacer::pace(&pkt, len, now, stack_ts, &cfg) {
-        pacer::Outcome::Untouched => {}
-        pacer::Outcome::Send { depart, added_delay } => {
-            // SAFETY: tc programs may write skb->tstamp.
-            unsafe { (*skb).tstamp = depart };
-            delay = added_delay;
+    // Only packets that some clock applies to pay for reading the time.
+    if class.flow_rate | class.class_rate | level.rate != 0 {
+        // SAFETY: reading __sk_buff fields allowed for tc programs.
+        let raw_ts = unsafe { (*skb).tstamp };
+        let (now, stack_ts) = time_base(raw_ts);
+        if stack_ts != raw_ts {
+            cpu.global.foreign_tstamp += 1;
         }
-        pacer::Outcome::Drop => {
-            for slot in [class_idx, level_slot(level_idx)] {
-                if let Some(c) = maps::stats(slot) {
-                    c.packets += 1;
-                    c.bytes += len;
-                    c.drops_horizon += 1;
-                }
+        let cfg = pacer::Pacing {
+            flow_rate: class.flow_rate,
+            class_rate: class.class_rate,
+            class_slot: class_idx,
+            level_rate: level.rate,
+            level_slot,
+            horizon_ns: table.horizon_ns,
+        };
+        match pacer::pace(&pkt, len, now, stack_ts, &cfg) {
+            pacer::Outcome::Untouched => {}
+            pacer::Outcome::Send { depart, added_delay } => {
+                // SAFETY: tc programs may write skb->tstamp.
+                unsafe { (*skb).tstamp = depart };
+                delay = added_delay;
             }
-            return Ok(TC_ACT_SHOT);
+            pacer::Outcome::Drop => {
+                for slot in [class_idx, level_slot] {
+                    if let Some(c) = cpu.stats.get_mut(slot as usize) {
+                        c.packets += 1;
+                        c.bytes += len;
+                        c.drops_horizon += 1;
+                    }
+                }
+                return Ok(TC_ACT_SHOT);
+            }
         }
     }
     if class.flags & CLASS_SET_PRIORITY != 0 {
@@ -111,36 +131,60 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         unsafe { (*skb).priority = class.skb_priority };
     }
     let mut tagged = false;
-    let mut rewrite_failed = false;
-    if level.flags & LEVEL_SET_DSCP != 0 {
-        match tag::set_dscp(ctx, layout.l3_off, pkt.is_v6 != 0, level.dscp) {
-            Ok(t) => tagged |= t,
-            Err(()) => rewrite_failed = true,
+    if level.flags & (LEVEL_SET_DSCP | LEVEL_SET_PCP) != 0 {
+        let mut rewrite_failed = false;
+        if level.flags & LEVEL_SET_DSCP != 0 {
+            match tag::set_dscp(ctx, layout.l3_off, pkt.is_v6 != 0, level.dscp) {
+                Ok(t) => tagged |= t,
+                Err(()) => rewrite_failed = true,
+            }
+        }
+        // Last: a hardware-accelerated tag is rewritten with vlan_pop/push, which moves data.
+        if level.flags & LEVEL_SET_PCP != 0 {
+            match tag::set_pcp(ctx, layout.vlan_tci_off, level.pcp) {
+                Ok(t) => tagged |= t,
+                Err(()) => rewrite_failed = true,
+            }
+        }
+        if rewrite_failed {
+            cpu.global.rewrite_errors += 1;
         }
     }
-    // Last: a hardware-accelerated tag is rewritten with vlan_pop/push, which moves the data.
-    if level.flags & LEVEL_SET_PCP != 0 {
-        match tag::set_pcp(ctx, layout.vlan_tci_off, level.pcp) {
-            Ok(t) => tagged |= t,
-            Err(()) => rewrite_failed = true,
-        }
-    }
-    if rewrite_failed {
-        if let Some(g) = maps::global_stats() {
-            g.rewrite_errors += 1;
-        }
-    }
-    count(class_idx, level_idx, len, delay, delay != 0, tagged);
+    count(cpu, class_idx, level_slot, len, delay, tagged);
     Ok(TC_ACT_UNSPEC)
 }
 
+/// The current time (CLOCK_MONOTONIC ns) for pacing decisions, and the stack's departure
+/// timestamp to honour (0 when there is none to honour).
+///
+/// TCP stamps every segment with its own EDT departure, taken from a clock read microseconds
+/// earlier (tcp_wstamp_ns); that stamp serves as "now" and saves a clock read, which costs
+/// 30-100 ns on virtual machines. A stamp is trusted only when it lies within 10 s of the
+/// coarse monotonic clock (one tick old, nearly free to read). That rules out REALTIME or TAI
+/// stamps (SO_TXTIME for the etf qdisc), which are neither a time base nor a departure this
+/// datapath can honour: they are ignored (and counted). Packets without a stamp (UDP,
+/// forwarded traffic) read the clock.
 #[inline(always)]
-fn count(class_idx: u32, level_idx: u32, len: u64, delay: u64, delayed: bool, tagged: bool) {
-    for slot in [class_idx, level_slot(level_idx)] {
-        if let Some(c) = maps::stats(slot) {
+fn time_base(stack_ts: u64) -> (u64, u64) {
+    const WINDOW_NS: u64 = 10_000_000_000;
+    if stack_ts != 0 {
+        // SAFETY: helper without arguments.
+        let coarse = unsafe { bpf_ktime_get_coarse_ns() };
+        if stack_ts.wrapping_sub(coarse).wrapping_add(WINDOW_NS) < 2 * WINDOW_NS {
+            return (stack_ts, stack_ts);
+        }
+    }
+    // SAFETY: helper without arguments.
+    (unsafe { bpf_ktime_get_ns() }, 0)
+}
+
+#[inline(always)]
+fn count(cpu: &mut CpuState, class_idx: u32, level_slot: u32, len: u64, delay: u64, tagged: bool) {
+    for slot in [class_idx, level_slot] {
+        if let Some(c) = cpu.stats.get_mut(slot as usize) {
             c.packets += 1;
             c.bytes += len;
-            if delayed {
+            if delay != 0 {
                 c.delayed_packets += 1;
                 c.delay_ns += delay;
             }

@@ -65,7 +65,7 @@ fn configure(ctx: &SockOpsContext) {
     let class = &table.classes[class_idx as usize];
     let (ok, failed) = apply(ctx.ops, class);
     if ok + failed != 0 {
-        if let Some(c) = maps::stats(class_idx) {
+        if let Some(c) = maps::cpu().and_then(|cpu| cpu.stats.get_mut(class_idx as usize)) {
             c.tcp_sockets += 1;
             c.sockopt_errors += failed;
         }

@@ -381,6 +381,41 @@ fn departure_never_earlier_than_stack_timestamp() {
 }
 
 #[test]
+fn realtime_stack_timestamp_is_ignored_not_honoured() {
+    if !privileged("realtime_stack_timestamp_is_ignored_not_honoured") {
+        return;
+    }
+    let mut dp = load();
+    dp.write_policy(&paced_table(1_000_000_000, 0, 0, 100_000_000)).unwrap();
+    let f = tcp4(1, 2, 100);
+    // SO_TXTIME with CLOCK_REALTIME: ~1.7e18 ns, decades ahead of CLOCK_MONOTONIC.
+    let realtime = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let before = mono_now_ns();
+    let o = run(&mut dp, &f, SkBuff { tstamp: realtime, ..SkBuff::default() });
+    let after = mono_now_ns();
+    assert_eq!(o.ret, TC_ACT_UNSPEC, "not dropped as 'beyond the horizon'");
+    assert!(o.ctx.tstamp >= before && o.ctx.tstamp <= after, "departs now on the monotonic clock");
+    assert_eq!(dp.snapshot().unwrap().global.foreign_tstamp, 1);
+}
+
+#[test]
+fn stack_timestamp_serves_as_time_base() {
+    if !privileged("stack_timestamp_serves_as_time_base") {
+        return;
+    }
+    let mut dp = load();
+    // Horizon 1 ms; TCP stamped the segment 2 ms ahead (its own pacing). Measured from the
+    // stack's departure, paceline adds nothing, so the packet is sent, not dropped.
+    dp.write_policy(&paced_table(1_000_000_000, 0, 0, 1_000_000)).unwrap();
+    let f = tcp4(1, 2, 100);
+    let ts = mono_now_ns() + 2_000_000;
+    let o = run(&mut dp, &f, SkBuff { tstamp: ts, ..SkBuff::default() });
+    assert_eq!((o.ret, o.ctx.tstamp), (TC_ACT_UNSPEC, ts));
+    let s = dp.snapshot().unwrap();
+    assert_eq!((s.global.foreign_tstamp, s.classes[0].delayed_packets), (0, 0));
+}
+
+#[test]
 fn beyond_horizon_drops_and_advances_no_clock() {
     if !privileged("beyond_horizon_drops_and_advances_no_clock") {
         return;

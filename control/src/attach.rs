@@ -1,0 +1,83 @@
+//! Attaching the programs: the tc classifier on each managed interface's egress (tcx on 6.6+,
+//! clsact over netlink otherwise), and sock_ops on the cgroup v2 root.
+//!
+//! tcx and cgroup links belong to the agent's file descriptors: they go away with the process,
+//! even after `kill -9`. A netlink (clsact) filter outlives the process, so it is recorded in the
+//! state file and removed by the next start (see [`crate::state`]).
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use aya::programs::{
+    CgroupAttachMode, LinkOrder,
+    tc::{NlOptions, SchedClassifierLinkId, TcAttachOptions, TcAttachType},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{datapath::Datapath, features::Features, qdisc};
+
+/// The netlink filter priority paceline uses on clsact egress (so it can find its own filter).
+pub const NL_PRIORITY: u16 = 0xc0de;
+pub const NL_HANDLE: u32 = 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachMode {
+    Tcx,
+    Clsact,
+}
+
+pub struct TcAttachment {
+    pub iface: String,
+    pub mode: AttachMode,
+    pub link: SchedClassifierLinkId,
+    /// The agent added the clsact qdisc (and removes it on exit).
+    pub clsact_added: bool,
+}
+
+/// Attaches the classifier to `iface` egress: tcx where the kernel has it, else clsact.
+/// `on_clsact` runs just before a clsact filter is created, so the caller can record it.
+pub fn attach_tc(
+    dp: &mut Datapath,
+    iface: &str,
+    features: &Features,
+    mut on_clsact: impl FnMut(bool) -> Result<()>,
+) -> Result<TcAttachment> {
+    let prog = dp.tc_program()?;
+    if features.tcx {
+        match prog.attach_with_options(iface, TcAttachType::Egress, TcAttachOptions::TcxOrder(LinkOrder::default())) {
+            Ok(link) => return Ok(TcAttachment { iface: iface.into(), mode: AttachMode::Tcx, link, clsact_added: false }),
+            Err(e) => log::warn!("{iface}: tcx attach failed ({e}); falling back to clsact"),
+        }
+    }
+    let clsact_added = !qdisc::has_clsact(iface)?;
+    on_clsact(clsact_added)?;
+    if clsact_added {
+        aya::programs::tc::qdisc_add_clsact(iface).with_context(|| format!("{iface}: adding clsact"))?;
+    }
+    let prog = dp.tc_program()?;
+    let link = prog
+        .attach_with_options(
+            iface,
+            TcAttachType::Egress,
+            TcAttachOptions::Netlink(NlOptions { priority: NL_PRIORITY, handle: NL_HANDLE.into(), classid: None }),
+        )
+        .with_context(|| format!("{iface}: attaching the classifier to clsact egress"))?;
+    Ok(TcAttachment { iface: iface.into(), mode: AttachMode::Clsact, link, clsact_added })
+}
+
+/// Removes a clsact egress filter paceline left behind (after a crash).
+pub fn remove_stale_filter(iface: &str) -> Result<()> {
+    let pref = NL_PRIORITY.to_string();
+    qdisc::tc(&["filter", "del", "dev", iface, "egress", "pref", &pref]).map(|_| ())
+}
+
+/// Attaches sock_ops to the cgroup v2 root, next to any other sock_ops programs.
+pub fn attach_sock_ops(dp: &mut Datapath, cgroup_root: &Path) -> Result<()> {
+    let cg = std::fs::File::open(cgroup_root)
+        .with_context(|| format!("opening the cgroup v2 root {}", cgroup_root.display()))?;
+    dp.sock_ops_program()?
+        .attach(cg, CgroupAttachMode::AllowMultiple)
+        .with_context(|| format!("attaching sock_ops to {}", cgroup_root.display()))?;
+    Ok(())
+}

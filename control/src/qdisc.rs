@@ -1,0 +1,264 @@
+//! Root qdiscs on managed interfaces: fq (which enforces EDT timestamps), or an HTB tree for
+//! aggregate rates where the kernel has no fq.
+//!
+//! Qdiscs are configured through iproute2's `tc`, the reference encoder of every qdisc's
+//! netlink options (fq, mq, htb), present on every server; the agent reads its JSON output.
+//! The agent only replaces a root qdisc that the kernel created by default (handle `0:`:
+//! pfifo_fast, mq, noqueue, fq_codel, ...): deleting its own root on exit brings that default
+//! back. A root someone configured on purpose is left alone and the interface is reported as
+//! not enforcing aggregates.
+
+use std::process::Command;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use serde::Deserialize;
+
+/// Runs `tc` with `args`; the error names the command and carries tc's message.
+pub fn tc(args: &[&str]) -> Result<String> {
+    run("tc", args)
+}
+
+fn run(prog: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(prog)
+        .args(args)
+        .output()
+        .with_context(|| format!("running `{prog}` (is iproute2 installed?)"))?;
+    if !out.status.success() {
+        bail!(
+            "`{prog} {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A root qdisc as `tc -j qdisc show` reports it.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Qdisc {
+    pub kind: String,
+    pub handle: String,
+}
+
+impl Qdisc {
+    /// A root qdisc the kernel created by itself (handle 0:), which deleting ours restores.
+    pub fn is_kernel_default(&self) -> bool {
+        self.handle == "0:"
+    }
+}
+
+/// The root qdisc of `iface`.
+pub fn root_qdisc(iface: &str) -> Result<Option<Qdisc>> {
+    let out = tc(&["-j", "qdisc", "show", "dev", iface, "root"])?;
+    let list: Vec<Qdisc> = serde_json::from_str(out.trim()).unwrap_or_default();
+    Ok(list.into_iter().next())
+}
+
+/// Number of transmit queues of `iface` (from `ip -d -j link show`, valid in any netns).
+pub fn num_tx_queues(iface: &str) -> Result<u32> {
+    #[derive(Deserialize)]
+    struct Link {
+        num_tx_queues: Option<u32>,
+    }
+    let out = run("ip", &["-d", "-j", "link", "show", "dev", iface])?;
+    let links: Vec<Link> = serde_json::from_str(out.trim()).context("parsing `ip -j link` output")?;
+    Ok(links.first().and_then(|l| l.num_tx_queues).unwrap_or(1).max(1))
+}
+
+/// fq settings derived from the policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FqParams {
+    /// Packets the whole qdisc may hold.
+    pub limit: u32,
+    /// Packets one flow may hold: must cover the policy's horizon at the flow's rate, or fq
+    /// would drop before the datapath's horizon does.
+    pub flow_limit: u32,
+    /// fq's own horizon in ns: at least the datapath's, so the datapath decides drops.
+    pub horizon_ns: u64,
+}
+
+impl FqParams {
+    /// Sizes fq for a datapath horizon and the fastest paced rate of the policy (bytes/s).
+    pub fn for_policy(horizon_ns: u64, fastest_rate: u64) -> FqParams {
+        // Packets of 1500 bytes that fit in the horizon at the fastest paced rate.
+        let backlog = (fastest_rate as u128 * horizon_ns as u128 / 1_000_000_000 / 1500) as u64;
+        let flow_limit = backlog.clamp(100, 100_000) as u32;
+        FqParams {
+            limit: (flow_limit as u64 * 4).clamp(10_000, 1_000_000) as u32,
+            flow_limit,
+            horizon_ns: (horizon_ns * 2).max(1_000_000_000),
+        }
+    }
+}
+
+/// What the agent installed on an interface (recorded in the state file for recovery).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Installed {
+    /// `fq` as root (single-queue device).
+    Fq,
+    /// `mq` as root with one `fq` per transmit queue.
+    MqFq { queues: u32 },
+    /// An HTB tree as root.
+    Htb,
+}
+
+impl Installed {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Installed::Fq => "fq",
+            Installed::MqFq { .. } => "mq",
+            Installed::Htb => "htb",
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Installed::Fq => "fq".into(),
+            Installed::MqFq { queues } => format!("mq + {queues} x fq"),
+            Installed::Htb => "htb".into(),
+        }
+    }
+}
+
+/// Checks that the agent may replace `iface`'s root qdisc.
+pub fn check_replaceable(iface: &str) -> Result<()> {
+    match root_qdisc(iface)? {
+        Some(q) if !q.is_kernel_default() => Err(anyhow!(
+            "{iface} has a configured root qdisc ({} {}); paceline replaces only the kernel's \
+             default root. Remove it (`tc qdisc del dev {iface} root`) or set `enforcement: \
+             sockops` or `none` in the policy",
+            q.kind,
+            q.handle
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Installs fq (mq + fq per queue on multi-queue devices) as `iface`'s root.
+pub fn install_fq(iface: &str, p: FqParams) -> Result<Installed> {
+    check_replaceable(iface)?;
+    let limit = p.limit.to_string();
+    let flow_limit = p.flow_limit.to_string();
+    let horizon = format!("{}us", p.horizon_ns / 1000);
+    let fq_args = ["fq", "limit", &limit, "flow_limit", &flow_limit, "horizon", &horizon, "horizon_drop"];
+    let queues = num_tx_queues(iface)?;
+    if queues <= 1 {
+        let mut args = vec!["qdisc", "replace", "dev", iface, "root", "handle", "1:"];
+        args.extend(fq_args);
+        tc(&args)?;
+        return Ok(Installed::Fq);
+    }
+    tc(&["qdisc", "replace", "dev", iface, "root", "handle", "1:", "mq"])?;
+    for q in 1..=queues {
+        let parent = format!("1:{q:x}");
+        let mut args = vec!["qdisc", "replace", "dev", iface, "parent", &parent];
+        args.extend(fq_args);
+        tc(&args)?;
+    }
+    Ok(Installed::MqFq { queues })
+}
+
+/// One class of an HTB tree under root handle `1:`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HtbClass {
+    pub minor: u16,
+    /// The parent class's minor; the root class `1:1` is minor 1.
+    pub parent_minor: u16,
+    /// bytes/s
+    pub rate: u64,
+    /// bytes/s
+    pub ceil: u64,
+    pub prio: u8,
+}
+
+/// Minor of the root class and of the default leaf for traffic paceline did not classify.
+pub const HTB_ROOT_MINOR: u16 = 1;
+pub const HTB_DEFAULT_MINOR: u16 = 0xffff;
+
+fn bits(rate_bytes: u64) -> String {
+    format!("{}bit", rate_bytes.saturating_mul(8).max(8))
+}
+
+/// HTB's quantum for a class: what it may send per round; tc warns outside [1 MTU, 200 KB].
+fn quantum(rate_bytes: u64) -> String {
+    (rate_bytes / 10).clamp(1514, 200_000).to_string()
+}
+
+/// Installs (or, with `update`, changes in place) an HTB tree: root class `1:1` at
+/// `root_rate`, the given classes, and a default leaf `1:ffff` for unclassified traffic.
+pub fn install_htb(iface: &str, root_rate: u64, classes: &[HtbClass], update: bool) -> Result<Installed> {
+    if !update {
+        check_replaceable(iface)?;
+        tc(&["qdisc", "replace", "dev", iface, "root", "handle", "1:", "htb", "default", "ffff"])?;
+    }
+    let set = |parent: u16, minor: u16, rate: u64, ceil: u64, prio: u8| -> Result<()> {
+        let parent = if parent == 0 { "1:".to_string() } else { format!("1:{parent:x}") };
+        let classid = format!("1:{minor:x}");
+        let (rate, ceil, prio, quantum) = (bits(rate), bits(ceil), prio.to_string(), quantum(rate));
+        tc(&[
+            "class", "replace", "dev", iface, "parent", &parent, "classid", &classid, "htb", "rate", &rate,
+            "ceil", &ceil, "prio", &prio, "quantum", &quantum,
+        ])?;
+        Ok(())
+    };
+    set(0, HTB_ROOT_MINOR, root_rate, root_rate, 0)?;
+    for c in classes {
+        set(c.parent_minor, c.minor, c.rate.min(root_rate), c.ceil.min(root_rate), c.prio)?;
+    }
+    set(HTB_ROOT_MINOR, HTB_DEFAULT_MINOR, root_rate, root_rate, 7)?;
+    Ok(Installed::Htb)
+}
+
+/// Deletes `iface`'s root qdisc if it is the one paceline installed (same kind, handle 1:);
+/// the kernel then puts its default back.
+pub fn remove_root(iface: &str, installed: &Installed) -> Result<bool> {
+    match root_qdisc(iface)? {
+        Some(q) if q.kind == installed.kind() && q.handle == "1:" => {
+            tc(&["qdisc", "del", "dev", iface, "root"])?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Whether `iface` has a clsact qdisc.
+pub fn has_clsact(iface: &str) -> Result<bool> {
+    let out = tc(&["-j", "qdisc", "show", "dev", iface])?;
+    let list: Vec<Qdisc> = serde_json::from_str(out.trim()).unwrap_or_default();
+    Ok(list.iter().any(|q| q.kind == "clsact"))
+}
+
+pub fn remove_clsact(iface: &str) -> Result<()> {
+    tc(&["qdisc", "del", "dev", iface, "clsact"]).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fq_sized_for_horizon_and_rate() {
+        // 1 Gbit/s for 100 ms is 12.5 MB, about 8333 full-size packets.
+        let p = FqParams::for_policy(100_000_000, 125_000_000);
+        assert_eq!(p.flow_limit, 8_333);
+        assert_eq!(p.limit, 33_332);
+        assert_eq!(p.horizon_ns, 1_000_000_000);
+        // Slow policies keep fq's own minimums.
+        let p = FqParams::for_policy(10_000_000, 125_000);
+        assert_eq!((p.flow_limit, p.limit), (100, 10_000));
+    }
+
+    #[test]
+    fn tc_units_are_bits() {
+        assert_eq!(bits(125_000_000), "1000000000bit");
+        assert_eq!(bits(0), "8bit");
+        assert_eq!(quantum(1_000), "1514");
+        assert_eq!(quantum(125_000_000), "200000");
+    }
+
+    #[test]
+    fn default_root_detection() {
+        assert!(Qdisc { kind: "pfifo_fast".into(), handle: "0:".into() }.is_kernel_default());
+        assert!(!Qdisc { kind: "htb".into(), handle: "1:".into() }.is_kernel_default());
+    }
+}

@@ -1,0 +1,886 @@
+//! The VM kernel: Debian's stock `linux-image-6.1.0-NN-amd64`, fetched once with apt and
+//! prepared in a cache directory (uncompressed vmlinux, module tree without signatures,
+//! generated `modules.dep`/`modules.alias`). See the module docs of `vm.rs`.
+
+use anyhow::{Context, Result, anyhow, bail};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Bumped whenever the layout or the preparation steps of a cached kernel change.
+const CACHE_FORMAT: &str = "paceline-vm-kernel-cache v2";
+const READY_MARKER: &str = ".ready";
+
+/// A kernel ready to boot: an image for `qemu -kernel` and its module tree.
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    /// `uname -r` of the VM kernel, e.g. `6.1.0-57-amd64`.
+    pub release: String,
+    /// The image qemu boots (the uncompressed ELF vmlinux when we could extract it).
+    pub image: PathBuf,
+    /// `<...>/lib/modules/<release>`.
+    pub modules_dir: PathBuf,
+    /// Where derived files (the initramfs, probes) are written for this kernel.
+    pub work_dir: PathBuf,
+    /// Where it came from, for messages ("Debian package ...", "PACELINE_VM_KERNEL=...").
+    pub origin: String,
+}
+
+/// The root of the cache: `PACELINE_VM_CACHE`, else `/var/cache/paceline/vm` when writable
+/// (we are root on the project's machines), else `~/.cache/paceline/vm`.
+pub fn cache_root() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("PACELINE_VM_CACHE") {
+        let p = PathBuf::from(p);
+        fs::create_dir_all(&p)
+            .with_context(|| format!("creating PACELINE_VM_CACHE {}", p.display()))?;
+        return Ok(p);
+    }
+    let sys = PathBuf::from("/var/cache/paceline/vm");
+    if fs::create_dir_all(&sys).is_ok() && is_writable(&sys) {
+        return Ok(sys);
+    }
+    let home = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .ok_or_else(|| anyhow!("no writable cache directory: set PACELINE_VM_CACHE"))?;
+    let p = home.join("paceline/vm");
+    fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
+    Ok(p)
+}
+
+fn is_writable(p: &Path) -> bool {
+    let probe = p.join(format!(".w-{}", std::process::id()));
+    let ok = fs::write(&probe, b"").is_ok();
+    let _ = fs::remove_file(&probe);
+    ok
+}
+
+/// Finds (and if needed fetches and prepares) the kernel to boot.
+///
+/// `PACELINE_VM_KERNEL` overrides the choice:
+/// - a directory: either a prepared cache entry, or any tree holding a kernel image
+///   (`vmlinux`, `vmlinuz*`, `bzImage` or `boot/vmlinuz-*`) and `lib/modules/<release>/`
+///   (e.g. an unpacked `linux-image-*.deb`); it is used read-only;
+/// - a Debian ABI such as `6.1.0-55` or `6.1.0-55-amd64`: that package instead of the newest.
+pub fn ensure() -> Result<Kernel> {
+    let root = cache_root()?;
+    match std::env::var("PACELINE_VM_KERNEL") {
+        Ok(v) if !v.is_empty() => {
+            let p = PathBuf::from(&v);
+            if p.is_dir() {
+                return from_dir(&p, &root);
+            }
+            let abi = v
+                .trim_end_matches("-amd64")
+                .trim_start_matches("linux-image-");
+            let nn = abi
+                .strip_prefix("6.1.0-")
+                .and_then(|n| n.parse::<u32>().ok())
+                .ok_or_else(|| {
+                    anyhow!(
+                        "PACELINE_VM_KERNEL={v}: neither a directory nor a Debian ABI like 6.1.0-55"
+                    )
+                })?;
+            ensure_debian(&root, Some(nn))
+        }
+        _ => ensure_debian(&root, None),
+    }
+}
+
+fn ensure_debian(root: &Path, want: Option<u32>) -> Result<Kernel> {
+    let is_ready = |d: &Path| {
+        fs::read_to_string(d.join(READY_MARKER))
+            .unwrap_or_default()
+            .trim()
+            == CACHE_FORMAT
+    };
+    let pick = |list: &[(u32, String)]| -> Option<(u32, String)> {
+        match want {
+            Some(n) => list.iter().find(|(a, _)| *a == n).cloned(),
+            None => list.first().cloned(),
+        }
+    };
+    let cached = cached_debian(root);
+    let cached_pick = match want {
+        Some(n) => cached.iter().find(|(a, _)| *a == n),
+        None => cached.first(),
+    }
+    .map(|(_, d)| d.clone());
+    // What apt knows, newest first (a local look-up, no network).
+    let mut known = apt_kernels();
+    let mut updated = false;
+    if pick(&known).is_none() {
+        // apt knows nothing usable: use the cache when it has the kernel, else refresh the lists.
+        if let Some(dir) = &cached_pick {
+            return load_prepared(dir, "Debian package (cached)");
+        }
+        apt_update()?;
+        updated = true;
+        known = apt_kernels();
+    }
+    loop {
+        let (abi, pkg) = pick(&known).ok_or_else(|| match want {
+            Some(n) => anyhow!("apt has no linux-image-6.1.0-{n}-amd64[-unsigned] package"),
+            None => anyhow!(
+                "apt has no linux-image-6.1.0-*-amd64 package (Debian 12 'bookworm' sources needed)"
+            ),
+        })?;
+        let release = format!("6.1.0-{abi}-amd64");
+        let dir = root.join(&release);
+        let origin = format!("Debian package {pkg}");
+        if is_ready(&dir) {
+            return load_prepared(&dir, &origin);
+        }
+        let lock = Flock::exclusive(&root.join(".lock"))?;
+        if is_ready(&dir) {
+            return load_prepared(&dir, &origin);
+        }
+        // leftovers of runs killed while preparing (we hold the lock: nobody else is staging)
+        if let Ok(rd) = fs::read_dir(root) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(".staging-") {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        eprintln!(
+            "vm: fetching Debian kernel {release} ({pkg}) into {} (once)...",
+            dir.display()
+        );
+        let t0 = std::time::Instant::now();
+        match fetch_and_prepare(root, &pkg, &release, &dir) {
+            Ok(()) => {
+                eprintln!(
+                    "vm: kernel {release} prepared in {:.1} s",
+                    t0.elapsed().as_secs_f64()
+                );
+                return load_prepared(&dir, &origin);
+            }
+            // stale package lists name a file the archive no longer has: refresh once, retry
+            Err(e) if !updated && apt_update().is_ok() => {
+                eprintln!("vm: warning: {e:#}; retrying with refreshed package lists");
+                updated = true;
+                known = apt_kernels();
+                drop(lock);
+            }
+            Err(e) => {
+                // offline: an older prepared kernel still does the job
+                if let Some(old) = &cached_pick {
+                    eprintln!(
+                        "vm: warning: {e:#}\nvm: using the cached kernel in {} instead",
+                        old.display()
+                    );
+                    return load_prepared(old, "Debian package (cached; newer one not fetched)");
+                }
+                return Err(e);
+            }
+        }
+    }
+}
+
+fn apt_update() -> Result<()> {
+    eprintln!("vm: refreshing apt's package lists (apt-get update)...");
+    let out = Command::new("apt-get")
+        .args(["update", "-qq"])
+        .stdin(Stdio::null())
+        .output()
+        .context("running apt-get update (is this Debian?)")?;
+    if !out.status.success() {
+        bail!(
+            "apt-get update failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Prepared kernels in the cache, newest ABI first.
+fn cached_debian(root: &Path) -> Vec<(u32, PathBuf)> {
+    let mut v = Vec::new();
+    if let Ok(rd) = fs::read_dir(root) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(abi) = name
+                .strip_prefix("6.1.0-")
+                .and_then(|r| r.strip_suffix("-amd64"))
+                .and_then(|n| n.parse::<u32>().ok())
+                && fs::read_to_string(e.path().join(READY_MARKER))
+                    .unwrap_or_default()
+                    .trim()
+                    == CACHE_FORMAT
+            {
+                v.push((abi, e.path()));
+            }
+        }
+    }
+    v.sort_by_key(|(abi, _)| std::cmp::Reverse(*abi));
+    v
+}
+
+/// `linux-image-6.1.0-NN-amd64[-unsigned]` packages apt can install, newest ABI first,
+/// the unsigned flavour preferred (same kernel and modules, no secure-boot wrapper).
+/// apt-cache takes ~1 s per call here, so the answer is remembered in the cache until apt's
+/// package lists change.
+fn apt_kernels() -> Vec<(u32, String)> {
+    let lists_mtime = fs::metadata("/var/lib/apt/lists")
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos().to_string());
+    let memo = cache_root().ok().map(|r| r.join("apt-kernels"));
+    if let (Some(stamp), Some(memo)) = (&lists_mtime, &memo)
+        && let Ok(text) = fs::read_to_string(memo)
+    {
+        let mut lines = text.lines();
+        if lines.next() == Some(stamp.as_str()) {
+            return lines
+                .filter_map(|l| l.split_once(' '))
+                .filter_map(|(a, n)| Some((a.parse().ok()?, n.to_string())))
+                .collect();
+        }
+    }
+    let res = apt_kernels_uncached();
+    if let (Some(stamp), Some(memo), false) = (&lists_mtime, &memo, res.is_empty()) {
+        let body: String = res.iter().map(|(a, n)| format!("{a} {n}\n")).collect();
+        let _ = fs::write(memo, format!("{stamp}\n{body}"));
+    }
+    res
+}
+
+fn apt_kernels_uncached() -> Vec<(u32, String)> {
+    let out = match Command::new("apt-cache")
+        .args(["pkgnames", "linux-image-6.1.0-"])
+        .stderr(Stdio::null())
+        .output()
+    {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(_) => return Vec::new(),
+    };
+    let mut names: Vec<(u32, String)> = Vec::new();
+    for name in out.lines().map(str::trim) {
+        let Some(rest) = name.strip_prefix("linux-image-6.1.0-") else {
+            continue;
+        };
+        let Some((num, flavour)) = rest.split_once('-') else {
+            continue;
+        };
+        if flavour != "amd64" && flavour != "amd64-unsigned" {
+            continue;
+        }
+        if let Ok(n) = num.parse::<u32>() {
+            names.push((n, name.to_string()));
+        }
+    }
+    if names.is_empty() {
+        return names;
+    }
+    // pkgnames also lists names that are only referenced; keep those with a candidate version
+    // (one apt-cache call for all of them).
+    let shown = Command::new("apt-cache")
+        .args(["show", "--no-all-versions"])
+        .args(names.iter().map(|(_, n)| n))
+        .stderr(Stdio::null())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let available: HashSet<&str> = shown
+        .lines()
+        .filter_map(|l| l.strip_prefix("Package: "))
+        .map(str::trim)
+        .collect();
+    names.retain(|(_, n)| available.contains(n.as_str()));
+    // newest first; within an ABI the unsigned flavour first
+    names.sort_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then_with(|| b.1.ends_with("-unsigned").cmp(&a.1.ends_with("-unsigned")))
+    });
+    names.dedup_by_key(|(a, _)| *a);
+    names
+}
+
+fn fetch_and_prepare(root: &Path, pkg: &str, release: &str, dir: &Path) -> Result<()> {
+    let staging = root.join(format!(".staging-{release}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&staging);
+    fs::create_dir_all(&staging)?;
+    let guard = RemoveOnDrop(staging.clone());
+    // apt's sandbox user must be able to write the download directory.
+    fs::set_permissions(&staging, fs::Permissions::from_mode(0o777))?;
+    let out = Command::new("apt-get")
+        .args(["download", "-q", pkg])
+        .current_dir(&staging)
+        .stdin(Stdio::null())
+        .output()
+        .context("running apt-get download")?;
+    if !out.status.success() {
+        bail!(
+            "apt-get download {pkg} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))?;
+    let deb = fs::read_dir(&staging)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .ok_or_else(|| anyhow!("apt-get download {pkg} produced no .deb"))?;
+    let x = staging.join("x");
+    let st = Command::new("dpkg-deb")
+        .arg("-x")
+        .arg(&deb)
+        .arg(&x)
+        .status()
+        .context("running dpkg-deb")?;
+    if !st.success() {
+        bail!("dpkg-deb -x {} failed ({st})", deb.display());
+    }
+    fs::remove_file(&deb)?;
+    let out_dir = staging.join("kernel");
+    fs::create_dir_all(out_dir.join("lib/modules"))?;
+    let mods = [
+        x.join("lib/modules").join(release),
+        x.join("usr/lib/modules").join(release),
+    ]
+    .into_iter()
+    .find(|p| p.is_dir())
+    .ok_or_else(|| anyhow!("{pkg} has no lib/modules/{release}"))?;
+    fs::rename(&mods, out_dir.join("lib/modules").join(release))?;
+    let vmlinuz = x.join("boot").join(format!("vmlinuz-{release}"));
+    for f in ["config", "System.map"] {
+        let p = x.join("boot").join(format!("{f}-{release}"));
+        if p.is_file() {
+            fs::rename(&p, out_dir.join(f))?;
+        }
+    }
+    fs::rename(&vmlinuz, out_dir.join("vmlinuz"))
+        .with_context(|| format!("{pkg} has no boot/vmlinuz-{release}"))?;
+    prepare_image(&out_dir.join("vmlinuz"), &out_dir.join("vmlinux"));
+    prepare_modules(&out_dir.join("lib/modules").join(release))?;
+    fs::write(out_dir.join(READY_MARKER), format!("{CACHE_FORMAT}\n"))?;
+    fs::write(out_dir.join("SOURCE"), format!("{pkg}\n"))?;
+    let _ = fs::remove_dir_all(dir); // an unfinished/older-format entry
+    fs::rename(&out_dir, dir)
+        .with_context(|| format!("moving the prepared kernel to {}", dir.display()))?;
+    drop(guard);
+    Ok(())
+}
+
+/// Extracts the uncompressed vmlinux out of a bzImage (under TCG, the kernel's own
+/// decompressor costs ~7 s of boot time; the ELF vmlinux boots via PVH straight away).
+/// On failure, leaves no vmlinux and says so: the bzImage is booted instead.
+fn prepare_image(bzimage: &Path, vmlinux: &Path) {
+    match extract_vmlinux(bzimage) {
+        Ok(elf) => {
+            let tmp = vmlinux.with_extension("tmp");
+            if let Err(e) = fs::write(&tmp, &elf).and_then(|_| fs::rename(&tmp, vmlinux)) {
+                eprintln!(
+                    "vm: warning: cannot write {}: {e}; booting the compressed kernel (slower)",
+                    vmlinux.display()
+                );
+            }
+        }
+        Err(e) => eprintln!(
+            "vm: warning: cannot extract vmlinux from {}: {e:#}; booting the compressed kernel (slower)",
+            bzimage.display()
+        ),
+    }
+}
+
+pub fn extract_vmlinux(bzimage: &Path) -> Result<Vec<u8>> {
+    let d = fs::read(bzimage)?;
+    if d.len() < 0x250 || &d[0x202..0x206] != b"HdrS" {
+        bail!("not an x86 bzImage");
+    }
+    let setup_sects = match d[0x1f1] {
+        0 => 4,
+        n => n as usize,
+    };
+    let u32le = |o: usize| u32::from_le_bytes(d[o..o + 4].try_into().unwrap()) as usize;
+    let (off, len) = ((setup_sects + 1) * 512 + u32le(0x248), u32le(0x24c));
+    let payload = d
+        .get(off..off + len)
+        .ok_or_else(|| anyhow!("payload out of bounds"))?;
+    if !payload.starts_with(b"\xfd7zXZ\x00") {
+        bail!(
+            "payload is not xz (magic {:02x?})",
+            &payload[..6.min(payload.len())]
+        );
+    }
+    // The kernel's xz stream uses the x86 BCJ filter; liblzma handles it. The 4 bytes after
+    // the stream (uncompressed size) are ignored by the single-stream decoder.
+    let mut out = Vec::with_capacity(80 << 20);
+    let mut s = xz2::stream::Stream::new_stream_decoder(u64::MAX, 0).context("liblzma")?;
+    let mut input = payload;
+    loop {
+        if out.capacity() - out.len() < (1 << 20) {
+            out.reserve(16 << 20);
+        }
+        let before = s.total_in();
+        let status = s
+            .process_vec(input, &mut out, xz2::stream::Action::Run)
+            .context("xz decompression")?;
+        input = &input[(s.total_in() - before) as usize..];
+        if status == xz2::stream::Status::StreamEnd {
+            break; // what follows is the kernel's appended size field
+        }
+        if input.is_empty() && s.total_in() == before && out.capacity() > out.len() {
+            bail!("xz stream truncated");
+        }
+    }
+    if !out.starts_with(b"\x7fELF") {
+        bail!("decompressed payload is not an ELF file");
+    }
+    Ok(out)
+}
+
+/// One pass over all modules: strip the appended signatures (checking them costs ~60 ms per
+/// module under TCG; the kernel loads unsigned modules with a taint flag, as sig_enforce is
+/// off), and write `modules.dep` (kmod order: a module's dependencies, the one loaded last
+/// first) and `modules.alias` from each module's `.modinfo`, so that busybox modprobe (the
+/// kernel's module autoloader in the VM) and our own load-order resolution work without kmod.
+fn prepare_modules(moddir: &Path) -> Result<()> {
+    struct M {
+        rel: String,
+        deps: Vec<String>,
+        aliases: Vec<String>,
+    }
+    let mut mods: BTreeMap<String, M> = BTreeMap::new();
+    let mut stack = vec![moddir.join("kernel")];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d)?.flatten() {
+            let p = e.path();
+            let ft = e.file_type()?;
+            if ft.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let mut fname = e.file_name().to_string_lossy().into_owned();
+            let mut p = p;
+            if let Some(base) = fname.strip_suffix(".ko.xz") {
+                // Debian 12 ships plain .ko; other trees may compress (busybox insmod cannot xz)
+                let raw = fs::read(&p)?;
+                let mut out = Vec::new();
+                std::io::Read::read_to_end(&mut xz2::read::XzDecoder::new(&raw[..]), &mut out)
+                    .with_context(|| format!("decompressing {}", p.display()))?;
+                let plain = p.with_file_name(format!("{base}.ko"));
+                fs::write(&plain, &out)?;
+                fs::remove_file(&p)?;
+                p = plain;
+                fname = format!("{base}.ko");
+            }
+            if !fname.ends_with(".ko") {
+                continue;
+            }
+            let mut data = fs::read(&p)?;
+            if let Some(n) = signed_len(&data) {
+                data.truncate(n);
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p)?
+                    .set_len(n as u64)?;
+            }
+            let info =
+                modinfo(&data).with_context(|| format!("reading .modinfo of {}", p.display()))?;
+            let name = info
+                .iter()
+                .find_map(|(k, v)| (*k == "name").then(|| v.to_string()))
+                .unwrap_or_else(|| norm(fname.trim_end_matches(".ko")));
+            let deps = info
+                .iter()
+                .filter(|(k, _)| *k == "depends")
+                .flat_map(|(_, v)| v.split(',').filter(|s| !s.is_empty()).map(norm))
+                .collect();
+            let aliases = info
+                .iter()
+                .filter(|(k, _)| *k == "alias")
+                .map(|(_, v)| v.to_string())
+                .collect();
+            let rel = p.strip_prefix(moddir)?.to_string_lossy().into_owned();
+            mods.insert(norm(&name), M { rel, deps, aliases });
+        }
+    }
+    let mut dep = String::new();
+    let mut alias = String::from("# Aliases extracted from modules themselves.\n");
+    for (name, m) in &mods {
+        // load order of the dependencies (post-order DFS), then reversed into kmod's order
+        let mut order = Vec::new();
+        let mut seen = HashSet::new();
+        fn visit<'a>(
+            n: &'a str,
+            mods: &'a BTreeMap<String, M>,
+            seen: &mut HashSet<&'a str>,
+            order: &mut Vec<&'a str>,
+        ) {
+            if !seen.insert(n) {
+                return;
+            }
+            if let Some(m) = mods.get(n) {
+                for d in &m.deps {
+                    visit(d, mods, seen, order);
+                }
+                order.push(&m.rel);
+            }
+        }
+        seen.insert(name.as_str());
+        for d in &m.deps {
+            visit(d, &mods, &mut seen, &mut order);
+        }
+        order.reverse();
+        dep.push_str(&format!(
+            "{}:{}{}\n",
+            m.rel,
+            if order.is_empty() { "" } else { " " },
+            order.join(" ")
+        ));
+        // Device-ID aliases (`pci:v...`, `usb:...`, `acpi*:...`) only serve hotplug, which
+        // nothing handles in the VM; dropping them makes each autoload parse 1k lines, not 26k.
+        for a in m.aliases.iter().filter(|a| !a.contains(':')) {
+            alias.push_str(&format!("alias {a} {name}\n"));
+        }
+    }
+    fs::write(moddir.join("modules.dep"), dep)?;
+    fs::write(moddir.join("modules.alias"), alias)?;
+    // busybox modprobe reads these when present; empty is fine
+    for f in ["modules.symbols", "modules.softdep"] {
+        if !moddir.join(f).exists() {
+            fs::write(moddir.join(f), "")?;
+        }
+    }
+    Ok(())
+}
+
+/// Length of the module without its appended signature, if it has one.
+pub fn signed_len(d: &[u8]) -> Option<usize> {
+    const MAGIC: &[u8] = b"~Module signature appended~\n";
+    if !d.ends_with(MAGIC) || d.len() < MAGIC.len() + 12 {
+        return None;
+    }
+    let end = d.len() - MAGIC.len();
+    // struct module_signature { u8 algo, hash, id_type, signer_len, key_id_len, pad[3]; __be32 sig_len; }
+    let sig_len = u32::from_be_bytes(d[end - 4..end].try_into().ok()?) as usize;
+    end.checked_sub(12 + sig_len)
+}
+
+/// `key=value` pairs of an ELF64 module's `.modinfo` section.
+fn modinfo(d: &[u8]) -> Result<Vec<(&str, &str)>> {
+    let rd16 = |o: usize| -> Result<usize> {
+        Ok(u16::from_le_bytes(
+            d.get(o..o + 2)
+                .ok_or_else(|| anyhow!("short ELF"))?
+                .try_into()?,
+        ) as usize)
+    };
+    let rd32 = |o: usize| -> Result<usize> {
+        Ok(u32::from_le_bytes(
+            d.get(o..o + 4)
+                .ok_or_else(|| anyhow!("short ELF"))?
+                .try_into()?,
+        ) as usize)
+    };
+    let rd64 = |o: usize| -> Result<usize> {
+        Ok(u64::from_le_bytes(
+            d.get(o..o + 8)
+                .ok_or_else(|| anyhow!("short ELF"))?
+                .try_into()?,
+        ) as usize)
+    };
+    if !d.starts_with(b"\x7fELF\x02\x01") {
+        bail!("not a little-endian ELF64 file");
+    }
+    let (shoff, shentsize, shnum, shstrndx) = (rd64(0x28)?, rd16(0x3a)?, rd16(0x3c)?, rd16(0x3e)?);
+    let sh = |i: usize| -> Result<(usize, usize, usize)> {
+        let b = shoff + i * shentsize;
+        Ok((rd32(b)?, rd64(b + 0x18)?, rd64(b + 0x20)?))
+    };
+    let (_, stroff, strsize) = sh(shstrndx)?;
+    let strtab = d
+        .get(stroff..stroff + strsize)
+        .ok_or_else(|| anyhow!("bad shstrtab"))?;
+    for i in 0..shnum {
+        let (name, off, size) = sh(i)?;
+        let n = strtab
+            .get(name..)
+            .and_then(|s| s.split(|&c| c == 0).next())
+            .unwrap_or_default();
+        if n == b".modinfo" {
+            let sec = d
+                .get(off..off + size)
+                .ok_or_else(|| anyhow!("bad .modinfo"))?;
+            return Ok(sec
+                .split(|&c| c == 0)
+                .filter_map(|kv| std::str::from_utf8(kv).ok())
+                .filter_map(|kv| kv.split_once('='))
+                .collect());
+        }
+    }
+    Ok(Vec::new())
+}
+
+fn norm(name: &str) -> String {
+    name.replace('-', "_")
+}
+
+fn load_prepared(dir: &Path, origin: &str) -> Result<Kernel> {
+    let mods_root = dir.join("lib/modules");
+    let release = fs::read_dir(&mods_root)
+        .with_context(|| format!("{} has no lib/modules", dir.display()))?
+        .flatten()
+        .filter(|e| e.path().join("modules.dep").is_file() || e.path().join("kernel").is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .max()
+        .ok_or_else(|| anyhow!("{} has no lib/modules/<release>", dir.display()))?;
+    let image = if dir.join("vmlinux").is_file() {
+        dir.join("vmlinux")
+    } else {
+        dir.join("vmlinuz")
+    };
+    Ok(Kernel {
+        modules_dir: mods_root.join(&release),
+        release,
+        image,
+        work_dir: dir.to_path_buf(),
+        origin: origin.to_string(),
+    })
+}
+
+/// `PACELINE_VM_KERNEL=<dir>`: the directory is only read. Unless it already has the cache
+/// layout, its kernel is imported once into `<cache>/custom-<release>-<hash>/` (image made an
+/// ELF vmlinux, module tree copied without signatures, modules.dep generated), keyed by the
+/// directory's path and the image's and module tree's modification times.
+fn from_dir(dir: &Path, root: &Path) -> Result<Kernel> {
+    let dir = fs::canonicalize(dir)?;
+    let origin = format!("PACELINE_VM_KERNEL={}", dir.display());
+    if fs::read_to_string(dir.join(READY_MARKER))
+        .unwrap_or_default()
+        .trim()
+        == CACHE_FORMAT
+    {
+        return load_prepared(&dir, &origin);
+    }
+    let mods_root = dir.join("lib/modules");
+    let release = fs::read_dir(&mods_root)
+        .with_context(|| format!("{origin}: no lib/modules/<release> inside"))?
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .max()
+        .ok_or_else(|| anyhow!("{origin}: lib/modules is empty"))?;
+    let candidates = [
+        dir.join("vmlinux"),
+        dir.join("vmlinuz"),
+        dir.join("bzImage"),
+        dir.join(format!("vmlinuz-{release}")),
+        dir.join("boot").join(format!("vmlinuz-{release}")),
+        dir.join("arch/x86/boot/bzImage"),
+    ];
+    let img = candidates
+        .iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| anyhow!("{origin}: no vmlinux/vmlinuz/bzImage found"))?;
+    let mtime = |p: &Path| {
+        fs::metadata(p)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    };
+    let moddir = mods_root.join(&release);
+    let key = format!("{}|{}|{}", dir.display(), mtime(img), mtime(&moddir));
+    let work = root.join(format!("custom-{release}-{:016x}", hash_str(&key)));
+    let ready = || {
+        fs::read_to_string(work.join(READY_MARKER))
+            .unwrap_or_default()
+            .trim()
+            == CACHE_FORMAT
+    };
+    if !ready() {
+        let _lock = Flock::exclusive(&root.join(".lock"))?;
+        if !ready() {
+            eprintln!(
+                "vm: importing the kernel {release} from {} into {} (once)...",
+                dir.display(),
+                work.display()
+            );
+            let staging = root.join(format!(".staging-custom-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&staging);
+            let guard = RemoveOnDrop(staging.clone());
+            let target = staging.join("lib/modules").join(&release);
+            copy_tree(&moddir, &target)?;
+            let data = fs::read(img)?;
+            if data.starts_with(b"\x7fELF") {
+                fs::write(staging.join("vmlinux"), &data)?;
+            } else {
+                fs::write(staging.join("vmlinuz"), &data)?;
+                prepare_image(&staging.join("vmlinuz"), &staging.join("vmlinux"));
+            }
+            prepare_modules(&target)?;
+            fs::write(staging.join("SOURCE"), format!("{}\n", dir.display()))?;
+            fs::write(staging.join(READY_MARKER), format!("{CACHE_FORMAT}\n"))?;
+            let _ = fs::remove_dir_all(&work);
+            fs::rename(&staging, &work)?;
+            drop(guard);
+        }
+    }
+    load_prepared(&work, &origin)
+}
+
+/// Copies directories and regular files (not symlinks: a module tree's `build`/`source` links
+/// point into kernel sources).
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for e in fs::read_dir(from)
+        .with_context(|| format!("reading {}", from.display()))?
+        .flatten()
+    {
+        let ft = e.file_type()?;
+        let dst = to.join(e.file_name());
+        if ft.is_dir() {
+            copy_tree(&e.path(), &dst)?;
+        } else if ft.is_file() {
+            fs::copy(e.path(), &dst).with_context(|| format!("copying {}", e.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+pub fn hash_str(s: &str) -> u64 {
+    // FNV-1a: stable across Rust releases (cache file names depend on it)
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// Modules known to a module tree: name -> (path relative to the tree, transitive deps).
+pub struct ModIndex {
+    deps: HashMap<String, (String, Vec<String>)>,
+    builtin: HashSet<String>,
+}
+
+impl ModIndex {
+    pub fn load(moddir: &Path) -> Result<ModIndex> {
+        let mut deps = HashMap::new();
+        let text = fs::read_to_string(moddir.join("modules.dep")).with_context(|| {
+            format!(
+                "reading {}/modules.dep (delete that cache directory to have it prepared again)",
+                moddir.display()
+            )
+        })?;
+        for line in text.lines() {
+            let Some((m, ds)) = line.split_once(':') else {
+                continue;
+            };
+            deps.insert(
+                mod_name(m),
+                (
+                    m.trim().to_string(),
+                    ds.split_whitespace().map(String::from).collect(),
+                ),
+            );
+        }
+        Ok(ModIndex {
+            deps,
+            builtin: builtin(moddir),
+        })
+    }
+
+    /// Paths (relative to the module tree) to insmod, in load order, for `names`.
+    /// Built-in modules are skipped; unknown ones are returned in the second list.
+    pub fn resolve(&self, names: &[String]) -> (Vec<String>, Vec<String>) {
+        let by_path: HashMap<&str, &str> = self
+            .deps
+            .iter()
+            .map(|(n, (p, _))| (p.as_str(), n.as_str()))
+            .collect();
+        let mut order = Vec::new();
+        let mut seen = HashSet::new();
+        let mut missing = Vec::new();
+        fn visit(
+            me: &ModIndex,
+            by_path: &HashMap<&str, &str>,
+            n: &str,
+            seen: &mut HashSet<String>,
+            order: &mut Vec<String>,
+        ) {
+            if !seen.insert(n.to_string()) {
+                return;
+            }
+            let Some((path, deps)) = me.deps.get(n) else {
+                return;
+            };
+            for d in deps {
+                if let Some(dn) = by_path.get(d.as_str()) {
+                    visit(me, by_path, dn, seen, order);
+                }
+            }
+            order.push(path.clone());
+        }
+        for n in names {
+            let n = norm(n);
+            if self.builtin.contains(&n) {
+                continue;
+            }
+            if !self.deps.contains_key(&n) {
+                missing.push(n);
+                continue;
+            }
+            visit(self, &by_path, &n, &mut seen, &mut order);
+        }
+        (order, missing)
+    }
+}
+
+fn builtin(moddir: &Path) -> HashSet<String> {
+    fs::read_to_string(moddir.join("modules.builtin"))
+        .unwrap_or_default()
+        .lines()
+        .map(mod_name)
+        .collect()
+}
+
+fn mod_name(path: &str) -> String {
+    let base = path.trim().rsplit('/').next().unwrap_or(path);
+    let base = base.split(".ko").next().unwrap_or(base);
+    norm(base)
+}
+
+struct RemoveOnDrop(PathBuf);
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// An advisory lock file (so that two first runs do not both download the kernel).
+pub struct Flock(#[allow(dead_code)] fs::File);
+impl Flock {
+    pub fn exclusive(path: &Path) -> Result<Flock> {
+        use std::os::fd::AsRawFd;
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            eprintln!(
+                "vm: waiting for another run preparing the VM cache ({})...",
+                path.display()
+            );
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                bail!(
+                    "flock {}: {}",
+                    path.display(),
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+        Ok(Flock(f))
+    }
+}
