@@ -250,6 +250,9 @@ impl LevelConfig {
 // ---- Table flags ([`PolicyTable::flags`]) ----
 /// Some rule matches on cgroup: the datapath must look up the packet's cgroup id.
 pub const TABLE_NEEDS_CGROUP: u32 = 1 << 0;
+/// No per-flow clocks in the tc program: nothing (no fq) would hold packets until their
+/// departure, so TCP paces itself (sock_ops) and `flow_rate` serves only sock_ops.
+pub const TABLE_NO_FLOW_CLOCKS: u32 = 1 << 1;
 
 /// A whole compiled policy: what one slot of [`names::TABLES`] holds.
 ///

@@ -155,8 +155,9 @@ impl Datapath {
         Ok(s)
     }
 
-    /// Zeroes a class slot's counters and aggregate clock (the slot now names another class).
-    pub fn reset_class(&mut self, class: u32) -> Result<()> {
+    /// Zeroes a class or level slot's counters and aggregate clock (the slot now names another
+    /// class or level).
+    pub fn reset_slot(&mut self, class: u32) -> Result<()> {
         // Racy against packets counting on other CPUs at this instant; only used when a slot
         // changes hands at a reload, when its new class has not seen traffic yet.
         let mut per_cpu: Vec<CpuState> = self.cpu.get(&0, 0).context("reading PL_CPU")?.iter().copied().collect();

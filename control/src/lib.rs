@@ -12,12 +12,12 @@
 //! - [`features`]: what the running kernel offers, probed at start.
 //! - [`state`]: the lock and the record of host changes that a start after `kill -9` undoes.
 //! - [`status`], [`metrics`], [`http`]: what the agent reports and how.
-// INTEGRATION-PENDING pub mod agent;
+pub mod agent;
 pub mod attach;
-// INTEGRATION-PENDING pub mod cli;
+pub mod cli;
 pub mod datapath;
 pub mod features;
-// INTEGRATION-PENDING pub mod http;
+pub mod http;
 pub mod metrics;
 pub mod policy;
 pub mod qdisc;

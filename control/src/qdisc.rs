@@ -162,7 +162,7 @@ pub fn install_fq(iface: &str, p: FqParams) -> Result<Installed> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HtbClass {
     pub minor: u16,
-    /// The parent class's minor; the root class `1:1` is minor 1.
+    /// The parent class's minor; 0 = the qdisc itself (the root class).
     pub parent_minor: u16,
     /// bytes/s
     pub rate: u64,
@@ -170,10 +170,6 @@ pub struct HtbClass {
     pub ceil: u64,
     pub prio: u8,
 }
-
-/// Minor of the root class and of the default leaf for traffic paceline did not classify.
-pub const HTB_ROOT_MINOR: u16 = 1;
-pub const HTB_DEFAULT_MINOR: u16 = 0xffff;
 
 fn bits(rate_bytes: u64) -> String {
     format!("{}bit", rate_bytes.saturating_mul(8).max(8))
@@ -184,28 +180,23 @@ fn quantum(rate_bytes: u64) -> String {
     (rate_bytes / 10).clamp(1514, 200_000).to_string()
 }
 
-/// Installs (or, with `update`, changes in place) an HTB tree: root class `1:1` at
-/// `root_rate`, the given classes, and a default leaf `1:ffff` for unclassified traffic.
-pub fn install_htb(iface: &str, root_rate: u64, classes: &[HtbClass], update: bool) -> Result<Installed> {
+/// Installs (or, with `update`, changes in place) an HTB tree: root qdisc `1:` whose
+/// unclassified traffic goes to `default_minor`, and `classes` (parents before children).
+pub fn install_htb(iface: &str, default_minor: u16, classes: &[HtbClass], update: bool) -> Result<Installed> {
     if !update {
         check_replaceable(iface)?;
-        tc(&["qdisc", "replace", "dev", iface, "root", "handle", "1:", "htb", "default", "ffff"])?;
+        let default = format!("{default_minor:x}");
+        tc(&["qdisc", "replace", "dev", iface, "root", "handle", "1:", "htb", "default", &default])?;
     }
-    let set = |parent: u16, minor: u16, rate: u64, ceil: u64, prio: u8| -> Result<()> {
-        let parent = if parent == 0 { "1:".to_string() } else { format!("1:{parent:x}") };
-        let classid = format!("1:{minor:x}");
-        let (rate, ceil, prio, quantum) = (bits(rate), bits(ceil), prio.to_string(), quantum(rate));
+    for c in classes {
+        let parent = if c.parent_minor == 0 { "1:".to_string() } else { format!("1:{:x}", c.parent_minor) };
+        let classid = format!("1:{:x}", c.minor);
+        let (rate, ceil, prio, quantum) = (bits(c.rate), bits(c.ceil), c.prio.to_string(), quantum(c.rate));
         tc(&[
             "class", "replace", "dev", iface, "parent", &parent, "classid", &classid, "htb", "rate", &rate,
             "ceil", &ceil, "prio", &prio, "quantum", &quantum,
         ])?;
-        Ok(())
-    };
-    set(0, HTB_ROOT_MINOR, root_rate, root_rate, 0)?;
-    for c in classes {
-        set(c.parent_minor, c.minor, c.rate.min(root_rate), c.ceil.min(root_rate), c.prio)?;
     }
-    set(HTB_ROOT_MINOR, HTB_DEFAULT_MINOR, root_rate, root_rate, 7)?;
     Ok(Installed::Htb)
 }
 

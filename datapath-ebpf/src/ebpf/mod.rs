@@ -16,7 +16,7 @@ use paceline_common::{
     classify::{PacketInfo, classify},
     maps::{
         CLASS_SET_PRIORITY, CpuState, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_LEVELS,
-        TABLE_NEEDS_CGROUP, level_slot,
+        TABLE_NEEDS_CGROUP, TABLE_NO_FLOW_CLOCKS, level_slot,
     },
 };
 
@@ -91,8 +91,9 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     }
 
     let mut delay = 0;
+    let flow_rate = if table.flags & TABLE_NO_FLOW_CLOCKS != 0 { 0 } else { class.flow_rate };
     // Only packets that some clock applies to pay for reading the time.
-    if class.flow_rate | class.class_rate | level.rate != 0 {
+    if flow_rate | class.class_rate | level.rate != 0 {
         // SAFETY: reading __sk_buff fields allowed for tc programs.
         let raw_ts = unsafe { (*skb).tstamp };
         let (now, stack_ts) = time_base(raw_ts);
@@ -100,7 +101,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             cpu.global.foreign_tstamp += 1;
         }
         let cfg = pacer::Pacing {
-            flow_rate: class.flow_rate,
+            flow_rate,
             class_rate: class.class_rate,
             class_slot: class_idx,
             level_rate: level.rate,

@@ -1,0 +1,519 @@
+//! The agent: start-up, reloads, shutdown.
+//!
+//! Start: take the state-directory lock and undo what a previous agent left behind (after
+//! `kill -9`), probe the kernel, load and compile the policy (a bad policy stops the start
+//! with every error listed), load the datapath, write the policy, then per interface attach
+//! the classifier and install the qdisc the enforcement mode needs; attach sock_ops; serve
+//! `/metrics` and `/status`.
+//!
+//! Reload (file change or SIGHUP): a valid policy is compiled with the previous one as context
+//! (classes keep their indices, so their clocks and counters keep their meaning) and written
+//! to the inactive policy slot, which then becomes live: flows keep their clocks and no packet
+//! is classified by a half-written policy. An invalid policy is rejected, logged and counted;
+//! the running one stays in force. Fields that need a restart (interfaces, enforcement,
+//! flow_table_size) are refused at reload with a message saying so.
+//!
+//! Shutdown (SIGTERM, SIGINT): detach everything, delete the qdiscs paceline installed (the
+//! kernel's default root comes back), remove a clsact qdisc paceline added, clear the state.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    attach::{self, AttachMode},
+    datapath::{Datapath, LoadOptions},
+    features::Features,
+    http, metrics,
+    policy::{self, CompileContext, Compiled, EnforcementMode, EnforcementRequest, SystemHost},
+    qdisc,
+    state::{self, State, StateDir},
+    status::{self, ClassStatus, Enforcement, IfaceStatus, LevelStatus, PolicyStatus, ReloadEvent, Status},
+};
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub policy: PathBuf,
+    pub metrics_addr: SocketAddr,
+    pub state_dir: PathBuf,
+}
+
+/// What the HTTP handlers and the reload path share.
+pub struct Shared {
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    /// `None` once shutdown has detached the programs.
+    dp: Option<Datapath>,
+    status: Status,
+    compiled: Compiled,
+    mode: EnforcementMode,
+    interfaces: Vec<String>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves data that is still consistent enough to read.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn metrics(&self) -> Result<String> {
+        let g = self.lock();
+        metrics::render(&g.dp()?.snapshot()?, &g.status)
+    }
+
+    pub fn live_status(&self) -> Result<http::LiveStatus> {
+        let g = self.lock();
+        let snap = g.dp()?.snapshot()?;
+        let name = |c: &status::ClassStatus| http::Named { name: c.name.clone(), counters: (&snap.classes[c.index as usize]).into() };
+        Ok(http::LiveStatus {
+            counters: http::Counters {
+                classes: g.status.policy.classes.iter().map(name).collect(),
+                levels: g
+                    .status
+                    .policy
+                    .levels
+                    .iter()
+                    .map(|l| http::Named { name: l.name.clone(), counters: (&snap.levels[l.index as usize]).into() })
+                    .collect(),
+                unparsed: http::Unparsed {
+                    non_ip: snap.global.non_ip,
+                    truncated: snap.global.truncated,
+                    ipv6_extension_limit: snap.global.ipv6_ext_limit,
+                },
+            },
+            status: g.status.clone(),
+        })
+    }
+}
+
+impl Inner {
+    fn dp(&self) -> Result<&Datapath> {
+        self.dp.as_ref().ok_or_else(|| anyhow!("the agent is shutting down"))
+    }
+
+    fn dp_mut(&mut self) -> Result<&mut Datapath> {
+        self.dp.as_mut().ok_or_else(|| anyhow!("the agent is shutting down"))
+    }
+}
+
+/// Picks how the policy is enforced on this kernel.
+pub fn decide_mode(req: EnforcementRequest, f: &Features) -> Result<EnforcementMode> {
+    let sockops = f.cgroup2.is_some();
+    Ok(match req {
+        EnforcementRequest::Auto if f.sch_fq => EnforcementMode::Fq,
+        EnforcementRequest::Auto if f.sch_htb => EnforcementMode::Htb,
+        EnforcementRequest::Auto if sockops => EnforcementMode::SockopsOnly,
+        EnforcementRequest::Auto => EnforcementMode::None,
+        EnforcementRequest::Fq if !f.sch_fq => bail!(
+            "the policy asks for `enforcement: fq` but this kernel has no sch_fq (kernel {}); \
+             use `auto` to fall back to HTB and TCP pacing",
+            f.kernel_release
+        ),
+        EnforcementRequest::Fq => EnforcementMode::Fq,
+        EnforcementRequest::Htb if !f.sch_htb => bail!("the policy asks for `enforcement: htb` but this kernel has no sch_htb"),
+        EnforcementRequest::Htb => EnforcementMode::Htb,
+        EnforcementRequest::Sockops if !sockops => bail!("the policy asks for `enforcement: sockops` but no cgroup v2 is mounted"),
+        EnforcementRequest::Sockops => EnforcementMode::SockopsOnly,
+        EnforcementRequest::None => EnforcementMode::None,
+    })
+}
+
+fn describe(mode: EnforcementMode) -> Enforcement {
+    let (m, tcp, udp, agg) = match mode {
+        EnforcementMode::Fq => ("fq", "EDT timestamps held by fq; TCP also paces itself", "EDT timestamps held by fq", "EDT timestamps held by fq"),
+        EnforcementMode::Htb => (
+            "htb",
+            "TCP's own pacing at the class's flow rate (sock_ops SO_MAX_PACING_RATE)",
+            "not enforced (needs sch_fq)",
+            "HTB classes (skb->priority = HTB class id)",
+        ),
+        EnforcementMode::SockopsOnly => ("sockops", "TCP's own pacing (sock_ops SO_MAX_PACING_RATE)", "not enforced (needs sch_fq)", "not enforced"),
+        EnforcementMode::None => ("none", "not enforced (enforcement: none)", "not enforced (enforcement: none)", "not enforced (enforcement: none)"),
+    };
+    Enforcement { mode: m.into(), tcp_flows: tcp.into(), udp_flows: udp.into(), aggregates: agg.into() }
+}
+
+fn policy_status(file: &Path, c: &Compiled, generation: u64) -> PolicyStatus {
+    let level_name = |i: u32| c.levels.get(i as usize).map(|l| l.name.clone()).unwrap_or_default();
+    PolicyStatus {
+        file: file.display().to_string(),
+        name: c.name.clone(),
+        hash: c.hash.clone(),
+        generation,
+        loaded_at: status::unix_now(),
+        levels: c
+            .levels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| LevelStatus {
+                index: i as u32,
+                name: l.name.clone(),
+                priority: l.priority,
+                factor: l.factor,
+                epoch_seconds: l.epoch_secs,
+                rate_bytes_per_second: l.rate,
+                dscp: l.dscp,
+                pcp: l.pcp,
+            })
+            .collect(),
+        classes: c
+            .classes
+            .iter()
+            .map(|k| ClassStatus {
+                index: k.index as u32,
+                name: k.name.clone(),
+                level: level_name(k.level as u32),
+                flow_rate_bytes_per_second: k.flow_rate,
+                class_rate_bytes_per_second: k.class_rate,
+                tcp_rto_min_us: k.tcp.as_ref().and_then(|t| t.rto_min_us),
+                tcp_delack_max_us: k.tcp.as_ref().and_then(|t| t.delack_max_us),
+            })
+            .collect(),
+        default_class: c
+            .class_names
+            .get(c.table.default_class as usize)
+            .cloned()
+            .flatten()
+            .unwrap_or_default(),
+        warnings: c.warnings.clone(),
+    }
+}
+
+/// The fastest rate any clock of the policy paces at (sizes fq's per-flow queue).
+fn fastest_paced_rate(c: &Compiled) -> u64 {
+    let classes = c.classes.iter().flat_map(|k| [k.flow_rate, k.class_rate]);
+    let levels = c.levels.iter().map(|l| l.rate);
+    classes.chain(levels).flatten().max().unwrap_or(0).max(125_000_000)
+}
+
+fn htb_classes(c: &Compiled) -> Option<(u16, Vec<qdisc::HtbClass>)> {
+    let plan = c.htb.as_ref()?;
+    Some((
+        plan.default_minor,
+        plan.classes
+            .iter()
+            .map(|h| qdisc::HtbClass { minor: h.classid_minor, parent_minor: h.parent_minor, rate: h.rate, ceil: h.ceil, prio: h.prio })
+            .collect(),
+    ))
+}
+
+/// Runs the agent until SIGTERM/SIGINT.
+pub async fn run(opts: Options) -> Result<()> {
+    // From here on SIGTERM/SIGINT/SIGHUP are queued for the event loop instead of killing the
+    // process half-way through the start (which would leave qdiscs behind).
+    let signals = Signals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())?, hup: signal(SignalKind::hangup())? };
+    let dir = StateDir::lock(&opts.state_dir)?;
+    if let Some(prev) = dir.leftover()? {
+        let undone = state::clean_up(&prev);
+        log::warn!(
+            "a previous agent (pid {}) did not exit cleanly; {}",
+            prev.pid,
+            if undone.is_empty() { "it left nothing to undo" } else { "undoing what it left:" }
+        );
+        for line in undone {
+            log::warn!("  {line}");
+        }
+        dir.clear()?;
+    }
+
+    let features = Features::probe();
+    log::info!(
+        "kernel {}: tcx={} sch_fq={} sch_htb={} clsact={} btf={} cgroup2={}",
+        features.kernel_release,
+        features.tcx,
+        features.sch_fq,
+        features.sch_htb,
+        features.clsact,
+        features.btf,
+        features.cgroup2.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "none".into())
+    );
+    let degraded = features.degradations();
+    for d in &degraded {
+        log::warn!("degraded: {d}");
+    }
+
+    let host = SystemHost::new();
+    let validated = policy::load(&opts.policy, &host).map_err(|errs| {
+        anyhow!(
+            "policy rejected, nothing was loaded:\n  {}",
+            errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n  ")
+        )
+    })?;
+    let request = validated.enforcement();
+    let mode = decide_mode(request, &features)?;
+    let compiled = policy::compile(&validated, &CompileContext { mode, previous: None });
+    for w in &compiled.warnings {
+        log::warn!("policy: {w}");
+    }
+    if compiled.interfaces.is_empty() {
+        bail!("the policy selects no interface (spec.interfaces resolved to nothing on this host)");
+    }
+
+    let mut dp = Datapath::load(&LoadOptions { flow_table_size: compiled.flow_table_size, count_only: false })?;
+    let generation = dp.write_policy(&compiled.table)?;
+
+    // Everything changed on the host is recorded before it is changed.
+    let mut st = State { pid: std::process::id(), ..State::default() };
+    dir.save(&st)?;
+    let mut ifaces = Vec::new();
+    let result: Result<()> = (|| {
+        for iface in &compiled.interfaces {
+            let att = attach::attach_tc(&mut dp, iface, &features, |added| {
+                let s = st.iface(iface);
+                s.clsact_filter = true;
+                s.clsact_added = added;
+                dir.save(&st)
+            })?;
+            let installed = match mode {
+                EnforcementMode::Fq => {
+                    st.iface(iface).qdisc = Some(qdisc::Installed::Fq);
+                    dir.save(&st)?;
+                    let p = qdisc::FqParams::for_policy(compiled.horizon_ns, fastest_paced_rate(&compiled));
+                    Some(qdisc::install_fq(iface, p)?)
+                }
+                EnforcementMode::Htb => {
+                    st.iface(iface).qdisc = Some(qdisc::Installed::Htb);
+                    dir.save(&st)?;
+                    let (default, classes) = htb_classes(&compiled)
+                        .ok_or_else(|| anyhow!("no HTB plan: the link rate is unknown; set spec.link_rate"))?;
+                    Some(qdisc::install_htb(iface, default, &classes, false)?)
+                }
+                EnforcementMode::SockopsOnly | EnforcementMode::None => None,
+            };
+            st.iface(iface).qdisc = installed.clone();
+            dir.save(&st)?;
+            log::info!(
+                "{iface}: classifier attached ({}), root qdisc {}",
+                match att.mode {
+                    AttachMode::Tcx => "tcx",
+                    AttachMode::Clsact => "clsact",
+                },
+                installed.as_ref().map(|q| q.describe()).unwrap_or_else(|| "unchanged".into())
+            );
+            ifaces.push(IfaceStatus { name: iface.clone(), attach: att.mode, qdisc: installed.map(|q| q.describe()) });
+        }
+        if mode != EnforcementMode::None {
+            if let Some(cg) = &features.cgroup2 {
+                attach::attach_sock_ops(&mut dp, cg)?;
+                log::info!("sock_ops attached to {}", cg.display());
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        drop(dp);
+        for line in state::clean_up(&st) {
+            log::info!("undo: {line}");
+        }
+        dir.clear()?;
+        return Err(e);
+    }
+
+    let status = Status {
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: std::process::id(),
+        started_at: status::unix_now(),
+        kernel: features.clone(),
+        degraded,
+        enforcement: describe(mode),
+        interfaces: ifaces,
+        policy: policy_status(&opts.policy, &compiled, generation),
+        reloads: Default::default(),
+        flow_table: status::FlowTable { capacity: compiled.flow_table_size, memlock_bytes: dp.flow_table_memlock() },
+        metrics_addr: opts.metrics_addr.to_string(),
+    };
+    let interfaces = compiled.interfaces.clone();
+    let shared = Arc::new(Shared { inner: Mutex::new(Inner { dp: Some(dp), status, compiled, mode, interfaces }) });
+    write_status(&dir, &shared);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut http_stop = stop_rx.clone();
+    let server = http::serve(opts.metrics_addr, shared.clone(), async move {
+        let _ = http_stop.wait_for(|s| *s).await;
+    })
+    .await;
+    let server = match server {
+        Ok(s) => s,
+        Err(e) => {
+            shutdown(&shared, &dir);
+            return Err(e);
+        }
+    };
+    let hash = shared.lock().compiled.hash.chars().take(12).collect::<String>();
+    log::info!(
+        "paceline running: policy {} (hash {hash}), metrics on http://{}/metrics",
+        opts.policy.display(),
+        opts.metrics_addr
+    );
+
+    let result = event_loop(&opts, &shared, &dir, &host, signals).await;
+    let _ = stop_tx.send(true);
+    let _ = server.await;
+    shutdown(&shared, &dir);
+    result
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+async fn event_loop(opts: &Options, shared: &Arc<Shared>, dir: &StateDir, host: &SystemHost, signals: Signals) -> Result<()> {
+    let Signals { mut term, mut int, mut hup } = signals;
+    let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
+    let _watcher = watch_file(&opts.policy, tx)?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => { log::info!("SIGTERM: shutting down"); return Ok(()); }
+            _ = int.recv() => { log::info!("SIGINT: shutting down"); return Ok(()); }
+            _ = hup.recv() => reload(opts, shared, dir, host, "SIGHUP", true),
+            Some(()) = changes.recv() => {
+                // Editors write in several steps: wait for the file to settle.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                while changes.try_recv().is_ok() {}
+                reload(opts, shared, dir, host, "file change", false);
+            }
+        }
+    }
+}
+
+/// Watches the policy's directory (editors replace files by rename) for events on the file.
+fn watch_file(path: &Path, tx: tokio::sync::mpsc::UnboundedSender<()>) -> Result<notify::RecommendedWatcher> {
+    use notify::Watcher as _;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+    let name = path.file_name().map(|n| n.to_os_string());
+    let mut w = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if let Ok(ev) = ev {
+            if ev.kind.is_access() {
+                return;
+            }
+            if ev.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name) {
+                let _ = tx.send(());
+            }
+        }
+    })?;
+    w.watch(&dir, notify::RecursiveMode::NonRecursive)
+        .with_context(|| format!("watching {} for policy changes", dir.display()))?;
+    Ok(w)
+}
+
+/// Applies the policy file if it is valid; otherwise keeps the running policy.
+fn reload(opts: &Options, shared: &Arc<Shared>, dir: &StateDir, host: &SystemHost, why: &str, force: bool) {
+    let outcome = try_reload(opts, shared, host, force);
+    {
+        let mut g = shared.lock();
+        match &outcome {
+            Ok(None) => return,
+            Ok(Some(generation)) => {
+                g.status.reloads.applied += 1;
+                g.status.reloads.last = Some(ReloadEvent { at: status::unix_now(), applied: true, errors: vec![] });
+                log::info!("{why}: policy applied (generation {generation}, hash {})", g.compiled.hash);
+            }
+            Err(errors) => {
+                g.status.reloads.rejected += 1;
+                g.status.reloads.last = Some(ReloadEvent { at: status::unix_now(), applied: false, errors: errors.clone() });
+                log::error!("{why}: policy rejected, the running policy stays in force:");
+                for e in errors {
+                    log::error!("  {e}");
+                }
+            }
+        }
+    }
+    write_status(dir, shared);
+}
+
+/// `Ok(None)`: unchanged file, nothing to do. `Ok(Some(gen))`: applied. `Err`: rejected.
+fn try_reload(opts: &Options, shared: &Arc<Shared>, host: &SystemHost, force: bool) -> Result<Option<u64>, Vec<String>> {
+    let validated = policy::load(&opts.policy, host).map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    let mut g = shared.lock();
+    let mode = g.mode;
+    let compiled = policy::compile(&validated, &CompileContext { mode, previous: Some(&g.compiled) });
+    if !force && compiled.hash == g.compiled.hash {
+        return Ok(None);
+    }
+    let mut restart = Vec::new();
+    if compiled.interfaces != g.interfaces {
+        restart.push(format!(
+            "spec.interfaces changed ({:?} -> {:?}): restart the agent to apply it",
+            g.interfaces, compiled.interfaces
+        ));
+    }
+    if decide_mode(validated.enforcement(), &g.status.kernel).ok() != Some(mode) {
+        restart.push("spec.enforcement changed the enforcement mode: restart the agent to apply it".into());
+    }
+    if compiled.flow_table_size != g.compiled.flow_table_size {
+        restart.push(format!(
+            "spec.flow_table_size changed ({} -> {}): the flow table is sized at start; restart the agent",
+            g.compiled.flow_table_size, compiled.flow_table_size
+        ));
+    }
+    if !restart.is_empty() {
+        return Err(restart);
+    }
+    // A slot that now names a different class or level starts from zero.
+    for slot in compiled.slots_to_reset(Some(&g.compiled)) {
+        g.dp_mut()
+            .and_then(|dp| dp.reset_slot(slot))
+            .map_err(|e| vec![format!("resetting counters slot {slot}: {e:#}")])?;
+    }
+    if mode == EnforcementMode::Htb {
+        if let Some((default, classes)) = htb_classes(&compiled) {
+            for iface in g.interfaces.clone() {
+                qdisc::install_htb(&iface, default, &classes, true).map_err(|e| vec![format!("{iface}: updating HTB classes: {e:#}")])?;
+            }
+        }
+    }
+    let generation = g
+        .dp_mut()
+        .and_then(|dp| dp.write_policy(&compiled.table))
+        .map_err(|e| vec![format!("writing the policy map: {e:#}")])?;
+    for w in &compiled.warnings {
+        log::warn!("policy: {w}");
+    }
+    g.status.policy = policy_status(&opts.policy, &compiled, generation);
+    g.compiled = compiled;
+    Ok(Some(generation))
+}
+
+fn write_status(dir: &StateDir, shared: &Arc<Shared>) {
+    let body = match shared.live_status().and_then(|s| Ok(serde_json::to_vec_pretty(&s)?)) {
+        Ok(b) => b,
+        Err(e) => {
+            log::warn!("building the status document: {e:#}");
+            return;
+        }
+    };
+    if let Err(e) = dir.write("status.json", &body) {
+        log::warn!("writing {}/status.json: {e:#}", dir.path().display());
+    }
+}
+
+/// Detaches the programs (dropping the datapath closes tcx/cgroup links and deletes netlink
+/// filters), removes the qdiscs paceline installed and the state file.
+fn shutdown(shared: &Arc<Shared>, dir: &StateDir) {
+    let st = dir.leftover().ok().flatten().unwrap_or_default();
+    // Dropping the datapath detaches every program.
+    drop(shared.lock().dp.take());
+    // The filters are gone with the programs; clsact and root qdiscs are paceline's to remove.
+    let mut st = st;
+    for i in &mut st.interfaces {
+        i.clsact_filter = false;
+    }
+    for line in state::clean_up(&st) {
+        log::info!("shutdown: {line}");
+    }
+    if let Err(e) = dir.clear() {
+        log::warn!("clearing the state file: {e:#}");
+    }
+    let _ = std::fs::remove_file(dir.path().join("status.json"));
+    log::info!("paceline stopped; nothing left behind");
+}

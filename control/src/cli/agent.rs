@@ -1,0 +1,26 @@
+//! `paceline agent`
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use anyhow::Result;
+
+use crate::{agent, state};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The policy file (YAML). Reloaded when it changes and on SIGHUP.
+    #[arg(long, short)]
+    pub policy: PathBuf,
+    /// Where /metrics, /status and /healthz are served.
+    #[arg(long, default_value = "127.0.0.1:9977")]
+    pub metrics_addr: SocketAddr,
+    /// Lock, state (for cleanup after a crash) and status files.
+    #[arg(long, default_value = state::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+}
+
+pub fn run(a: Args) -> Result<i32> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(agent::run(agent::Options { policy: a.policy, metrics_addr: a.metrics_addr, state_dir: a.state_dir }))?;
+    Ok(0)
+}

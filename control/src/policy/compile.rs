@@ -1,0 +1,660 @@
+//! Stage 3: a pure function from a [`Validated`] policy to the [`PolicyTable`] the datapath
+//! reads, plus everything the agent reports about it ([`Compiled`]) and, in HTB mode, the HTB
+//! hierarchy to install ([`HtbPlan`]).
+//!
+//! # What the enforcement mode changes in the table
+//! | mode          | flow_rate | class_rate, level rate | `skb->priority`          |
+//! |---------------|-----------|------------------------|--------------------------|
+//! | `Fq`          | kept      | kept (EDT clocks)      | the level's priority     |
+//! | `Htb`         | kept      | 0: HTB enforces them   | HTB class id `1:minor`   |
+//! | `SockopsOnly` | kept      | 0: nothing can         | the level's priority     |
+//! | `None`        | 0         | 0                      | the level's priority     |
+//!
+//! In `Htb` mode the aggregate EDT clocks are off: with no `fq` to hold packets until their
+//! timestamps, a clock running at the class rate would only run ahead and drop packets at the
+//! horizon. Per-flow rates stay, for `fq` leaf qdiscs under the HTB leaves (and for sock_ops'
+//! SO_MAX_PACING_RATE). A level's hardware priority then reaches switches only through its
+//! DSCP/PCP rewrites, since `skb->priority` carries the HTB class id.
+//! In `SockopsOnly` mode sock_ops still reads `flow_rate` (SO_MAX_PACING_RATE) and the TCP
+//! settings; in `None` mode only the TCP settings, tagging and counting remain.
+
+use std::collections::{HashMap, HashSet};
+
+use ipnet::IpNet;
+use paceline_common::maps::{
+    CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_CLASSES,
+    MAX_LEVELS, PolicyTable, Rule, TABLE_NEEDS_CGROUP, TABLE_NO_FLOW_CLOCKS, level_slot,
+};
+use paceline_common::qjump::Network;
+
+use super::validate::{EnforcementRequest, Family, LinkRate, RuleSpec, TcpSettings, Validated};
+
+/// How the agent enforces rates on this host (decided from `spec.enforcement` and the kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EnforcementMode {
+    /// EDT timestamps held by `fq`.
+    Fq,
+    /// An HTB hierarchy for the aggregates (see [`HtbPlan`]).
+    Htb,
+    /// Only sock_ops' per-socket settings.
+    SockopsOnly,
+    /// Classify, tag and count only.
+    None,
+}
+
+impl EnforcementMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnforcementMode::Fq => "fq",
+            EnforcementMode::Htb => "htb",
+            EnforcementMode::SockopsOnly => "sockops",
+            EnforcementMode::None => "none",
+        }
+    }
+}
+
+impl EnforcementRequest {
+    /// The mode the policy insists on; `None` for `auto` (the agent picks).
+    pub fn fixed(self) -> Option<EnforcementMode> {
+        match self {
+            EnforcementRequest::Auto => None,
+            EnforcementRequest::Fq => Some(EnforcementMode::Fq),
+            EnforcementRequest::Htb => Some(EnforcementMode::Htb),
+            EnforcementRequest::Sockops => Some(EnforcementMode::SockopsOnly),
+            EnforcementRequest::None => Some(EnforcementMode::None),
+        }
+    }
+}
+
+/// What compilation needs besides the policy.
+#[derive(Clone, Copy, Debug)]
+pub struct CompileContext<'a> {
+    pub mode: EnforcementMode,
+    /// The policy running now: classes that exist in both keep their index, so their clocks
+    /// and counters keep their meaning across a reload.
+    pub previous: Option<&'a Compiled>,
+}
+
+/// The QJump network as reported.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QJumpInfo {
+    pub network: Network,
+    /// `n*P/R + eps`, seconds.
+    pub worst_case_delay_secs: f64,
+    /// `2*n*P/R + eps` (the epoch of factor 1), seconds.
+    pub epoch_secs: f64,
+}
+
+/// One level as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LevelInfo {
+    pub name: String,
+    pub priority: u8,
+    /// The QJump factor; `None` for explicit rates and unlimited levels.
+    pub factor: Option<f64>,
+    pub epoch_secs: Option<f64>,
+    /// Bytes/s; `None` = unlimited. This is the policy's rate, whatever the mode.
+    pub rate: Option<u64>,
+    pub dscp: Option<u8>,
+    pub pcp: Option<u8>,
+}
+
+impl LevelInfo {
+    pub fn is_limited(&self) -> bool {
+        self.rate.is_some()
+    }
+}
+
+/// One class as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassInfo {
+    /// Index in the table (stable across reloads).
+    pub index: u16,
+    pub name: String,
+    /// Index into [`Compiled::levels`].
+    pub level: usize,
+    pub flow_rate: Option<u64>,
+    pub class_rate: Option<u64>,
+    pub tcp: Option<TcpSettings>,
+    /// Table rules that select this class.
+    pub rules: usize,
+}
+
+/// One table rule as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleInfo {
+    /// Where it came from: `spec.rules[2]` or `spec.rules[2] (src[1], dst[0])`.
+    pub origin: String,
+    pub class: String,
+    pub class_index: u16,
+    /// The conditions, e.g. `tcp dst_port 11211 dst 10.1.0.0/16`, or `any`.
+    pub matches: String,
+}
+
+pub const HTB_MAJOR: u16 = 1;
+/// The root class `1:1`; its parent is the qdisc (`parent_minor` 0).
+pub const HTB_ROOT_MINOR: u16 = 0x1;
+/// `1:100 + level index`: a rate-limited level.
+pub const HTB_LEVEL_BASE: u16 = 0x100;
+/// `1:200 + class index`: a class with a class_rate.
+pub const HTB_CLASS_BASE: u16 = 0x200;
+/// `1:300 + level index`: a level's other traffic.
+pub const HTB_OTHER_BASE: u16 = 0x300;
+
+/// The HTB hierarchy of HTB mode; the agent installs it with `tc` on every interface:
+/// `tc qdisc add dev X root handle 1: htb default <default_minor>`, then each class in order
+/// (parents come first) with `parent 1:<parent_minor>` (`parent 1:` when it is 0), and an `fq`
+/// leaf qdisc under each leaf class so per-flow EDT still works.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HtbPlan {
+    /// The link rate, bytes/s.
+    pub root_rate: u64,
+    /// The leaf of the default class: where packets without our class id go.
+    pub default_minor: u16,
+    /// Root first, then per level: its class (if limited), its policy classes' leaves, its
+    /// other-traffic leaf.
+    pub classes: Vec<HtbClass>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HtbClass {
+    pub classid_minor: u16,
+    /// 0 = the qdisc itself.
+    pub parent_minor: u16,
+    /// Bytes/s.
+    pub rate: u64,
+    pub ceil: u64,
+    /// 0 = highest (the level index).
+    pub prio: u8,
+    pub name: String,
+}
+
+impl HtbPlan {
+    /// Is `minor` a leaf (a class packets are steered into)?
+    pub fn is_leaf(&self, minor: u16) -> bool {
+        !self.classes.iter().any(|c| c.parent_minor == minor)
+    }
+}
+
+/// A compiled policy: the table for the datapath and what the agent reports.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    pub table: PolicyTable,
+    pub mode: EnforcementMode,
+    pub file: String,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    /// sha256 of the file's bytes, hex.
+    pub hash: String,
+    /// By table index; `None` for unused indices. Its length is `table.n_classes`.
+    pub class_names: Vec<Option<String>>,
+    /// By table index, like `class_names`.
+    pub class_tcp: Vec<Option<TcpSettings>>,
+    /// Classes in index order.
+    pub classes: Vec<ClassInfo>,
+    /// By level index (= list order, 0 = highest).
+    pub level_names: Vec<String>,
+    pub levels: Vec<LevelInfo>,
+    pub qjump: Option<QJumpInfo>,
+    pub link_rate: Option<LinkRate>,
+    /// The table's rules, in order.
+    pub rules: Vec<RuleInfo>,
+    pub interfaces: Vec<String>,
+    pub interfaces_auto: bool,
+    pub enforcement: EnforcementRequest,
+    pub flow_table_size: u32,
+    pub horizon_ns: u64,
+    /// The default class's table index.
+    pub default_class: u16,
+    /// Validation's and compilation's warnings, formatted (`file:line: path: message`).
+    pub warnings: Vec<String>,
+    /// In HTB mode (when the link rate is known).
+    pub htb: Option<HtbPlan>,
+}
+
+impl Compiled {
+    /// The `AGG_CLOCKS`/`STATS` slots whose owner changed since `previous` (a new class at an
+    /// index, a renamed level): the agent zeroes them before flipping to this policy.
+    pub fn slots_to_reset(&self, previous: Option<&Compiled>) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (i, n) in self.class_names.iter().enumerate() {
+            let before = previous.and_then(|p| p.class_names.get(i).cloned().flatten());
+            if n.is_some() && *n != before {
+                out.push(i as u32);
+            }
+        }
+        for (i, n) in self.level_names.iter().enumerate() {
+            if previous.and_then(|p| p.level_names.get(i)) != Some(n) {
+                out.push(level_slot(i as u32));
+            }
+        }
+        out
+    }
+}
+
+/// Assigns table indices: classes of `previous` keep theirs; new classes take the lowest
+/// index used neither now nor by `previous` (so a removed class's counters are not inherited),
+/// else the lowest free one.
+fn class_indices(v: &Validated, previous: Option<&Compiled>) -> Vec<u16> {
+    let prev: HashMap<&str, usize> = previous
+        .map(|p| {
+            p.class_names
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| n.as_deref().map(|n| (n, i)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let prev_used: HashSet<usize> = prev.values().copied().collect();
+    let mut used = [false; MAX_CLASSES];
+    let mut idx: Vec<Option<u16>> = vec![None; v.classes.len()];
+    for (i, c) in v.classes.iter().enumerate() {
+        if let Some(&p) = prev.get(c.name.as_str())
+            && p < MAX_CLASSES
+            && !used[p]
+        {
+            used[p] = true;
+            idx[i] = Some(p as u16);
+        }
+    }
+    for slot in idx.iter_mut().filter(|s| s.is_none()) {
+        let free = (0..MAX_CLASSES)
+            .find(|j| !used[*j] && !prev_used.contains(j))
+            .or_else(|| (0..MAX_CLASSES).find(|j| !used[*j]))
+            .expect("validation allows at most MAX_CLASSES classes");
+        used[free] = true;
+        *slot = Some(free as u16);
+    }
+    idx.into_iter().map(|i| i.expect("assigned")).collect()
+}
+
+/// 16 bytes of address and mask in network order, as the datapath's `[u32; 4]` (memory order
+/// words). IPv4 is IPv4-mapped: `::ffff:a.b.c.d` with the prefix moved by 96 bits.
+pub fn net_words(n: &IpNet) -> ([u32; 4], [u32; 4]) {
+    let (bytes, prefix) = match n {
+        IpNet::V4(v) => {
+            let mut b = [0u8; 16];
+            b[10] = 0xff;
+            b[11] = 0xff;
+            b[12..].copy_from_slice(&v.network().octets());
+            (b, 96 + u32::from(v.prefix_len()))
+        }
+        IpNet::V6(v) => (v.network().octets(), u32::from(v.prefix_len())),
+    };
+    let mut mask = [0u8; 16];
+    for (i, m) in mask.iter_mut().enumerate() {
+        let start = i as u32 * 8;
+        *m = if prefix >= start + 8 {
+            0xff
+        } else if prefix > start {
+            0xffu8 << (8 - (prefix - start))
+        } else {
+            0
+        };
+    }
+    let words = |b: [u8; 16]| {
+        let mut w = [0u32; 4];
+        for (i, c) in b.chunks_exact(4).enumerate() {
+            w[i] = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        w
+    };
+    (words(bytes), words(mask))
+}
+
+fn table_rule(r: &RuleSpec, class: u16) -> Rule {
+    let mut t = Rule::any(class);
+    if let Some(p) = r.protocol {
+        t = t.with_proto(p);
+    }
+    if let Some(f) = r.family {
+        t = t.with_family(f == Family::V6);
+    }
+    if let Some(n) = &r.src {
+        let (a, m) = net_words(n);
+        t = t.with_src(a, m);
+    }
+    if let Some(n) = &r.dst {
+        let (a, m) = net_words(n);
+        t = t.with_dst(a, m);
+    }
+    if let Some((lo, hi)) = r.src_port {
+        t = t.with_sport(lo, hi);
+    }
+    if let Some((lo, hi)) = r.dst_port {
+        t = t.with_dport(lo, hi);
+    }
+    if let Some(d) = r.dscp {
+        t = t.with_dscp(d);
+    }
+    if let Some((v, m)) = r.mark {
+        t = t.with_mark(v, m);
+    }
+    if let Some(c) = &r.cgroup {
+        t = t.with_cgroup(c.id);
+    }
+    t
+}
+
+fn rule_text(r: &RuleSpec) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(p) = r.protocol {
+        parts.push(match p {
+            6 => "tcp".into(),
+            17 => "udp".into(),
+            1 => "icmp".into(),
+            58 => "icmpv6".into(),
+            132 => "sctp".into(),
+            136 => "udplite".into(),
+            n => format!("proto {n}"),
+        });
+    }
+    if let Some(f) = r.family
+        && r.src.is_none()
+        && r.dst.is_none()
+        && !matches!(r.protocol, Some(1 | 58))
+    {
+        parts.push(f.name().to_string());
+    }
+    if let Some(n) = &r.src {
+        parts.push(format!("src {n}"));
+    }
+    if let Some((lo, hi)) = r.src_port {
+        parts.push(if lo == hi {
+            format!("src_port {lo}")
+        } else {
+            format!("src_port {lo}-{hi}")
+        });
+    }
+    if let Some(n) = &r.dst {
+        parts.push(format!("dst {n}"));
+    }
+    if let Some((lo, hi)) = r.dst_port {
+        parts.push(if lo == hi {
+            format!("dst_port {lo}")
+        } else {
+            format!("dst_port {lo}-{hi}")
+        });
+    }
+    if let Some(d) = r.dscp {
+        parts.push(format!("dscp {d}"));
+    }
+    if let Some(c) = &r.cgroup {
+        parts.push(if c.id == 0 {
+            format!("cgroup {} (unresolved)", c.path)
+        } else {
+            format!("cgroup {} (id {})", c.path, c.id)
+        });
+    }
+    if let Some((v, m)) = r.mark {
+        parts.push(if m == u32::MAX {
+            format!("mark {v:#x}")
+        } else {
+            format!("mark {v:#x}/{m:#x}")
+        });
+    }
+    if parts.is_empty() {
+        "any".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+fn rule_origin(r: &RuleSpec) -> String {
+    match (r.src_entry, r.dst_entry) {
+        (None, None) => r.path(),
+        (Some(s), None) => format!("{} (src[{s}])", r.path()),
+        (None, Some(d)) => format!("{} (dst[{d}])", r.path()),
+        (Some(s), Some(d)) => format!("{} (src[{s}], dst[{d}])", r.path()),
+    }
+}
+
+/// The HTB hierarchy for `v` (see [`HtbPlan`]); `None` without a link rate.
+fn htb_plan(v: &Validated, idx: &[u16]) -> Option<HtbPlan> {
+    let root = v.link_rate.as_ref()?.rate;
+    let mut classes = vec![HtbClass {
+        classid_minor: HTB_ROOT_MINOR,
+        parent_minor: 0,
+        rate: root,
+        ceil: root,
+        prio: 0,
+        name: "root".into(),
+    }];
+    for (li, l) in v.levels.iter().enumerate() {
+        let prio = li as u8;
+        let parent = match l.rate {
+            Some(r) => {
+                let minor = HTB_LEVEL_BASE + li as u16;
+                classes.push(HtbClass {
+                    classid_minor: minor,
+                    parent_minor: HTB_ROOT_MINOR,
+                    rate: r,
+                    ceil: r,
+                    prio,
+                    name: format!("level/{}", l.name),
+                });
+                minor
+            }
+            None => HTB_ROOT_MINOR,
+        };
+        for (ci, c) in v.classes.iter().enumerate() {
+            if let (true, Some(cr)) = (c.level == li, c.class_rate) {
+                classes.push(HtbClass {
+                    classid_minor: HTB_CLASS_BASE + idx[ci],
+                    parent_minor: parent,
+                    rate: cr,
+                    ceil: cr,
+                    prio,
+                    name: format!("class/{}", c.name),
+                });
+            }
+        }
+        let other = l.rate.unwrap_or(root);
+        classes.push(HtbClass {
+            classid_minor: HTB_OTHER_BASE + li as u16,
+            parent_minor: parent,
+            rate: other,
+            ceil: other,
+            prio,
+            name: format!("level/{}/other", l.name),
+        });
+    }
+    Some(HtbPlan {
+        root_rate: root,
+        default_minor: htb_leaf(v, v.default_class, idx),
+        classes,
+    })
+}
+
+/// The HTB leaf a class's packets go to.
+fn htb_leaf(v: &Validated, class: usize, idx: &[u16]) -> u16 {
+    let c = &v.classes[class];
+    if c.class_rate.is_some() {
+        HTB_CLASS_BASE + idx[class]
+    } else {
+        HTB_OTHER_BASE + c.level as u16
+    }
+}
+
+/// Compiles a validated policy. Pure: the same inputs give the same output.
+pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
+    let mode = ctx.mode;
+    let idx = class_indices(v, ctx.previous);
+    let mut warnings: Vec<String> = v.warnings.iter().map(|w| w.to_string()).collect();
+    let mut warn = |m: String| warnings.push(format!("{}: {m}", v.file));
+
+    let htb = if mode == EnforcementMode::Htb {
+        let p = htb_plan(v, &idx);
+        if p.is_none() {
+            warn(
+                "enforcement htb: no HTB plan, the link rate is unknown; set spec.link_rate".into(),
+            );
+        }
+        p
+    } else {
+        None
+    };
+    let (keep_flow, keep_aggregates) = match mode {
+        EnforcementMode::Fq => (true, true),
+        EnforcementMode::Htb | EnforcementMode::SockopsOnly => (true, false),
+        EnforcementMode::None => (false, false),
+    };
+    if let Some(want) = v.enforcement.fixed()
+        && want != mode
+    {
+        warn(format!(
+            "spec.enforcement asks for {} but the agent enforces with {}",
+            v.enforcement.as_str(),
+            mode.as_str()
+        ));
+    }
+    let any_aggregate = v.levels.iter().any(|l| l.rate.is_some())
+        || v.classes.iter().any(|c| c.class_rate.is_some());
+    let any_flow = v.classes.iter().any(|c| c.flow_rate.is_some());
+    match mode {
+        EnforcementMode::SockopsOnly if any_aggregate => warn(
+            "enforcement sockops: level and class rates are reported but not enforced (only flow_rate, as SO_MAX_PACING_RATE of TCP sockets, and the tcp settings apply)".into(),
+        ),
+        EnforcementMode::None if any_aggregate || any_flow => {
+            warn("enforcement none: rates are reported but not enforced (classification, tagging, counting and tcp settings only)".into())
+        }
+        _ => {}
+    }
+
+    let mut table = PolicyTable::empty();
+    for (li, l) in v.levels.iter().enumerate().take(MAX_LEVELS) {
+        let mut flags = 0;
+        if l.dscp.is_some() {
+            flags |= LEVEL_SET_DSCP;
+        }
+        if l.pcp.is_some() {
+            flags |= LEVEL_SET_PCP;
+        }
+        table.levels[li] = LevelConfig {
+            rate: if keep_aggregates {
+                l.rate.unwrap_or(0)
+            } else {
+                0
+            },
+            flags,
+            dscp: l.dscp.unwrap_or(0),
+            pcp: l.pcp.unwrap_or(0),
+            _pad: [0; 2],
+        };
+    }
+    let n_classes = idx.iter().map(|i| usize::from(*i) + 1).max().unwrap_or(1);
+    let mut class_names = vec![None; n_classes];
+    let mut class_tcp = vec![None; n_classes];
+    let mut classes = Vec::new();
+    for (ci, c) in v.classes.iter().enumerate() {
+        let i = usize::from(idx[ci]);
+        let level = &v.levels[c.level];
+        let skb_priority = match &htb {
+            Some(_) => (u32::from(HTB_MAJOR) << 16) | u32::from(htb_leaf(v, ci, &idx)),
+            None => u32::from(level.priority),
+        };
+        let tcp = c.tcp.unwrap_or_default();
+        table.classes[i] = ClassConfig {
+            flow_rate: if keep_flow {
+                c.flow_rate.unwrap_or(0)
+            } else {
+                0
+            },
+            class_rate: if keep_aggregates {
+                c.class_rate.unwrap_or(0)
+            } else {
+                0
+            },
+            skb_priority,
+            flags: CLASS_SET_PRIORITY,
+            rto_min_us: tcp.rto_min_us.unwrap_or(0),
+            delack_max_us: tcp.delack_max_us.unwrap_or(0),
+            level: c.level as u32,
+            _pad: 0,
+        };
+        class_names[i] = Some(c.name.clone());
+        class_tcp[i] = c.tcp;
+        classes.push(ClassInfo {
+            index: idx[ci],
+            name: c.name.clone(),
+            level: c.level,
+            flow_rate: c.flow_rate,
+            class_rate: c.class_rate,
+            tcp: c.tcp,
+            rules: v.rules.iter().filter(|r| r.class == ci).count(),
+        });
+    }
+    classes.sort_by_key(|c| c.index);
+
+    let mut rules = Vec::new();
+    for (ri, r) in v.rules.iter().enumerate() {
+        let class = idx[r.class];
+        table.rules[ri] = table_rule(r, class);
+        if r.cgroup.is_some() {
+            table.flags |= TABLE_NEEDS_CGROUP;
+        }
+        rules.push(RuleInfo {
+            origin: rule_origin(r),
+            class: v.classes[r.class].name.clone(),
+            class_index: class,
+            matches: rule_text(r),
+        });
+    }
+    // Without fq nothing holds packets until their timestamp: a per-flow clock would only run
+    // ahead and turn into a policer (drops at the horizon). TCP flows pace themselves through
+    // sock_ops at `flow_rate` instead, which reads it from the same table.
+    if mode != EnforcementMode::Fq {
+        table.flags |= TABLE_NO_FLOW_CLOCKS;
+    }
+    table.n_rules = v.rules.len() as u32;
+    table.n_classes = n_classes as u32;
+    table.default_class = u32::from(idx[v.default_class]);
+    table.horizon_ns = v.horizon_ns;
+
+    let levels = v
+        .levels
+        .iter()
+        .map(|l| LevelInfo {
+            name: l.name.clone(),
+            priority: l.priority,
+            factor: match l.limit {
+                super::validate::Limit::Factor(f) => Some(f),
+                _ => None,
+            },
+            epoch_secs: l.epoch_secs,
+            rate: l.rate,
+            dscp: l.dscp,
+            pcp: l.pcp,
+        })
+        .collect();
+    let qjump = v.qjump.map(|n| QJumpInfo {
+        network: n,
+        worst_case_delay_secs: n.worst_case_delay_secs(),
+        epoch_secs: n.epoch_secs(1.0),
+    });
+
+    Compiled {
+        table,
+        mode,
+        file: v.file.clone(),
+        name: v.name.clone(),
+        description: v.description.clone(),
+        hash: v.hash.clone(),
+        class_names,
+        class_tcp,
+        classes,
+        level_names: v.levels.iter().map(|l| l.name.clone()).collect(),
+        levels,
+        qjump,
+        link_rate: v.link_rate.clone(),
+        rules,
+        interfaces: v.interfaces.clone(),
+        interfaces_auto: v.interfaces_auto,
+        enforcement: v.enforcement,
+        flow_table_size: v.flow_table_size,
+        horizon_ns: v.horizon_ns,
+        default_class: idx[v.default_class],
+        warnings,
+        htb,
+    }
+}

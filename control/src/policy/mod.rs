@@ -1,0 +1,245 @@
+//! # Policies: from a YAML file to the `PolicyTable` the datapath reads
+//!
+//! Three stages, as in ripgrep's `LowArgs -> HiArgs` (see `/work/shared/STYLE.md`):
+//!
+//! 1. [`raw`]: serde types that mirror the file exactly (`deny_unknown_fields`, quantities kept
+//!    as text). The JSON schema `policies/schema.json` is generated from them
+//!    ([`schema_json`], `paceline policy schema`).
+//! 2. [`validate`]: units parsed ([`units`]), ranges checked, names resolved, address lists
+//!    expanded, host facts looked up through [`HostFacts`]. Every error is collected, each
+//!    pointing at its field and line ([`lines`]) and saying what would be valid:
+//!    `policies/x.yaml:14: spec.classes[2].flow_rate: "10 Gbits" is not a rate; write e.g. ...`.
+//! 3. [`compile`](compile::compile): a pure function from the validated policy and a
+//!    [`CompileContext`] (the enforcement mode the agent uses, the previous policy) to the
+//!    [`PolicyTable`](paceline_common::maps::PolicyTable) plus what the agent reports
+//!    ([`Compiled`]); [`render`] turns that into `paceline policy check` output.
+//!
+//! # Layout
+//! - [`raw`]: the file format (stage 1) and the schema.
+//! - [`units`]: rates, sizes, durations: parsing and formatting.
+//! - [`lines`]: path -> line index of a YAML document.
+//! - [`host`]: [`HostFacts`], [`SystemHost`], [`OfflineHost`], [`FakeHost`].
+//! - [`validate`]: stage 2, [`Validated`].
+//! - [`compile`](mod@compile): stage 3, [`Compiled`], the HTB plan.
+//! - [`render`]: the check report and JSON output.
+//!
+//! # Decisions a policy author should know
+//! - Units are always written out; a bare number is refused (`100` could be bits or bytes).
+//!   `Mbps`-style spellings are bits; tc's all-lower-case byte spellings (`mbps`) are refused as
+//!   ambiguous. See [`units`].
+//! - Levels are listed from the highest to the lowest. Priorities must be unique and decrease
+//!   down the list; factors must not decrease; an unlimited level may not sit above a
+//!   rate-limited one (it could take the whole link ahead of it). These are errors.
+//! - The rates of the rate-limited levels must fit the host's link (`spec.link_rate`, else the
+//!   slowest interface the kernel reports, else `spec.qjump.link_rate`): an error with numbers.
+//! - Address lists expand to one rule per same-family (src, dst) pair; an entry that pairs with
+//!   nothing is an error, as is more than 64 rules after expansion.
+//! - In HTB mode `skb->priority` carries the HTB class id, so a level's hardware priority
+//!   reaches switches only through its DSCP/PCP rewrites.
+
+pub mod compile;
+pub mod host;
+pub mod lines;
+pub mod raw;
+pub mod render;
+pub mod units;
+pub mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::Path;
+
+use sha2::{Digest as _, Sha256};
+
+pub use compile::{
+    ClassInfo, CompileContext, Compiled, EnforcementMode, HtbClass, HtbPlan, LevelInfo, QJumpInfo,
+    RuleInfo, compile,
+};
+pub use host::{FakeHost, HostFacts, OfflineHost, SystemHost};
+pub use raw::schema_json;
+pub use validate::{EnforcementRequest, LinkRate, LinkRateSource, TcpSettings, Validated};
+
+/// A problem in a policy file, located by file, line (when known) and field path. Also used
+/// for warnings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyError {
+    pub file: String,
+    /// 1-based.
+    pub line: Option<usize>,
+    /// `spec.classes[2].flow_rate`; empty for problems with the whole file.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    /// `policies/x.yaml:14: spec.classes[2].flow_rate: "10 Gbits" is not a rate; ...`
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{}:{l}: ", self.file)?,
+            None => write!(f, "{}: ", self.file)?,
+        }
+        if !self.path.is_empty() {
+            write!(f, "{}: ", self.path)?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// Reads, parses and validates the policy at `path`.
+pub fn load(path: &Path, host: &dyn HostFacts) -> Result<Validated, Vec<PolicyError>> {
+    let file = path.display().to_string();
+    match std::fs::read(path) {
+        Ok(bytes) => match String::from_utf8(bytes) {
+            Ok(text) => parse_str(&text, &file, host),
+            Err(e) => Err(vec![PolicyError {
+                file,
+                line: None,
+                path: String::new(),
+                message: format!("is not UTF-8 text ({e})"),
+            }]),
+        },
+        Err(e) => Err(vec![PolicyError {
+            file,
+            line: None,
+            path: String::new(),
+            message: format!("cannot read: {e}"),
+        }]),
+    }
+}
+
+/// Parses and validates policy text; `file_name` is used in messages.
+pub fn parse_str(
+    text: &str,
+    file_name: &str,
+    host: &dyn HostFacts,
+) -> Result<Validated, Vec<PolicyError>> {
+    let lines = lines::LineIndex::new(text);
+    let raw = parse_raw(text, file_name, &lines).map_err(|e| vec![e])?;
+    validate::validate(&raw, file_name, hash(text.as_bytes()), &lines, host)
+}
+
+/// Stage 1 only: the file as serde sees it. serde stops at the first error, so this returns
+/// one error; its position comes from serde_yaml.
+pub fn parse_raw(
+    text: &str,
+    file_name: &str,
+    lines: &lines::LineIndex,
+) -> Result<raw::PolicyFile, PolicyError> {
+    if text
+        .trim()
+        .lines()
+        .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+    {
+        return Err(PolicyError {
+            file: file_name.to_string(),
+            line: None,
+            path: String::new(),
+            message: "is empty; a policy starts with `apiVersion: paceline/v1` and `kind: Policy`"
+                .into(),
+        });
+    }
+    serde_yaml::from_str::<raw::PolicyFile>(text).map_err(|e| serde_error(file_name, &e, lines))
+}
+
+/// sha256 of `bytes`, lower-case hex.
+pub fn hash(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Turns a serde_yaml error (`spec.classes[0]: unknown field ... at line 3 column 5`) into a
+/// [`PolicyError`] with the path split out and a friendlier message.
+fn serde_error(file: &str, e: &serde_yaml::Error, lines: &lines::LineIndex) -> PolicyError {
+    let mut msg = e.to_string();
+    // Drop serde_yaml's trailing " at line L column C" when it is the position reported in
+    // front; libyaml's syntax errors end with the position of their context, which stays.
+    if let Some(loc) = e.location() {
+        let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+        if msg.ends_with(&suffix) {
+            msg.truncate(msg.len() - suffix.len());
+        }
+    }
+    let (path, message) = match msg.split_once(": ") {
+        Some((p, m))
+            if !p.is_empty()
+                && p.chars().all(|c| {
+                    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']' | '?')
+                }) =>
+        {
+            (p.to_string(), m.to_string())
+        }
+        _ => (String::new(), msg.clone()),
+    };
+    let message = friendlier(&message);
+    let line = e.location().map(|l| l.line()).or_else(|| {
+        if path.is_empty() {
+            None
+        } else {
+            lines.line(&path)
+        }
+    });
+    PolicyError {
+        file: file.to_string(),
+        line,
+        path,
+        message,
+    }
+}
+
+/// Serde's wording, made to say what would be valid in the policy's terms.
+fn friendlier(m: &str) -> String {
+    let m = m
+        .replace("expected i64", "expected an integer")
+        .replace("expected a sequence", "expected a list")
+        .replace("expected a string", "expected text")
+        .replace("expected struct ", "expected a mapping of ")
+        .replace(
+            "deserializing from YAML containing more than one document is not supported",
+            "holds more than one YAML document (a `---` line); a policy file holds exactly one",
+        );
+    // unknown field `flow_rat`, expected one of `name`, `level`, `flow_rate`, ...
+    if let Some(rest) = m.clone().strip_prefix("unknown field `")
+        && let Some((field, valid)) = rest.split_once("`, expected ")
+    {
+        let names: Vec<&str> = valid.split('`').skip(1).step_by(2).collect();
+        let best = names
+            .iter()
+            .map(|n| (edit_distance(field, n), *n))
+            .filter(|(dist, n)| *dist <= 2.max(n.len() / 4))
+            .min();
+        let field = field.to_string();
+        let mut m = format!(
+            "unknown field `{field}`; valid fields: {}",
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        if let Some((_, b)) = best {
+            m.push_str(&format!(" (did you mean `{b}`?)"));
+        }
+        return m;
+    }
+    m
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
