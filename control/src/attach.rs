@@ -72,12 +72,14 @@ pub fn remove_stale_filter(iface: &str) -> Result<()> {
     qdisc::tc(&["filter", "del", "dev", iface, "egress", "pref", &pref]).map(|_| ())
 }
 
-/// Attaches sock_ops to the cgroup v2 root, next to any other sock_ops programs.
+/// Attaches sock_ops to the cgroup v2 root. On 5.7+ this is a bpf link, which always coexists
+/// with other programs on the cgroup (and takes no attach flags: `AllowMultiple` would be
+/// refused with EINVAL); the link goes away with the agent's process.
 pub fn attach_sock_ops(dp: &mut Datapath, cgroup_root: &Path) -> Result<()> {
     let cg = std::fs::File::open(cgroup_root)
         .with_context(|| format!("opening the cgroup v2 root {}", cgroup_root.display()))?;
     dp.sock_ops_program()?
-        .attach(cg, CgroupAttachMode::AllowMultiple)
+        .attach(cg, CgroupAttachMode::Single)
         .with_context(|| format!("attaching sock_ops to {}", cgroup_root.display()))?;
     Ok(())
 }

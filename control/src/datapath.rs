@@ -67,9 +67,11 @@ impl Datapath {
     /// Loads the object and its programs into the kernel (nothing is attached yet).
     pub fn load(opts: &LoadOptions) -> Result<Self> {
         let count_only: u32 = opts.count_only.into();
+        let netns = own_netns_cookie().context("reading this process's network namespace cookie")?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(names::FLOWS, opts.flow_table_size)
             .override_global("PL_COUNT_ONLY", &count_only, true)
+            .override_global("PL_NETNS_COOKIE", &netns, true)
             .load(EBPF_OBJECT)
             .context("loading the paceline eBPF object (is this a kernel with BPF and BTF, and are we root?)")?;
         let tc: &mut SchedClassifier = prog(&mut ebpf, TC_EGRESS)?.try_into()?;
@@ -213,6 +215,29 @@ fn prog<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Pro
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
     ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
+}
+
+/// The cookie of the calling thread's network namespace (SO_NETNS_COOKIE, Linux 5.14+): what
+/// `bpf_get_netns_cookie` returns for sockets of the same namespace.
+pub fn own_netns_cookie() -> Result<u64> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: plain socket(2); the fd is owned and closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: fd was just created and is not shared.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: valid fd, pointer and length for an 8-byte option.
+    let r = unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_NETNS_COOKIE, (&mut cookie as *mut u64).cast(), &mut len)
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(cookie)
 }
 
 fn memlock_of(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {

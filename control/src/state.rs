@@ -54,7 +54,8 @@ impl State {
 /// The state directory, held by a running agent.
 pub struct StateDir {
     dir: PathBuf,
-    _lock: File,
+    /// Held for the agent's lifetime: dropping a `Flock` releases the lock.
+    _lock: nix::fcntl::Flock<File>,
 }
 
 impl StateDir {
@@ -68,14 +69,14 @@ impl StateDir {
             .write(true)
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
-        if let Err(e) = nix::fcntl::Flock::lock(f.try_clone()?, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            bail!(
-                "another paceline agent holds {} ({}); stop it first, or point --state-dir elsewhere",
-                path.display(),
-                e.1
-            );
-        }
-        Ok(StateDir { dir: dir.to_path_buf(), _lock: f })
+        let lock = match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(l) => l,
+            Err((_, e)) => bail!(
+                "another paceline agent holds {} ({e}); stop it first, or point --state-dir elsewhere",
+                path.display()
+            ),
+        };
+        Ok(StateDir { dir: dir.to_path_buf(), _lock: lock })
     }
 
     pub fn path(&self) -> &Path {

@@ -31,6 +31,15 @@ pub enum Command {
     Cleanup(cleanup::Args),
 }
 
+/// Parses the process's arguments, sets up logging, runs the command and exits with its code.
+pub fn main() -> ! {
+    let cli = Cli::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(&cli.log_level))
+        .format_timestamp_millis()
+        .init();
+    std::process::exit(run(cli));
+}
+
 /// Exit codes: 0 ok, 1 runtime failure, 2 invalid policy or usage.
 pub fn run(cli: Cli) -> i32 {
     let result = match cli.command {

@@ -13,7 +13,7 @@ use aya_ebpf::{
     bindings::{
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_TCP_CONNECT_CB, bpf_sock_ops,
     },
-    helpers::bpf_setsockopt,
+    helpers::{bpf_get_netns_cookie, bpf_setsockopt},
     macros::sock_ops,
     programs::SockOpsContext,
 };
@@ -31,11 +31,20 @@ const SOL_TCP: i32 = 6;
 const TCP_BPF_DELACK_MAX: i32 = 1003;
 const TCP_BPF_RTO_MIN: i32 = 1004;
 
+/// The network namespace the agent manages (its netns cookie), set at load. sock_ops runs for
+/// every socket under the cgroup root, in every namespace; the agent configures only its own.
+#[unsafe(no_mangle)]
+static PL_NETNS_COOKIE: u64 = 0;
+
 #[sock_ops]
 pub fn pl_sock_ops(ctx: SockOpsContext) -> u32 {
     let op = ctx.op();
     if op == BPF_SOCK_OPS_TCP_CONNECT_CB || op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
-        configure(&ctx);
+        // SAFETY: helper on the program's own context; volatile read of a load-time constant.
+        let (mine, ours) = unsafe { (bpf_get_netns_cookie(ctx.ops.cast()), core::ptr::read_volatile(&PL_NETNS_COOKIE)) };
+        if mine == ours {
+            configure(&ctx);
+        }
     }
     1
 }
@@ -46,7 +55,7 @@ fn configure(ctx: &SockOpsContext) {
     let mut pkt = PacketInfo {
         proto: 6,
         sport: ctx.local_port() as u16,
-        dport: u16::from_be(ctx.remote_port() as u16),
+        dport: remote_port(ctx.remote_port()),
         unknown: UNKNOWN_DSCP | UNKNOWN_CGROUP | UNKNOWN_MARK,
         ..PacketInfo::default()
     };
@@ -70,6 +79,15 @@ fn configure(ctx: &SockOpsContext) {
             c.sockopt_errors += failed;
         }
     }
+}
+
+/// `bpf_sock_ops.remote_port` holds the port in network byte order; little-endian kernels put
+/// it in the upper 16 bits of the 32-bit field (the context rewrite shifts it), so take
+/// whichever half is set.
+#[inline(always)]
+fn remote_port(raw: u32) -> u16 {
+    let be = if raw >> 16 != 0 { (raw >> 16) as u16 } else { raw as u16 };
+    u16::from_be(be)
 }
 
 /// Reads an IPv6 address from the context one word at a time: the verifier only allows context

@@ -3,6 +3,7 @@
 //! Every test that needs root or a kernel feature checks first and prints `SKIPPED: <why>`
 //! when it cannot run. CI runs as root, on the host kernel and in the VM (`cargo xtask test`).
 
+mod agent;
 mod test_run;
 
 /// True when the test can use BPF and netlink; otherwise prints why it is skipped.

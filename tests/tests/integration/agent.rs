@@ -1,0 +1,453 @@
+//! The agent end to end, in network namespaces: real traffic over a veth pair, counters, TCP
+//! paced at its class's rate through the mechanism this kernel offers (fq + EDT where the
+//! kernel has sch_fq, TCP's own pacing set through sock_ops where it does not), reloads of a
+//! good and of a bad policy, clean exits, and recovery after `kill -9`.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use paceline_tests::testbed::{ChildGuard, Host, LinkOpts, Testbed};
+use serde_json::Value;
+
+use crate::privileged;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_plagent");
+const PLLOAD: &str = env!("CARGO_BIN_EXE_plload");
+
+/// A scratch directory for one test's policy and state, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        // In the VM only the share is writable and comes back to the host; elsewhere /tmp.
+        let base = std::env::var_os("PACELINE_VM_SHARE").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!("pl-agent-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running agent inside a host's namespace.
+struct Agent<'a> {
+    host: &'a Host,
+    state_dir: PathBuf,
+    child: Option<ChildGuard>,
+}
+
+impl<'a> Agent<'a> {
+    fn start(host: &'a Host, policy: &Path, state_dir: &Path) -> Agent<'a> {
+        let mut cmd = host.command(AGENT);
+        cmd.args(["agent", "--policy"])
+            .arg(policy)
+            .arg("--state-dir")
+            .arg(state_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = host.spawn_cmd(cmd).expect("spawn the agent");
+        let mut agent = Agent { host, state_dir: state_dir.to_path_buf(), child: Some(child) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if agent.status().is_some() {
+                return agent;
+            }
+            let exited = agent.child.as_mut().expect("child").try_wait().ok().flatten().is_some();
+            if exited || Instant::now() > deadline {
+                let out = agent.child.take().expect("child").stop();
+                panic!("the agent did not come up ({:?}):\n{}\n{}", out.status, out.stdout, out.stderr);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The agent's `/status` document (via `paceline status --json` in its namespace).
+    fn status(&self) -> Option<Value> {
+        let out = self.host.command(AGENT).args(["status", "--json"]).output().ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    fn class_counter(&self, class: &str, counter: &str) -> u64 {
+        let s = self.status().expect("status");
+        s["counters"]["classes"]
+            .as_array()
+            .expect("classes")
+            .iter()
+            .find(|c| c["name"] == class)
+            .unwrap_or_else(|| panic!("no class {class} in {s}"))[counter]
+            .as_u64()
+            .expect("counter")
+    }
+
+    /// Waits until `pred(status)` holds.
+    fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = self.status() {
+                if pred(&s) {
+                    return s;
+                }
+                if Instant::now() > deadline {
+                    panic!("timed out waiting for {what}; status: {s:#}");
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// SIGTERM and wait; returns the agent's log.
+    fn stop(mut self) -> String {
+        let out = self.child.take().expect("running").stop();
+        assert!(out.success(), "the agent exited with {:?}:\n{}", out.status, out.stderr);
+        out.stderr
+    }
+
+    fn kill9(mut self) {
+        let mut c = self.child.take().expect("running");
+        c.signal(nix::sys::signal::Signal::SIGKILL).expect("kill -9");
+        c.wait_timeout(Duration::from_secs(10)).expect("wait");
+    }
+}
+
+impl Drop for Agent<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.take() {
+            let _ = c.stop();
+        }
+        let _ = &self.state_dir;
+    }
+}
+
+/// What tc shows on an interface: the root qdisc, clsact and egress filters.
+fn tc_snapshot(host: &Host, ifname: &str) -> String {
+    let q = host.run(&["tc", "qdisc", "show", "dev", ifname]).expect("tc qdisc");
+    let f = host.run(&["tc", "filter", "show", "dev", ifname, "egress"]).unwrap_or_default();
+    // qdisc handles of the kernel's default root are stable; strip counters-free text only.
+    format!("{q}{f}")
+}
+
+fn sch_fq_available() -> bool {
+    paceline::features::Features::probe().sch_fq
+}
+
+fn two_hosts(name: &str) -> (Testbed, Host, Host, String) {
+    let tb = Testbed::new(name).expect("testbed");
+    let a = tb.add_host("a").expect("host a");
+    let b = tb.add_host("b").expect("host b");
+    let link = tb.link_with(&a, &b, &LinkOpts { mtu: 1500, ..LinkOpts::default() }).expect("link");
+    let ifname = a.iface_to(&b).expect("a's interface").ifname;
+    let _ = link;
+    (tb, a, b, ifname)
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write policy");
+}
+
+fn policy(ifname: &str, enforcement: &str, extra_classes: &str, extra_rules: &str) -> String {
+    format!(
+        r#"apiVersion: paceline/v1
+kind: Policy
+metadata:
+  name: test
+spec:
+  interfaces: [{ifname}]
+  enforcement: {enforcement}
+  link_rate: 1Gbit
+  levels:
+    - name: high
+      priority: 6
+      dscp: 46
+    - name: low
+      priority: 0
+  classes:
+    - name: probe
+      level: high
+    - name: other
+      level: low
+{extra_classes}
+  rules:
+    - class: probe
+      protocol: udp
+      dst_port: 7001
+{extra_rules}
+  default_class: other
+"#
+    )
+}
+
+/// Sends `n` UDP datagrams from `from` to `to:port` (nobody needs to listen).
+fn send_udp(from: &Host, to: std::net::Ipv4Addr, port: u16, n: usize) {
+    from.in_netns(move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+        for _ in 0..n {
+            s.send_to(&[0u8; 200], (to, port)).expect("send");
+        }
+    })
+    .expect("in netns");
+}
+
+#[test]
+fn agent_counts_tags_real_traffic_and_leaves_nothing_behind() {
+    if !privileged("agent_counts_tags_real_traffic_and_leaves_nothing_behind") {
+        return;
+    }
+    let (_tb, a, b, ifname) = two_hosts("agent_counts");
+    let scratch = Scratch::new("counts");
+    let before = tc_snapshot(&a, &ifname);
+    write(&scratch.path("p.yaml"), &policy(&ifname, "auto", "", ""));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+
+    let status = agent.status().expect("status");
+    let iface = &status["interfaces"][0];
+    assert_eq!(iface["name"], ifname.as_str());
+    let expected_attach = if paceline::features::Features::probe().tcx { "tcx" } else { "clsact" };
+    assert_eq!(iface["attach"], expected_attach, "attach mode follows the kernel");
+    assert_eq!(status["enforcement"]["mode"], if sch_fq_available() { "fq" } else { "htb" });
+
+    // Capture on b to check the DSCP the datapath wrote (level "high" rewrites to 46).
+    let got_tos = b
+        .in_netns(|| {
+            let s = std::net::UdpSocket::bind("0.0.0.0:7001").expect("bind 7001");
+            // IP_RECVTOS lets us read the TOS byte of received datagrams.
+            let one: libc::c_int = 1;
+            // SAFETY: valid socket and option.
+            unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&s),
+                    libc::IPPROTO_IP,
+                    libc::IP_RECVTOS,
+                    (&one as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as u32,
+                )
+            };
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s
+        })
+        .expect("netns");
+    send_udp(&a, b.ipv4(), 7001, 50);
+    send_udp(&a, b.ipv4(), 7002, 30);
+    let tos = recv_tos(&got_tos).expect("a datagram with its TOS");
+    assert_eq!(tos >> 2, 46, "DSCP rewritten by the level");
+
+    let probe = agent.class_counter("probe", "packets");
+    let other = agent.class_counter("other", "packets");
+    assert!(probe >= 50, "probe class counted {probe} packets, sent 50");
+    assert!(other >= 30, "other class counted {other} packets, sent 30");
+    assert!(agent.class_counter("probe", "tagged_packets") >= 50);
+
+    let log = agent.stop();
+    assert!(log.contains("nothing left behind"), "log: {log}");
+    assert_eq!(tc_snapshot(&a, &ifname), before, "qdiscs and filters restored");
+    assert!(!scratch.path("state/state.json").exists(), "no state left");
+}
+
+fn recv_tos(s: &std::net::UdpSocket) -> Option<u8> {
+    use std::os::fd::AsRawFd;
+    let mut buf = [0u8; 2048];
+    let mut cbuf = [0u64; 16];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: msghdr pointing at live buffers.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: valid fd and msghdr.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return None;
+    }
+    // SAFETY: walking the control messages the kernel wrote into cbuf.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_TOS {
+                return Some(*libc::CMSG_DATA(c));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    None
+}
+
+/// Bytes per second leaving `ifname` on `host` between two samples `window` apart.
+fn tx_rate(host: &Host, ifname: &str, window: Duration) -> f64 {
+    let t0 = Instant::now();
+    let b0 = host.link_stats(ifname).expect("stats").tx_bytes;
+    std::thread::sleep(window);
+    let b1 = host.link_stats(ifname).expect("stats").tx_bytes;
+    (b1 - b0) as f64 / t0.elapsed().as_secs_f64()
+}
+
+#[test]
+fn tcp_flow_paced_at_its_class_rate() {
+    if !privileged("tcp_flow_paced_at_its_class_rate") {
+        return;
+    }
+    let (_tb, a, b, ifname) = two_hosts("agent_pacing");
+    let scratch = Scratch::new("pacing");
+    let rate_mbit = 40u64;
+    let classes = format!("    - name: paced\n      level: low\n      flow_rate: {rate_mbit}Mbit\n");
+    let rules = "    - class: paced\n      protocol: tcp\n      dst_port: 5201\n";
+    write(&scratch.path("p.yaml"), &policy(&ifname, "auto", &classes, rules));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    let mode = agent.status().expect("status")["enforcement"]["mode"].as_str().unwrap_or("").to_string();
+
+    let _server = b.spawn(&[PLLOAD, "serve", "--port", "5201"]).expect("server");
+    std::thread::sleep(Duration::from_millis(500));
+    let to = format!("{}:5201", b.ipv4());
+    let client = a.spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "8"]).expect("client");
+    // Skip the start (slow start, the first RTTs), then measure 4 s of steady state.
+    std::thread::sleep(Duration::from_secs(2));
+    let measured = tx_rate(&a, &ifname, Duration::from_secs(4)) * 8.0 / 1e6;
+    drop(client);
+    let configured = agent.class_counter("paced", "tcp_sockets_configured");
+    let errors = agent.class_counter("paced", "tcp_sockopt_errors");
+    assert!(configured >= 1, "sock_ops configured no socket of the class; status: {:#}", agent.status().unwrap());
+    assert_eq!(errors, 0, "the kernel refused a socket option");
+    let ratio = measured / rate_mbit as f64;
+    eprintln!("mode {mode}: {measured:.2} Mbit/s on the wire for a {rate_mbit} Mbit/s class ({ratio:.3})");
+    // An unpaced flow on a veth runs at several Gbit/s; paced, it lands at the class rate (the
+    // wire carries headers and ACK-less overhead TCP's pacing does not count: within 5%).
+    assert!((0.95..=1.05).contains(&ratio), "paced rate {measured:.2} Mbit/s vs {rate_mbit} Mbit/s in mode {mode}");
+    agent.stop();
+}
+
+#[test]
+fn reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one() {
+    if !privileged("reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one") {
+        return;
+    }
+    let (_tb, a, _b, ifname) = two_hosts("agent_reload");
+    let scratch = Scratch::new("reload");
+    let p = scratch.path("p.yaml");
+    write(&p, &policy(&ifname, "none", "", ""));
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let first = agent.status().expect("status");
+    assert_eq!(first["policy"]["generation"], 1);
+    let hash1 = first["policy"]["hash"].as_str().unwrap().to_string();
+
+    // A good change: a new class. Written by rename, as editors do.
+    let tmp = scratch.path("p.yaml.new");
+    write(&tmp, &policy(&ifname, "none", "    - name: web\n      level: high\n", "    - class: web\n      protocol: tcp\n      dst_port: 443\n"));
+    std::fs::rename(&tmp, &p).unwrap();
+    let s = agent.wait_for("the reload", |s| s["reloads"]["applied"] == 1);
+    assert_eq!(s["policy"]["generation"], 2);
+    assert!(s["policy"]["classes"].as_array().unwrap().iter().any(|c| c["name"] == "web"));
+    let hash2 = s["policy"]["hash"].as_str().unwrap().to_string();
+    assert_ne!(hash1, hash2);
+
+    // A bad change: an unknown field and a bad unit. Rejected, the running policy stays.
+    write(&p, &policy(&ifname, "none", "    - name: web\n      level: high\n      flow_rate: 10 Gbits\n", "").replace("link_rate", "lnk_rate"));
+    let s = agent.wait_for("the rejection", |s| s["reloads"]["rejected"] == 1);
+    assert_eq!(s["policy"]["hash"], hash2.as_str(), "the running policy stays in force");
+    assert_eq!(s["policy"]["generation"], 2);
+    let errors = s["reloads"]["last"]["errors"].to_string();
+    assert!(errors.contains("p.yaml"), "errors name the file: {errors}");
+    assert!(errors.contains("lnk_rate"), "errors name the field: {errors}");
+
+    // SIGHUP re-applies the file even when it did not change (here: still bad -> rejected again).
+    let pid = agent.child.as_ref().unwrap().pid();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
+    agent.wait_for("the SIGHUP reload", |s| s["reloads"]["rejected"] == 2);
+    // A restart-only change is refused with a message saying so.
+    write(&p, &policy(&ifname, "none", "", "").replace("  link_rate: 1Gbit\n", "  link_rate: 1Gbit\n  flow_table_size: 4096\n"));
+    let s = agent.wait_for("the refusal", |s| s["reloads"]["rejected"] == 3);
+    assert!(s["reloads"]["last"]["errors"].to_string().contains("restart"), "{s:#}");
+    agent.stop();
+}
+
+#[test]
+fn restart_after_kill9_removes_what_the_dead_agent_left() {
+    if !privileged("restart_after_kill9_removes_what_the_dead_agent_left") {
+        return;
+    }
+    let (_tb, a, _b, ifname) = two_hosts("agent_kill9");
+    let scratch = Scratch::new("kill9");
+    let before = tc_snapshot(&a, &ifname);
+    // fq where the kernel has it, HTB otherwise: either way a root qdisc the agent installed.
+    let mode = if sch_fq_available() { "fq" } else { "htb" };
+    write(&scratch.path("p.yaml"), &policy(&ifname, mode, "", ""));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    let installed = tc_snapshot(&a, &ifname);
+    assert!(installed.contains(&format!("qdisc {mode} 1: root")), "root qdisc installed: {installed}");
+    agent.kill9();
+    assert!(tc_snapshot(&a, &ifname).contains(&format!("qdisc {mode} 1: root")), "kill -9 leaves the qdisc");
+    assert!(scratch.path("state/state.json").exists());
+
+    // `paceline cleanup` removes it...
+    let out = a.command(AGENT).args(["cleanup", "--state-dir"]).arg(scratch.path("state")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(tc_snapshot(&a, &ifname), before, "cleanup restored the interface");
+
+    // ... and so does the next start, when nobody ran cleanup.
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    agent.kill9();
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    let log = agent.stop();
+    assert!(log.contains("did not exit cleanly"), "the restart reports the crash: {log}");
+    assert!(log.contains("removed root"), "and what it removed: {log}");
+    assert_eq!(tc_snapshot(&a, &ifname), before);
+}
+
+#[test]
+fn second_agent_with_same_state_dir_is_refused() {
+    if !privileged("second_agent_with_same_state_dir_is_refused") {
+        return;
+    }
+    let (_tb, a, _b, ifname) = two_hosts("agent_lock");
+    let scratch = Scratch::new("lock");
+    write(&scratch.path("p.yaml"), &policy(&ifname, "none", "", ""));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    let out = a
+        .command(AGENT)
+        .args(["agent", "--metrics-addr", "127.0.0.1:9978", "--policy"])
+        .arg(scratch.path("p.yaml"))
+        .arg("--state-dir")
+        .arg(scratch.path("state"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("another paceline agent"));
+    agent.stop();
+}
+
+#[test]
+fn invalid_policy_refuses_to_start_and_changes_nothing() {
+    if !privileged("invalid_policy_refuses_to_start_and_changes_nothing") {
+        return;
+    }
+    let (_tb, a, _b, ifname) = two_hosts("agent_badstart");
+    let scratch = Scratch::new("badstart");
+    let before = tc_snapshot(&a, &ifname);
+    write(&scratch.path("p.yaml"), &policy(&ifname, "auto", "", "").replace("dst_port: 7001", "dst_port: 70001"));
+    let out = a
+        .command(AGENT)
+        .args(["agent", "--policy"])
+        .arg(scratch.path("p.yaml"))
+        .arg("--state-dir")
+        .arg(scratch.path("state"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("spec.rules[0].dst_port"), "names the field: {err}");
+    assert!(err.contains("70001"), "shows the value: {err}");
+    assert_eq!(tc_snapshot(&a, &ifname), before);
+}
