@@ -1,5 +1,5 @@
-//! sock_ops: per-class TCP settings when a connection starts (active: at connect, passive: when
-//! established). It classifies the connection's tuple with the same rules as the tc program;
+//! sock_ops: per-class TCP settings when a connection is established (active or passive; the
+//! MSS is known then). It classifies the connection's tuple with the same rules as the tc program;
 //! sock_ops cannot see a socket's cgroup nor a packet's DSCP, so rules that need those do not
 //! match here (the agent warns about such policies).
 //!
@@ -11,7 +11,7 @@ use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::{
-        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, BPF_SOCK_OPS_TCP_CONNECT_CB, bpf_sock_ops,
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, bpf_sock_ops,
     },
     helpers::{bpf_get_netns_cookie, bpf_setsockopt},
     macros::sock_ops,
@@ -39,7 +39,7 @@ static PL_NETNS_COOKIE: u64 = 0;
 #[sock_ops]
 pub fn pl_sock_ops(ctx: SockOpsContext) -> u32 {
     let op = ctx.op();
-    if op == BPF_SOCK_OPS_TCP_CONNECT_CB || op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
+    if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB || op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
         // SAFETY: helper on the program's own context; volatile read of a load-time constant.
         let (mine, ours) = unsafe { (bpf_get_netns_cookie(ctx.ops.cast()), core::ptr::read_volatile(&PL_NETNS_COOKIE)) };
         if mine == ours {
@@ -72,7 +72,9 @@ fn configure(ctx: &SockOpsContext) {
     }
     let class_idx = classify(table, &pkt);
     let class = &table.classes[class_idx as usize];
-    let (ok, failed) = apply(ctx.ops, class);
+    // SAFETY: reading the program's own context.
+    let mss = unsafe { (*ctx.ops).mss_cache };
+    let (ok, failed) = apply(ctx.ops, class, mss, pkt.is_v6 != 0);
     if ok + failed != 0 {
         if let Some(c) = maps::cpu().and_then(|cpu| cpu.stats.get_mut(class_idx as usize)) {
             c.tcp_sockets += 1;
@@ -100,9 +102,19 @@ unsafe fn ip6(a: *const [u32; 4]) -> [u32; 4] {
     unsafe { [w.read_volatile(), w.add(1).read_volatile(), w.add(2).read_volatile(), w.add(3).read_volatile()] }
 }
 
+/// The payload rate TCP must pace at for its frames to leave at `wire_rate` (bytes/s): TCP's
+/// pacing counts segment payload, while paceline's rates (and fq's EDT clocks) count whole
+/// frames: Ethernet 14 + IP 20/40 + TCP 20 + timestamps 12 bytes on top of each `mss`.
+#[inline(always)]
+pub fn payload_rate(wire_rate: u64, mss: u32, v6: bool) -> u64 {
+    let hdr: u64 = if v6 { 86 } else { 66 };
+    let mss = mss as u64;
+    if mss == 0 { wire_rate } else { wire_rate * mss / (mss + hdr) }
+}
+
 /// Applies the class's settings; returns (settings applied, settings refused).
 #[inline(always)]
-fn apply(ops: *mut bpf_sock_ops, class: &ClassConfig) -> (u64, u64) {
+fn apply(ops: *mut bpf_sock_ops, class: &ClassConfig, mss: u32, v6: bool) -> (u64, u64) {
     let mut ok = 0;
     let mut failed = 0;
     let mut set = |level: i32, name: i32, val: u32| {
@@ -112,8 +124,9 @@ fn apply(ops: *mut bpf_sock_ops, class: &ClassConfig) -> (u64, u64) {
         if r == 0 { ok += 1 } else { failed += 1 }
     };
     if class.flow_rate != 0 {
+        let r = payload_rate(class.flow_rate, mss, v6);
         // The kernel takes a 4-byte rate in bytes/s here; larger rates saturate (~34 Gbit/s).
-        let rate = if class.flow_rate > u32::MAX as u64 { u32::MAX } else { class.flow_rate as u32 };
+        let rate = if r > u32::MAX as u64 { u32::MAX } else { r as u32 };
         set(SOL_SOCKET, SO_MAX_PACING_RATE, rate);
     }
     if class.rto_min_us != 0 {
