@@ -19,7 +19,7 @@ use aya_ebpf::{
 };
 use paceline_common::{
     classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, classify},
-    maps::{ClassConfig, v4_mapped},
+    maps::{ClassConfig, TABLE_NO_FLOW_CLOCKS, v4_mapped},
 };
 
 use super::maps;
@@ -74,7 +74,10 @@ fn configure(ctx: &SockOpsContext) {
     let class = &table.classes[class_idx as usize];
     // SAFETY: reading the program's own context.
     let mss = unsafe { (*ctx.ops).mss_cache };
-    let (ok, failed) = apply(ctx.ops, class, mss, pkt.is_v6 != 0);
+    // With EDT flow clocks (fq), the datapath paces the flow exactly; TCP's own cap sits 5%
+    // above so the two pacers do not compound their jitter (both at the same rate run ~3% slow).
+    let headroom = table.flags & TABLE_NO_FLOW_CLOCKS == 0;
+    let (ok, failed) = apply(ctx.ops, class, mss, pkt.is_v6 != 0, headroom);
     if ok + failed != 0 {
         if let Some(c) = maps::cpu().and_then(|cpu| cpu.stats.get_mut(class_idx as usize)) {
             c.tcp_sockets += 1;
@@ -114,7 +117,7 @@ pub fn payload_rate(wire_rate: u64, mss: u32, v6: bool) -> u64 {
 
 /// Applies the class's settings; returns (settings applied, settings refused).
 #[inline(always)]
-fn apply(ops: *mut bpf_sock_ops, class: &ClassConfig, mss: u32, v6: bool) -> (u64, u64) {
+fn apply(ops: *mut bpf_sock_ops, class: &ClassConfig, mss: u32, v6: bool, headroom: bool) -> (u64, u64) {
     let mut ok = 0;
     let mut failed = 0;
     let mut set = |level: i32, name: i32, val: u32| {
@@ -124,7 +127,10 @@ fn apply(ops: *mut bpf_sock_ops, class: &ClassConfig, mss: u32, v6: bool) -> (u6
         if r == 0 { ok += 1 } else { failed += 1 }
     };
     if class.flow_rate != 0 {
-        let r = payload_rate(class.flow_rate, mss, v6);
+        let mut r = payload_rate(class.flow_rate, mss, v6);
+        if headroom {
+            r += r / 20;
+        }
         // The kernel takes a 4-byte rate in bytes/s here; larger rates saturate (~34 Gbit/s).
         let rate = if r > u32::MAX as u64 { u32::MAX } else { r as u32 };
         set(SOL_SOCKET, SO_MAX_PACING_RATE, rate);

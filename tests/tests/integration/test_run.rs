@@ -299,7 +299,9 @@ fn flow_departures_are_spaced_len_over_rate_exactly() {
         return;
     }
     let mut dp = load();
-    let rate = 1_000_000; // 8 Mbit/s
+    // 10 kB/s: a 1054-byte frame takes 105 ms, far longer than the gap between two test runs
+    // even in an emulated VM, so the clock stays backlogged.
+    let rate = 10_000;
     dp.write_policy(&paced_table(rate, 0, 0, 0)).unwrap();
     let f = tcp4(5000, 6000, 1000);
     let len = f.len() as u64;
@@ -326,7 +328,7 @@ fn class_clock_spaces_packets_of_different_flows() {
         return;
     }
     let mut dp = load();
-    let class_rate = 2_000_000;
+    let class_rate = 10_000;
     dp.write_policy(&paced_table(0, class_rate, 0, 0)).unwrap();
     let mut last = 0;
     for i in 0..5u16 {
@@ -346,24 +348,24 @@ fn composed_clocks_take_the_latest() {
         return;
     }
     let mut dp = load();
-    // Flow 10 MB/s, class 5 MB/s, level 1 MB/s: the level binds.
-    dp.write_policy(&paced_table(10_000_000, 5_000_000, 1_000_000, 0)).unwrap();
+    // Flow 100 kB/s, class 50 kB/s, level 10 kB/s: the level binds (a packet: 105 ms).
+    dp.write_policy(&paced_table(100_000, 50_000, 10_000, 0)).unwrap();
     let f = tcp4(1, 2, 1000);
     let len = f.len() as u64;
     let a = run(&mut dp, &f, SkBuff::default());
     let b = run(&mut dp, &f, SkBuff::default());
-    assert_eq!(b.ctx.tstamp - a.ctx.tstamp, tx_time_ns(len, 1_000_000));
+    assert_eq!(b.ctx.tstamp - a.ctx.tstamp, tx_time_ns(len, 10_000));
     // The flow clock restarts from the real departure; the class clock advanced by its own
     // reservations only (two slots from the first departure).
-    assert_eq!(dp.agg_clock(level_slot(1)).unwrap(), b.ctx.tstamp + tx_time_ns(len, 1_000_000));
-    assert_eq!(dp.agg_clock(0).unwrap(), a.ctx.tstamp + 2 * tx_time_ns(len, 5_000_000));
+    assert_eq!(dp.agg_clock(level_slot(1)).unwrap(), b.ctx.tstamp + tx_time_ns(len, 10_000));
+    assert_eq!(dp.agg_clock(0).unwrap(), a.ctx.tstamp + 2 * tx_time_ns(len, 50_000));
 
-    // Now the flow binds: flow 1 MB/s, aggregates fast.
+    // Now the flow binds: flow 10 kB/s, aggregates faster.
     let mut dp = load();
-    dp.write_policy(&paced_table(1_000_000, 5_000_000, 10_000_000, 0)).unwrap();
+    dp.write_policy(&paced_table(10_000, 50_000, 100_000, 0)).unwrap();
     let a = run(&mut dp, &f, SkBuff::default());
     let b = run(&mut dp, &f, SkBuff::default());
-    assert_eq!(b.ctx.tstamp - a.ctx.tstamp, tx_time_ns(len, 1_000_000));
+    assert_eq!(b.ctx.tstamp - a.ctx.tstamp, tx_time_ns(len, 10_000));
 }
 
 #[test]
@@ -421,8 +423,9 @@ fn beyond_horizon_drops_and_advances_no_clock() {
         return;
     }
     let mut dp = load();
-    // 1000-byte-ish packets at 1 MB/s take ~1 ms each; horizon 2.5 ms: the 4th packet is dropped.
-    dp.write_policy(&paced_table(0, 1_000_000, 0, 2_500_000)).unwrap();
+    // 1000-byte packets at 10 kB/s take 100 ms each; horizon 250 ms: the 4th packet is dropped
+    // (packet times dwarf the gaps between test runs, even in an emulated VM).
+    dp.write_policy(&paced_table(0, 10_000, 0, 250_000_000)).unwrap();
     let f = tcp4(1, 2, 946); // 1000 bytes on the wire
     assert_eq!(f.len(), 1000);
     let mut rets = Vec::new();
@@ -444,7 +447,7 @@ fn policy_swap_keeps_flow_clocks() {
         return;
     }
     let mut dp = load();
-    let rate = 1_000_000;
+    let rate = 10_000;
     let mut t = paced_table(rate, 0, 0, 0);
     dp.write_policy(&t).unwrap();
     let f = tcp4(1, 2, 1000);
