@@ -3,11 +3,13 @@
 //! # Layout
 //! - [`testbed`]: topologies of network namespaces joined by veth links, torn down by RAII guards.
 //! - [`workload`]: traffic generators (bulk flows, RPCs, partition-aggregate, incast) with JSON results.
+//! - [`agent`]: the agent run inside a testbed host (start, status, stop, kill -9).
 //! - [`skb`]: the `__sk_buff` mirror for BPF_PROG_TEST_RUN contexts.
 //! - [`packet`]: test packet builders and checkers.
 //! - [`report`]: turns result JSON into markdown tables and plots.
 //! - `tests/`: the privileged integration suite (one binary, flat module list).
 
+pub mod agent;
 pub mod packet;
 pub mod report;
 pub mod skb;

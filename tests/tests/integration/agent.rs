@@ -4,134 +4,19 @@
 //! good and of a bad policy, clean exits, and recovery after `kill -9`.
 
 use std::{
-    path::{Path, PathBuf},
-    process::Stdio,
+    path::Path,
     time::{Duration, Instant},
 };
 
-use paceline_tests::testbed::{ChildGuard, Host, LinkOpts, Testbed};
-use serde_json::Value;
+use paceline_tests::{
+    agent::{Agent, Scratch},
+    testbed::{Host, LinkOpts, Testbed},
+};
 
 use crate::privileged;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_plagent");
 const PLLOAD: &str = env!("CARGO_BIN_EXE_plload");
-
-/// A scratch directory for one test's policy and state, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        // In the VM only the share is writable and comes back to the host; elsewhere /tmp.
-        let base = std::env::var_os("PACELINE_VM_SHARE").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-        let dir = base.join(format!("pl-agent-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        Scratch(dir)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A running agent inside a host's namespace.
-struct Agent<'a> {
-    host: &'a Host,
-    state_dir: PathBuf,
-    child: Option<ChildGuard>,
-}
-
-impl<'a> Agent<'a> {
-    fn start(host: &'a Host, policy: &Path, state_dir: &Path) -> Agent<'a> {
-        let mut cmd = host.command(AGENT);
-        cmd.args(["agent", "--policy"])
-            .arg(policy)
-            .arg("--state-dir")
-            .arg(state_dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let child = host.spawn_cmd(cmd).expect("spawn the agent");
-        let mut agent = Agent { host, state_dir: state_dir.to_path_buf(), child: Some(child) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if agent.status().is_some() {
-                return agent;
-            }
-            let exited = agent.child.as_mut().expect("child").try_wait().ok().flatten().is_some();
-            if exited || Instant::now() > deadline {
-                let out = agent.child.take().expect("child").stop();
-                panic!("the agent did not come up ({:?}):\n{}\n{}", out.status, out.stdout, out.stderr);
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// The agent's `/status` document (via `paceline status --json` in its namespace).
-    fn status(&self) -> Option<Value> {
-        let out = self.host.command(AGENT).args(["status", "--json"]).output().ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
-    }
-
-    fn class_counter(&self, class: &str, counter: &str) -> u64 {
-        let s = self.status().expect("status");
-        s["counters"]["classes"]
-            .as_array()
-            .expect("classes")
-            .iter()
-            .find(|c| c["name"] == class)
-            .unwrap_or_else(|| panic!("no class {class} in {s}"))[counter]
-            .as_u64()
-            .expect("counter")
-    }
-
-    /// Waits until `pred(status)` holds.
-    fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(s) = self.status() {
-                if pred(&s) {
-                    return s;
-                }
-                if Instant::now() > deadline {
-                    panic!("timed out waiting for {what}; status: {s:#}");
-                }
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// SIGTERM and wait; returns the agent's log.
-    fn stop(mut self) -> String {
-        let out = self.child.take().expect("running").stop();
-        assert!(out.success(), "the agent exited with {:?}:\n{}", out.status, out.stderr);
-        out.stderr
-    }
-
-    fn kill9(mut self) {
-        let mut c = self.child.take().expect("running");
-        c.signal(nix::sys::signal::Signal::SIGKILL).expect("kill -9");
-        c.wait_timeout(Duration::from_secs(10)).expect("wait");
-    }
-}
-
-impl Drop for Agent<'_> {
-    fn drop(&mut self) {
-        if let Some(c) = self.child.take() {
-            let _ = c.stop();
-        }
-        let _ = &self.state_dir;
-    }
-}
 
 /// What tc shows on an interface: the root qdisc, clsact and egress filters.
 fn tc_snapshot(host: &Host, ifname: &str) -> String {
@@ -251,10 +136,47 @@ fn agent_counts_tags_real_traffic_and_leaves_nothing_behind() {
     assert!(other >= 30, "other class counted {other} packets, sent 30");
     assert!(agent.class_counter("probe", "tagged_packets") >= 50);
 
+    let metrics = http_get(&a, "/metrics");
+    for name in [
+        "paceline_class_packets_total{class=\"probe\",level=\"high\"}",
+        "paceline_class_bytes_total",
+        "paceline_class_added_delay_seconds_total",
+        "paceline_class_dropped_packets_total",
+        "paceline_level_packets_total{level=\"high\",priority=\"6\"}",
+        "paceline_unparsed_packets_total{reason=\"non_ip\"}",
+        "paceline_policy_reloads_total{result=\"rejected\"} 0",
+        "paceline_kernel_feature{feature=\"sch_fq\"}",
+        "paceline_interface_info{",
+        "paceline_policy_info{",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}:\n{metrics}");
+    }
+    let probe_line = metrics
+        .lines()
+        .find(|l| l.starts_with("paceline_class_packets_total{class=\"probe\""))
+        .expect("probe packets");
+    let n: u64 = probe_line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= 50, "{probe_line}");
+
     let log = agent.stop();
     assert!(log.contains("nothing left behind"), "log: {log}");
     assert_eq!(tc_snapshot(&a, &ifname), before, "qdiscs and filters restored");
     assert!(!scratch.path("state/state.json").exists(), "no state left");
+}
+
+/// GET `path` from the agent's HTTP endpoint inside `host`'s namespace.
+fn http_get(host: &Host, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let path = path.to_string();
+    host.in_netns(move || {
+        let mut c = std::net::TcpStream::connect("127.0.0.1:9977").expect("connect to the agent");
+        write!(c, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        let mut body = String::new();
+        c.read_to_string(&mut body).unwrap();
+        assert!(body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"), "{body}");
+        body
+    })
+    .expect("in netns")
 }
 
 fn recv_tos(s: &std::net::UdpSocket) -> Option<u8> {
@@ -330,6 +252,69 @@ fn tcp_flow_paced_at_its_class_rate() {
 }
 
 #[test]
+fn class_aggregate_rate_enforced_for_udp() {
+    if !privileged("class_aggregate_rate_enforced_for_udp") {
+        return;
+    }
+    let (_tb, a, b, ifname) = two_hosts("agent_aggregate");
+    let scratch = Scratch::new("aggregate");
+    let cap_mbit = 20.0;
+    let classes = "    - name: capped\n      level: low\n      class_rate: 20Mbit\n";
+    let rules = "    - class: capped\n      protocol: udp\n      dst_port: 5301-5304\n";
+    write(&scratch.path("p.yaml"), &policy(&ifname, "auto", classes, rules));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    let mode = agent.status().expect("status")["enforcement"]["mode"].as_str().unwrap_or("").to_string();
+    // Four UDP flows at 20 Mbit/s each (80 Mbit/s offered) into a 20 Mbit/s class.
+    let _server = b.spawn(&[PLLOAD, "serve", "--port", "5301"]).expect("server");
+    let mut clients = Vec::new();
+    for port in 5301..=5304 {
+        let to = format!("{}:{port}", b.ipv4());
+        clients.push(
+            a.spawn(&[PLLOAD, "bulk", "--udp", "--to", &to, "--rate-bps", "20000000", "--duration", "6"]).expect("client"),
+        );
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let measured = tx_rate(&a, &ifname, Duration::from_secs(3)) * 8.0 / 1e6;
+    drop(clients);
+    let ratio = measured / cap_mbit;
+    eprintln!("mode {mode}: 4 UDP flows, {measured:.2} Mbit/s on the wire for a {cap_mbit} Mbit/s class ({ratio:.3})");
+    // HTB (no fq) or the class's EDT clock with fq holds the aggregate at its rate.
+    assert!((0.95..=1.03).contains(&ratio), "aggregate {measured:.2} Mbit/s vs {cap_mbit} Mbit/s in mode {mode}");
+    agent.stop();
+}
+
+#[test]
+fn class_tcp_settings_reach_the_socket() {
+    if !privileged("class_tcp_settings_reach_the_socket") {
+        return;
+    }
+    let (_tb, a, b, ifname) = two_hosts("agent_tcpopts");
+    let scratch = Scratch::new("tcpopts");
+    let classes = "    - name: rpc\n      level: high\n      tcp:\n        rto_min: 5ms\n        delack_max: 5ms\n";
+    let rules = "    - class: rpc\n      protocol: tcp\n      dst_port: 5401\n";
+    write(&scratch.path("p.yaml"), &policy(&ifname, "auto", classes, rules));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    let _server = b.spawn(&[PLLOAD, "serve", "--port", "5401"]).expect("server");
+    std::thread::sleep(Duration::from_millis(500));
+    let to = format!("{}:5401", b.ipv4());
+    let client = a.spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "4"]).expect("client");
+    std::thread::sleep(Duration::from_secs(2));
+    // The kernel's view of the socket: ss reports the current RTO in ms. On a veth the RTT is
+    // tens of microseconds, so the RTO sits at its minimum: 200 ms by default, 5 ms here.
+    let ss = a.run(&["ss", "-tin", "dport", "5401"]).expect("ss");
+    drop(client);
+    let rto: f64 = ss
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("rto:"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no rto in ss output: {ss}"));
+    assert!(rto < 50.0, "rto {rto} ms: rto_min 5ms did not reach the socket\n{ss}");
+    assert!(agent.class_counter("rpc", "tcp_sockets_configured") >= 1);
+    assert_eq!(agent.class_counter("rpc", "tcp_sockopt_errors"), 0, "the kernel refused an option");
+    agent.stop();
+}
+
+#[test]
 fn reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one() {
     if !privileged("reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one") {
         return;
@@ -363,7 +348,7 @@ fn reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one() {
     assert!(errors.contains("lnk_rate"), "errors name the field: {errors}");
 
     // SIGHUP re-applies the file even when it did not change (here: still bad -> rejected again).
-    let pid = agent.child.as_ref().unwrap().pid();
+    let pid = agent.pid();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
     agent.wait_for("the SIGHUP reload", |s| s["reloads"]["rejected"] == 2);
     // A restart-only change is refused with a message saying so.

@@ -1,0 +1,147 @@
+//! Running the agent (the `plagent` build of the `paceline` CLI) inside a testbed host, for
+//! the integration tests and the experiments.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::testbed::{ChildGuard, Host};
+
+/// A binary of this package (`plagent`, `plload`, ...): next to the running executable
+/// (`target/<profile>/`) or one level up (test executables live in `target/<profile>/deps/`).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().expect("exe dir");
+    for d in [dir, dir.parent().unwrap_or(dir)] {
+        let p = d.join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("{name} not found next to {}: build it (cargo build -p paceline-tests --bins)", exe.display());
+}
+
+/// A scratch directory for one test's policy and state, removed on drop.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        // In the VM only the share is writable and comes back to the host; elsewhere /tmp.
+        let base = std::env::var_os("PACELINE_VM_SHARE").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!("pl-agent-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running agent inside a host's namespace; stopped with SIGTERM on drop.
+pub struct Agent<'a> {
+    host: &'a Host,
+    state_dir: PathBuf,
+    child: Option<ChildGuard>,
+}
+
+impl<'a> Agent<'a> {
+    pub fn start(host: &'a Host, policy: &Path, state_dir: &Path) -> Agent<'a> {
+        let mut cmd = host.command(bin("plagent"));
+        cmd.args(["agent", "--policy"])
+            .arg(policy)
+            .arg("--state-dir")
+            .arg(state_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = host.spawn_cmd(cmd).expect("spawn the agent");
+        let mut agent = Agent { host, state_dir: state_dir.to_path_buf(), child: Some(child) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if agent.status().is_some() {
+                return agent;
+            }
+            let exited = agent.child.as_mut().expect("child").try_wait().ok().flatten().is_some();
+            if exited || Instant::now() > deadline {
+                let out = agent.child.take().expect("child").stop();
+                panic!("the agent did not come up ({:?}):\n{}\n{}", out.status, out.stdout, out.stderr);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The agent's `/status` document (via `paceline status --json` in its namespace).
+    pub fn status(&self) -> Option<Value> {
+        let out = self.host.command(bin("plagent")).args(["status", "--json"]).output().ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    pub fn class_counter(&self, class: &str, counter: &str) -> u64 {
+        let s = self.status().expect("status");
+        s["counters"]["classes"]
+            .as_array()
+            .expect("classes")
+            .iter()
+            .find(|c| c["name"] == class)
+            .unwrap_or_else(|| panic!("no class {class} in {s}"))[counter]
+            .as_u64()
+            .expect("counter")
+    }
+
+    /// Waits until `pred(status)` holds.
+    pub fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(s) = self.status() {
+                if pred(&s) {
+                    return s;
+                }
+                if Instant::now() > deadline {
+                    panic!("timed out waiting for {what}; status: {s:#}");
+                }
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").pid()
+    }
+
+    /// SIGTERM and wait; returns the agent's log.
+    pub fn stop(mut self) -> String {
+        let out = self.child.take().expect("running").stop();
+        assert!(out.success(), "the agent exited with {:?}:\n{}", out.status, out.stderr);
+        out.stderr
+    }
+
+    pub fn kill9(mut self) {
+        let mut c = self.child.take().expect("running");
+        c.signal(nix::sys::signal::Signal::SIGKILL).expect("kill -9");
+        c.wait_timeout(Duration::from_secs(10)).expect("wait");
+    }
+}
+
+impl Drop for Agent<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.take() {
+            let _ = c.stop();
+        }
+        let _ = &self.state_dir;
+    }
+}
+
