@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`testbed`]: topologies of network namespaces joined by veth links, torn down by RAII guards.
 //! - [`workload`]: traffic generators (bulk flows, RPCs, partition-aggregate, incast) with JSON results.
+//! - [`experiments`]: the seeds' experiments (`plexp`), normally run in the VM by xtask.
 //! - [`agent`]: the agent run inside a testbed host (start, status, stop, kill -9).
 //! - [`skb`]: the `__sk_buff` mirror for BPF_PROG_TEST_RUN contexts.
 //! - [`packet`]: test packet builders and checkers.
@@ -10,6 +11,7 @@
 //! - `tests/`: the privileged integration suite (one binary, flat module list).
 
 pub mod agent;
+pub mod experiments;
 pub mod packet;
 pub mod report;
 pub mod skb;

@@ -3,12 +3,16 @@
 //!
 //! - `datapath`: the tc classifier's ns/packet per path against an empty classifier, via
 //!   BPF_PROG_TEST_RUN on this machine's kernel (`plbench datapath`).
+//! - `pacing`, `qjump`, `pacing-study`: the seeds' experiments (`plexp <name>`), run inside the
+//!   VM (Debian 6.1 with sch_fq, so EDT is enforced); results, tables and plots land in
+//!   `results/<name>/`. `--host` runs them on this machine's kernel instead (no fq: HTB and
+//!   TCP's own pacing enforce), into `results/<name>-host/`.
 
 use std::process::Command;
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::vm::repo_root;
+use crate::vm::{self, repo_root};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -16,8 +20,30 @@ pub struct Args {
     bench: Bench,
 }
 
+#[derive(clap::Args, Clone)]
+struct ExpArgs {
+    /// Run on this machine's kernel instead of the VM.
+    #[arg(long)]
+    host: bool,
+    /// A quicker, smaller run (smoke test of the harness).
+    #[arg(long)]
+    quick: bool,
+    /// Give up after this many seconds (VM runs).
+    #[arg(long, default_value_t = 3600)]
+    timeout: u64,
+    /// VM memory in MiB.
+    #[arg(long, default_value_t = 3072)]
+    mem: u32,
+}
+
 #[derive(clap::Subcommand)]
 enum Bench {
+    /// Pacing conformance in the VM (fq): configured vs achieved rates.
+    Pacing(ExpArgs),
+    /// Seed 004 (QJump) in the VM: RPC latency with and without levels next to bulk flows.
+    Qjump(ExpArgs),
+    /// Seed 001 (pacing study) in the VM: N flows through a small-buffer bottleneck.
+    PacingStudy(ExpArgs),
     /// ns/packet of the tc classifier per path, against an empty classifier (host kernel).
     Datapath {
         /// Packets per trial (the kernel reports the mean per packet).
@@ -41,8 +67,61 @@ fn cargo_build_release(bins: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Runs `plexp <name>` in the VM (or on the host) and leaves its output in results/<dir>/.
+fn experiment(name: &str, a: &ExpArgs) -> Result<()> {
+    cargo_build_release(&["plexp", "plload", "plagent", "plreport"])?;
+    let root = repo_root();
+    let exe = root.join("target/release/plexp");
+    let mut args = vec![name.to_string()];
+    if a.quick {
+        args.push("--quick".into());
+    }
+    if a.host {
+        let out = root.join(format!("results/{name}-host"));
+        std::fs::create_dir_all(&out)?;
+        let status = Command::new(&exe).args(&args).arg("--out").arg(&out).status().context("running plexp")?;
+        if !status.success() {
+            bail!("plexp {name} failed on the host");
+        }
+        println!("results in {}", out.display());
+        return Ok(());
+    }
+    // In the VM only the share is writable; results come back through it.
+    let share = vm::share_dir().join(format!("bench-{name}"));
+    let _ = std::fs::remove_dir_all(&share);
+    std::fs::create_dir_all(&share)?;
+    args.push("--out".into());
+    args.push(share.display().to_string());
+    let machine = vm::Vm::prepare()?;
+    let mut command = vec![exe.display().to_string()];
+    command.extend(args);
+    let outcome = machine.run(&vm::Request {
+        flags: vm::VmFlags { timeout: a.timeout, mem: a.mem, smp: 2, verbose: false },
+        command,
+        cwd: Some(root.clone()),
+        env: vec![],
+        modules: vec![],
+        capture_stdout: false,
+    })?;
+    if outcome.status != 0 {
+        bail!("plexp {name} failed in the VM (exit status {})", outcome.status);
+    }
+    let out = root.join(format!("results/{name}"));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    for e in std::fs::read_dir(&share)? {
+        let e = e?;
+        std::fs::copy(e.path(), out.join(e.file_name()))?;
+    }
+    println!("results in {} (kernel {}, {})", out.display(), machine.kernel.release, machine.accel);
+    Ok(())
+}
+
 pub fn run(a: Args) -> Result<()> {
     match a.bench {
+        Bench::Pacing(e) => experiment("pacing", &e),
+        Bench::Qjump(e) => experiment("qjump", &e),
+        Bench::PacingStudy(e) => experiment("pacing-study", &e),
         Bench::Datapath { repeat, trials } => {
             cargo_build_release(&["plbench"])?;
             let root = repo_root();

@@ -1,0 +1,25 @@
+//! `plexp <experiment>`: the experiments of the seeds on the namespace testbed (see
+//! `paceline_tests::experiments`). Needs root; run through `cargo xtask bench <experiment>` to
+//! get a kernel that enforces EDT (the VM).
+
+use clap::Parser;
+use paceline_tests::experiments::{self, Common};
+
+#[derive(Parser)]
+#[command(about = "paceline experiments on the namespace testbed")]
+enum Cli {
+    /// Pacing conformance: configured vs achieved rates, per flow and aggregate, TCP and UDP.
+    Pacing(Common),
+    /// Seed 004 (QJump): RPC latency at a high level sharing a bottleneck with bulk traffic.
+    Qjump(Common),
+    /// Seed 001 (pacing study): N flows through a small-buffer bottleneck, paced or not.
+    PacingStudy(Common),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse() {
+        Cli::Pacing(c) => experiments::pacing::run(&c),
+        Cli::Qjump(c) => experiments::qjump::run(&c),
+        Cli::PacingStudy(c) => experiments::study::run(&c),
+    }
+}
