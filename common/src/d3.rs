@@ -35,8 +35,9 @@ pub const TCPOPT_EXP: u8 = 253;
 /// D3's 16-bit experiment identifier, sent big-endian right after kind and length.
 /// Not IANA-registered (check the TCP ExID registry before use outside a lab).
 pub const D3_EXID: u16 = 0xD303;
-const EXID_HI: u8 = (D3_EXID >> 8) as u8;
-const EXID_LO: u8 = (D3_EXID & 0xff) as u8;
+/// The ExID's bytes as they appear on the wire (the search key of `bpf_load_hdr_opt`).
+pub const EXID_HI: u8 = (D3_EXID >> 8) as u8;
+pub const EXID_LO: u8 = (D3_EXID & 0xff) as u8;
 
 /// Allocation-vector slots: the largest number of D3 routers on a path (paper: 6).
 pub const HOPS: usize = 6;

@@ -20,6 +20,16 @@ pub mod names {
     /// `PerCpuArray<CpuState>` with one entry: every counter and the scratch slot, so a packet
     /// costs one per-CPU lookup.
     pub const CPU: &str = "PL_CPU";
+    /// `SkStorage<D3Sock>`: the kernel's per-socket D3 state.
+    pub const D3_SOCK: &str = "PL_D3_SOCK";
+    /// `SkStorage<D3App>`: per-socket sizes and deadlines set by applications (pinned).
+    pub const D3_APP: &str = "PL_D3_APP";
+    /// `PerCpuArray<D3ClassStats>`: per class.
+    pub const D3_STATS: &str = "PL_D3_STATS";
+    /// `HashMap<u32 ifindex, D3LinkCtl>`: router links, written by the agent.
+    pub const D3_LINK_CTL: &str = "PL_D3_LINK_CTL";
+    /// `HashMap<u32 ifindex, D3LinkCounters>`: router links, written by the datapath.
+    pub const D3_LINKS: &str = "PL_D3_LINKS";
 }
 
 /// Upper bounds that size the maps and bound the datapath's loops.
@@ -184,6 +194,8 @@ impl Rule {
 // ---- Class flags ([`ClassConfig::flags`]) ----
 /// Write [`ClassConfig::skb_priority`] into `skb->priority`.
 pub const CLASS_SET_PRIORITY: u32 = 1 << 0;
+/// The class's TCP flows speak D3: they send rate requests and pace at the grants.
+pub const CLASS_D3: u32 = 1 << 1;
 
 /// What the datapath does with a packet of one class.
 #[repr(C)]
@@ -203,9 +215,13 @@ pub struct ClassConfig {
     pub delack_max_us: u32,
     /// The QJump level this class belongs to (index into [`PolicyTable::levels`]).
     pub level: u32,
-    pub _pad: u32,
+    /// D3: default deadline of the class's flows in microseconds (0: none; applications can
+    /// set a deadline per socket). Used with [`CLASS_D3`].
+    pub d3_deadline_us: u32,
+    /// D3: default size of the class's transfers in bytes (with `d3_deadline_us`).
+    pub d3_size: u64,
 }
-const _: () = assert!(size_of::<ClassConfig>() == 40);
+const _: () = assert!(size_of::<ClassConfig>() == 48);
 
 impl ClassConfig {
     pub const fn zeroed() -> Self {
@@ -217,7 +233,8 @@ impl ClassConfig {
             rto_min_us: 0,
             delack_max_us: 0,
             level: 0,
-            _pad: 0,
+            d3_deadline_us: 0,
+            d3_size: 0,
         }
     }
 }
@@ -250,6 +267,8 @@ impl LevelConfig {
 // ---- Table flags ([`PolicyTable::flags`]) ----
 /// Some rule matches on cgroup: the datapath must look up the packet's cgroup id.
 pub const TABLE_NEEDS_CGROUP: u32 = 1 << 0;
+/// D3: echo the allocations of incoming rate requests in ACKs (this host is a D3 receiver).
+pub const TABLE_D3_RECEIVER: u32 = 1 << 2;
 /// No per-flow clocks in the tc program: nothing (no fq) would hold packets until their
 /// departure, so TCP paces itself (sock_ops) and `flow_rate` serves only sock_ops.
 pub const TABLE_NO_FLOW_CLOCKS: u32 = 1 << 1;
@@ -271,12 +290,16 @@ pub struct PolicyTable {
     pub horizon_ns: u64,
     /// Increments with every policy the agent writes (shows up in status and tests).
     pub generation: u64,
+    /// D3: this host's line rate (bytes/s): the quench threshold and the scale ceiling.
+    pub d3_line_rate: u64,
+    /// D3: pacing rate of a new flow until its first grant (burst tolerance), bytes/s.
+    pub d3_first_rate: u64,
     pub rules: [Rule; MAX_RULES],
     pub classes: [ClassConfig; MAX_CLASSES],
     pub levels: [LevelConfig; MAX_LEVELS],
 }
 const _: () = assert!(
-    size_of::<PolicyTable>() == 32 + 112 * MAX_RULES + 40 * MAX_CLASSES + 16 * MAX_LEVELS
+    size_of::<PolicyTable>() == 48 + 112 * MAX_RULES + 48 * MAX_CLASSES + 16 * MAX_LEVELS
 );
 
 impl PolicyTable {
@@ -289,6 +312,8 @@ impl PolicyTable {
             n_classes: 1,
             horizon_ns: 0,
             generation: 0,
+            d3_line_rate: 0,
+            d3_first_rate: 0,
             rules: [Rule::any(0); MAX_RULES],
             classes: [ClassConfig::zeroed(); MAX_CLASSES],
             levels: [LevelConfig::zeroed(); MAX_LEVELS],
@@ -414,6 +439,191 @@ impl Default for CpuState {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// D3 (see crate::d3 and docs/d3.md)
+// ---------------------------------------------------------------------------------------
+
+/// Sizes and deadlines an application attaches to its socket (value of [`names::D3_APP`],
+/// keyed by the socket): the current transfer has `size` bytes and must finish by
+/// `deadline_ns` (CLOCK_MONOTONIC). Writing a new `generation` starts a new transfer on the
+/// same connection (a new response on a persistent connection).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct D3App {
+    pub size: u64,
+    pub deadline_ns: u64,
+    pub generation: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<D3App>() == 24);
+
+/// [`D3Sock::flags`]: this socket sends D3 requests (its class speaks D3).
+pub const D3S_SENDER: u32 = 1 << 0;
+/// A request is prepared in [`D3Sock::req`] and space was reserved for it.
+pub const D3S_REQ_DUE: u32 = 1 << 1;
+/// A feedback option is prepared in [`D3Sock::fb`] (this socket received a request).
+pub const D3S_FB_PENDING: u32 = 1 << 2;
+/// The current transfer finished (acked) or was given up; it was counted.
+pub const D3S_DONE: u32 = 1 << 3;
+/// The current transfer has a deadline (counted in `deadline_flows`).
+pub const D3S_DEADLINE: u32 = 1 << 4;
+/// The flow must return its allocation with its next request (FIN request).
+pub const D3S_FIN_DUE: u32 = 1 << 5;
+/// The current transfer missed its deadline (counted once).
+pub const D3S_MISSED: u32 = 1 << 6;
+
+/// The kernel's per-socket D3 state (value of [`names::D3_SOCK`]).
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct D3Sock {
+    pub flow: crate::d3::D3FlowState,
+    /// Bytes of the current transfer (0: no deadline).
+    pub size: u64,
+    /// Deadline of the current transfer, CLOCK_MONOTONIC ns (0: none).
+    pub deadline_ns: u64,
+    /// `bytes_acked` when the current transfer started.
+    pub base_acked: u64,
+    /// When the last request was written (ns).
+    pub last_req_ns: u64,
+    /// The pacing rate last applied to the socket (bytes/s, wire).
+    pub applied_rate: u64,
+    /// Generation of the [`D3App`] value the current transfer came from.
+    pub app_generation: u32,
+    /// `D3S_*` bits.
+    pub flags: u32,
+    /// Class index of the socket.
+    pub class: u32,
+    pub _pad: u32,
+    /// The request written at the next WRITE_HDR_OPT callback.
+    pub req: [u8; crate::d3::REQ_LEN],
+    /// The feedback written at the next WRITE_HDR_OPT callback.
+    pub fb: [u8; crate::d3::FB_LEN],
+}
+const _: () = assert!(size_of::<D3Sock>() == 24 + 5 * 8 + 4 * 4 + 20 + 12);
+
+/// Number of buckets of the D3 rate histograms: bucket `i` counts rates in
+/// `[2^(i+13), 2^(i+14))` bytes/s (bucket 0 also takes smaller rates, the last larger ones):
+/// 8 KB/s ... 128 MB/s (1 Gbit/s) and above.
+pub const D3_HIST_BUCKETS: usize = 16;
+
+/// The histogram bucket of a rate in bytes/s.
+#[inline(always)]
+pub const fn d3_hist_bucket(rate: u64) -> usize {
+    let lz = rate.leading_zeros() as usize; // 64 for 0
+    let log2 = if lz >= 64 { 0 } else { 63 - lz };
+    if log2 <= 13 {
+        0
+    } else if log2 - 13 >= D3_HIST_BUCKETS {
+        D3_HIST_BUCKETS - 1
+    } else {
+        log2 - 13
+    }
+}
+
+/// Per-CPU D3 counters of one class (value of [`names::D3_STATS`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct D3ClassStats {
+    /// Transfers started (with or without a deadline).
+    pub flows: u64,
+    /// Transfers with a deadline.
+    pub deadline_flows: u64,
+    /// Deadline transfers acked in full before their deadline.
+    pub met: u64,
+    /// Deadline transfers that passed their deadline before being acked in full.
+    pub missed: u64,
+    /// Flows that gave up their deadline (quenched: it could no longer be met).
+    pub quenched: u64,
+    /// Requests sent.
+    pub requests: u64,
+    /// Feedback options received and applied.
+    pub grants: u64,
+    /// Feedback options this host (as receiver) sent.
+    pub echoes: u64,
+    pub requested: [u64; D3_HIST_BUCKETS],
+    pub granted: [u64; D3_HIST_BUCKETS],
+}
+const _: () = assert!(size_of::<D3ClassStats>() == 8 * 8 + 2 * 8 * D3_HIST_BUCKETS);
+
+impl Default for D3ClassStats {
+    fn default() -> Self {
+        D3ClassStats {
+            flows: 0,
+            deadline_flows: 0,
+            met: 0,
+            missed: 0,
+            quenched: 0,
+            requests: 0,
+            grants: 0,
+            echoes: 0,
+            requested: [0; D3_HIST_BUCKETS],
+            granted: [0; D3_HIST_BUCKETS],
+        }
+    }
+}
+
+impl D3ClassStats {
+    pub fn add(&mut self, o: &D3ClassStats) {
+        self.flows += o.flows;
+        self.deadline_flows += o.deadline_flows;
+        self.met += o.met;
+        self.missed += o.missed;
+        self.quenched += o.quenched;
+        self.requests += o.requests;
+        self.grants += o.grants;
+        self.echoes += o.echoes;
+        for i in 0..D3_HIST_BUCKETS {
+            self.requested[i] += o.requested[i];
+            self.granted[i] += o.granted[i];
+        }
+    }
+}
+
+/// A router link's configuration and capacity (value of [`names::D3_LINK_CTL`]), written only
+/// by the agent: at start, and C at every capacity-controller tick.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "bpf"), derive(Debug))]
+pub struct D3LinkCtl {
+    pub cfg: crate::d3::D3LinkConfig,
+    /// C, bytes/s.
+    pub capacity: u64,
+}
+const _: () = assert!(size_of::<D3LinkCtl>() == 56);
+
+/// A router link's counters (value of [`names::D3_LINKS`]), written by the datapath with atomic
+/// adds (several CPUs serve one link); the agent only reads them, and zeroes D, A, N at an idle
+/// reset (when no request arrives, so nothing adds concurrently).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct D3LinkCounters {
+    /// D, A, N as the paper's router keeps them (wrapping adds of signed deltas: read them
+    /// through [`D3LinkCounters::clamped`]).
+    pub demand: u64,
+    pub allocated: u64,
+    pub flows: u64,
+    /// Requests processed (monotonic).
+    pub requests: u64,
+    /// Bytes the link sent (monotonic): the capacity controller's `u`.
+    pub sent_bytes: u64,
+    /// Requests with FIN, with NEW; requests clamped (absurd rates); not processed (full
+    /// vector, invalid); grants raised to the base rate.
+    pub fins: u64,
+    pub news: u64,
+    pub clamped: u64,
+    pub unprocessed: u64,
+    pub base_floor: u64,
+}
+const _: () = assert!(size_of::<D3LinkCounters>() == 80);
+
+impl D3LinkCounters {
+    /// A counter that concurrent updates drove below zero reads as 0.
+    #[inline(always)]
+    pub const fn clamp(v: u64) -> u64 {
+        if v > (1 << 62) { 0 } else { v }
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
@@ -429,6 +639,11 @@ mod pod {
     unsafe impl aya::Pod for Counters {}
     unsafe impl aya::Pod for GlobalCounters {}
     unsafe impl aya::Pod for CpuState {}
+    unsafe impl aya::Pod for D3App {}
+    unsafe impl aya::Pod for D3Sock {}
+    unsafe impl aya::Pod for D3ClassStats {}
+    unsafe impl aya::Pod for D3LinkCtl {}
+    unsafe impl aya::Pod for D3LinkCounters {}
 }
 
 /// IPv4-mapped form of a network-order IPv4 address word.

@@ -28,6 +28,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
     attach::{self, AttachMode},
+    d3router,
     datapath::{Datapath, LoadOptions},
     features::Features,
     http, metrics,
@@ -42,6 +43,8 @@ pub struct Options {
     pub policy: PathBuf,
     pub metrics_addr: SocketAddr,
     pub state_dir: PathBuf,
+    /// Where maps are pinned (the D3 application map: `<dir>/d3_app`).
+    pub bpffs_dir: PathBuf,
 }
 
 /// What the HTTP handlers and the reload path share.
@@ -52,6 +55,7 @@ pub struct Shared {
 struct Inner {
     /// `None` once shutdown has detached the programs.
     dp: Option<Datapath>,
+    router: Option<d3router::Router>,
     status: Status,
     compiled: Compiled,
     mode: EnforcementMode,
@@ -66,12 +70,38 @@ impl Shared {
 
     pub fn metrics(&self) -> Result<String> {
         let g = self.lock();
-        metrics::render(&g.dp()?.snapshot()?, &g.status)
+        let dp = g.dp()?;
+        let d3 = if g.status.d3.is_some() { Some(dp.d3_snapshot()?) } else { None };
+        let links = g.router.as_ref().map(|r| r.report(dp)).unwrap_or_default();
+        metrics::render(&dp.snapshot()?, d3.as_deref(), &links, &g.status)
+    }
+
+    /// One tick of the D3 router's capacity controller.
+    fn d3_tick(&self) -> Result<()> {
+        let mut g = self.lock();
+        let Inner { dp, router, .. } = &mut *g;
+        if let (Some(dp), Some(router)) = (dp.as_mut(), router.as_mut()) {
+            router.tick(dp)?;
+        }
+        Ok(())
     }
 
     pub fn live_status(&self) -> Result<http::LiveStatus> {
         let g = self.lock();
         let snap = g.dp()?.snapshot()?;
+        let d3 = if g.status.d3.is_some() { Some(g.dp()?.d3_snapshot()?) } else { None };
+        let d3_classes = d3
+            .map(|d| {
+                g.status
+                    .policy
+                    .classes
+                    .iter()
+                    .filter(|c| c.d3)
+                    .map(|c| http::D3Named { name: c.name.clone(), counters: (&d[c.index as usize]).into() })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let d3_links = g.router.as_ref().map(|r| r.report(g.dp().expect("checked above"))).unwrap_or_default();
         let name = |c: &status::ClassStatus| http::Named { name: c.name.clone(), counters: (&snap.classes[c.index as usize]).into() };
         Ok(http::LiveStatus {
             counters: http::Counters {
@@ -88,6 +118,8 @@ impl Shared {
                     truncated: snap.global.truncated,
                     ipv6_extension_limit: snap.global.ipv6_ext_limit,
                 },
+                d3_classes,
+                d3_router_links: d3_links,
             },
             status: g.status.clone(),
         })
@@ -175,6 +207,7 @@ fn policy_status(file: &Path, c: &Compiled, generation: u64) -> PolicyStatus {
                 class_rate_bytes_per_second: k.class_rate,
                 tcp_rto_min_us: k.tcp.as_ref().and_then(|t| t.rto_min_us),
                 tcp_delack_max_us: k.tcp.as_ref().and_then(|t| t.delack_max_us),
+                d3: c.table.classes[k.index as usize].flags & paceline_common::maps::CLASS_D3 != 0,
             })
             .collect(),
         default_class: c
@@ -264,6 +297,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut st = State { pid: std::process::id(), ..State::default() };
     dir.save(&st)?;
     let mut ifaces = Vec::new();
+    let mut router = None;
     let result: Result<()> = (|| {
         for iface in &compiled.interfaces {
             let att = attach::attach_tc(&mut dp, iface, &features, |added| {
@@ -300,10 +334,36 @@ pub async fn run(opts: Options) -> Result<()> {
             );
             ifaces.push(IfaceStatus { name: iface.clone(), attach: att.mode, qdisc: installed.map(|q| q.describe()) });
         }
-        if mode != EnforcementMode::None {
+        let needs_sockops = mode != EnforcementMode::None || compiled.d3.is_some();
+        if needs_sockops {
             if let Some(cg) = &features.cgroup2 {
                 attach::attach_sock_ops(&mut dp, cg)?;
                 log::info!("sock_ops attached to {}", cg.display());
+            }
+        }
+        if let Some(d3) = &compiled.d3 {
+            let pin = opts.bpffs_dir.join("d3_app");
+            st.pins.push(pin.clone());
+            dir.save(&st)?;
+            dp.pin_d3_app(&pin)?;
+            log::info!(
+                "D3 on: receiver {}, applications set deadlines through {}",
+                if d3.receiver { "echoes requests" } else { "off" },
+                pin.display()
+            );
+            if !d3.router.is_empty() {
+                for l in &d3.router {
+                    attach::attach_program(&mut dp, attach::TcProgram::D3Router, &l.interface, &features, |_| {
+                        st.iface(&l.interface).router_filter = true;
+                        dir.save(&st)
+                    })?;
+                }
+                router = Some(d3router::Router::new(&mut dp, &d3.router, d3.interval_ns)?);
+                log::info!(
+                    "D3 router on {} (capacity controller every {} us)",
+                    d3.router.iter().map(|l| l.interface.as_str()).collect::<Vec<_>>().join(", "),
+                    d3.interval_ns / 1000
+                );
             }
         }
         Ok(())
@@ -326,12 +386,18 @@ pub async fn run(opts: Options) -> Result<()> {
         enforcement: describe(mode),
         interfaces: ifaces,
         policy: policy_status(&opts.policy, &compiled, generation),
+        d3: compiled.d3.as_ref().map(|d| status::D3Status {
+            receiver: d.receiver,
+            app_map: opts.bpffs_dir.join("d3_app").display().to_string(),
+            router_links: d.router.iter().map(|l| l.interface.clone()).collect(),
+            interval_us: d.interval_ns / 1000,
+        }),
         reloads: Default::default(),
         flow_table: status::FlowTable { capacity: compiled.flow_table_size, memlock_bytes: dp.flow_table_memlock() },
         metrics_addr: opts.metrics_addr.to_string(),
     };
     let interfaces = compiled.interfaces.clone();
-    let shared = Arc::new(Shared { inner: Mutex::new(Inner { dp: Some(dp), status, compiled, mode, interfaces }) });
+    let shared = Arc::new(Shared { inner: Mutex::new(Inner { dp: Some(dp), router, status, compiled, mode, interfaces }) });
     write_status(&dir, &shared);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -371,8 +437,20 @@ async fn event_loop(opts: &Options, shared: &Arc<Shared>, dir: &StateDir, host: 
     let Signals { mut term, mut int, mut hup } = signals;
     let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
     let _watcher = watch_file(&opts.policy, tx)?;
+    let interval_ns = shared.lock().router.as_ref().map(|r| r.interval_ns);
+    let mut d3_timer = tokio::time::interval(Duration::from_nanos(interval_ns.unwrap_or(3_600_000_000_000)));
+    d3_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut tick_errors = 0u64;
     loop {
         tokio::select! {
+            _ = d3_timer.tick(), if interval_ns.is_some() => {
+                if let Err(e) = shared.d3_tick() {
+                    tick_errors += 1;
+                    if tick_errors.is_power_of_two() {
+                        log::warn!("D3 capacity controller: {e:#} ({tick_errors} errors so far)");
+                    }
+                }
+            }
             _ = term.recv() => { log::info!("SIGTERM: shutting down"); return Ok(()); }
             _ = int.recv() => { log::info!("SIGINT: shutting down"); return Ok(()); }
             _ = hup.recv() => reload(opts, shared, dir, host, "SIGHUP", true),
@@ -450,6 +528,9 @@ fn try_reload(opts: &Options, shared: &Arc<Shared>, host: &SystemHost, force: bo
     if decide_mode(validated.enforcement(), &g.status.kernel).ok() != Some(mode) {
         restart.push("spec.enforcement changed the enforcement mode: restart the agent to apply it".into());
     }
+    if compiled.d3 != g.compiled.d3 {
+        restart.push("spec.d3 changed (receiver, router links, interval): restart the agent to apply it".into());
+    }
     if compiled.flow_table_size != g.compiled.flow_table_size {
         restart.push(format!(
             "spec.flow_table_size changed ({} -> {}): the flow table is sized at start; restart the agent",
@@ -502,11 +583,16 @@ fn write_status(dir: &StateDir, shared: &Arc<Shared>) {
 fn shutdown(shared: &Arc<Shared>, dir: &StateDir) {
     let st = dir.leftover().ok().flatten().unwrap_or_default();
     // Dropping the datapath detaches every program.
-    drop(shared.lock().dp.take());
+    {
+        let mut g = shared.lock();
+        g.router = None;
+        drop(g.dp.take());
+    }
     // The filters are gone with the programs; clsact and root qdiscs are paceline's to remove.
     let mut st = st;
     for i in &mut st.interfaces {
         i.clsact_filter = false;
+        i.router_filter = false;
     }
     for line in state::clean_up(&st) {
         log::info!("shutdown: {line}");

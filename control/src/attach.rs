@@ -35,15 +35,52 @@ pub struct TcAttachment {
     pub clsact_added: bool,
 }
 
+/// Which tc program to attach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcProgram {
+    /// The classifier/pacer of a host's interfaces.
+    Egress,
+    /// The D3 router of a router link.
+    D3Router,
+}
+
+impl TcProgram {
+    fn prog(self, dp: &mut Datapath) -> Result<&mut aya::programs::SchedClassifier> {
+        match self {
+            TcProgram::Egress => dp.tc_program(),
+            TcProgram::D3Router => dp.d3_router_program(),
+        }
+    }
+
+    /// The clsact filter priority (distinct, so both can sit on one interface).
+    pub fn nl_priority(self) -> u16 {
+        match self {
+            TcProgram::Egress => NL_PRIORITY,
+            TcProgram::D3Router => NL_PRIORITY + 1,
+        }
+    }
+}
+
 /// Attaches the classifier to `iface` egress: tcx where the kernel has it, else clsact.
 /// `on_clsact` runs just before a clsact filter is created, so the caller can record it.
 pub fn attach_tc(
     dp: &mut Datapath,
     iface: &str,
     features: &Features,
+    on_clsact: impl FnMut(bool) -> Result<()>,
+) -> Result<TcAttachment> {
+    attach_program(dp, TcProgram::Egress, iface, features, on_clsact)
+}
+
+/// Attaches `which` to `iface` egress (see [`attach_tc`]).
+pub fn attach_program(
+    dp: &mut Datapath,
+    which: TcProgram,
+    iface: &str,
+    features: &Features,
     mut on_clsact: impl FnMut(bool) -> Result<()>,
 ) -> Result<TcAttachment> {
-    let prog = dp.tc_program()?;
+    let prog = which.prog(dp)?;
     if features.tcx {
         match prog.attach_with_options(iface, TcAttachType::Egress, TcAttachOptions::TcxOrder(LinkOrder::default())) {
             Ok(link) => return Ok(TcAttachment { iface: iface.into(), mode: AttachMode::Tcx, link, clsact_added: false }),
@@ -55,20 +92,20 @@ pub fn attach_tc(
     if clsact_added {
         aya::programs::tc::qdisc_add_clsact(iface).with_context(|| format!("{iface}: adding clsact"))?;
     }
-    let prog = dp.tc_program()?;
+    let prog = which.prog(dp)?;
     let link = prog
         .attach_with_options(
             iface,
             TcAttachType::Egress,
-            TcAttachOptions::Netlink(NlOptions { priority: NL_PRIORITY, handle: NL_HANDLE.into(), classid: None }),
+            TcAttachOptions::Netlink(NlOptions { priority: which.nl_priority(), handle: NL_HANDLE.into(), classid: None }),
         )
         .with_context(|| format!("{iface}: attaching the classifier to clsact egress"))?;
     Ok(TcAttachment { iface: iface.into(), mode: AttachMode::Clsact, link, clsact_added })
 }
 
 /// Removes a clsact egress filter paceline left behind (after a crash).
-pub fn remove_stale_filter(iface: &str) -> Result<()> {
-    let pref = NL_PRIORITY.to_string();
+pub fn remove_stale_filter(iface: &str, which: TcProgram) -> Result<()> {
+    let pref = which.nl_priority().to_string();
     qdisc::tc(&["filter", "del", "dev", iface, "egress", "pref", &pref]).map(|_| ())
 }
 

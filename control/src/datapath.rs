@@ -10,7 +10,8 @@ use aya::{
     programs::{SchedClassifier, SockOps},
 };
 use paceline_common::maps::{
-    AggClock, Counters, CpuState, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS,
+    AggClock, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, FlowKey, FlowState,
+    GlobalCounters, MAX_CLASSES, MAX_LEVELS,
     PolicyTable, names,
 };
 
@@ -20,6 +21,8 @@ pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DI
 /// Program names in the object.
 pub const TC_EGRESS: &str = "pl_tc_egress";
 pub const SOCK_OPS: &str = "pl_sock_ops";
+/// The D3 router (tc egress of the router's links).
+pub const D3_ROUTER: &str = "pl_d3_router";
 /// An empty classifier, loaded only by the benchmark as its floor.
 pub const TC_FLOOR: &str = "pl_tc_floor";
 /// A classifier that only reads the clock: what `bpf_ktime_get_ns` costs (benchmark only).
@@ -60,6 +63,11 @@ pub struct Datapath {
     clocks: Array<MapData, AggClock>,
     flows: HashMap<MapData, FlowKey, FlowState>,
     flow_table_memlock: Option<u64>,
+    d3_stats: PerCpuArray<MapData, D3ClassStats>,
+    d3_link_ctl: HashMap<MapData, u32, D3LinkCtl>,
+    d3_links: HashMap<MapData, u32, D3LinkCounters>,
+    /// Kept untyped: pinning needs the map, and the agent never reads it.
+    d3_app: aya::maps::Map,
     generation: u64,
 }
 
@@ -78,6 +86,8 @@ impl Datapath {
         tc.load().with_context(|| format!("verifying {TC_EGRESS}"))?;
         let so: &mut SockOps = prog(&mut ebpf, SOCK_OPS)?.try_into()?;
         so.load().with_context(|| format!("verifying {SOCK_OPS}"))?;
+        let router: &mut SchedClassifier = prog(&mut ebpf, D3_ROUTER)?.try_into()?;
+        router.load().with_context(|| format!("verifying {D3_ROUTER}"))?;
 
         let active = Array::try_from(take(&mut ebpf, names::ACTIVE)?)?;
         let tables = Array::try_from(take(&mut ebpf, names::TABLES)?)?;
@@ -89,7 +99,15 @@ impl Datapath {
             _ => None,
         };
         let flows = HashMap::try_from(flows_map)?;
+        let d3_stats = PerCpuArray::try_from(take(&mut ebpf, names::D3_STATS)?)?;
+        let d3_link_ctl = HashMap::try_from(take(&mut ebpf, names::D3_LINK_CTL)?)?;
+        let d3_links = HashMap::try_from(take(&mut ebpf, names::D3_LINKS)?)?;
+        let d3_app = take(&mut ebpf, names::D3_APP)?;
         Ok(Datapath {
+            d3_stats,
+            d3_link_ctl,
+            d3_links,
+            d3_app,
             ebpf,
             active,
             tables,
@@ -103,6 +121,51 @@ impl Datapath {
 
     pub fn tc_program(&mut self) -> Result<&mut SchedClassifier> {
         Ok(prog(&mut self.ebpf, TC_EGRESS)?.try_into()?)
+    }
+
+    /// The D3 router program.
+    pub fn d3_router_program(&mut self) -> Result<&mut SchedClassifier> {
+        Ok(prog(&mut self.ebpf, D3_ROUTER)?.try_into()?)
+    }
+
+    /// D3 counters of every class, summed over CPUs.
+    pub fn d3_snapshot(&self) -> Result<Vec<D3ClassStats>> {
+        let mut out = vec![D3ClassStats::default(); MAX_CLASSES];
+        for (i, slot) in out.iter_mut().enumerate() {
+            for c in self.d3_stats.get(&(i as u32), 0).context("reading PL_D3_STATS")?.iter() {
+                slot.add(c);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets a router link's configuration and capacity.
+    pub fn set_d3_link_ctl(&mut self, ifindex: u32, ctl: &D3LinkCtl) -> Result<()> {
+        Ok(self.d3_link_ctl.insert(ifindex, ctl, 0)?)
+    }
+
+    pub fn d3_link_ctl(&self, ifindex: u32) -> Result<D3LinkCtl> {
+        Ok(self.d3_link_ctl.get(&ifindex, 0)?)
+    }
+
+    /// A router link's counters (the datapath's side).
+    pub fn d3_link_counters(&self, ifindex: u32) -> Result<D3LinkCounters> {
+        Ok(self.d3_links.get(&ifindex, 0)?)
+    }
+
+    /// Writes a router link's counters (creation with zeroes; D, A, N zeroed at an idle reset).
+    pub fn set_d3_link_counters(&mut self, ifindex: u32, c: &D3LinkCounters) -> Result<()> {
+        Ok(self.d3_links.insert(ifindex, c, 0)?)
+    }
+
+    /// Pins the map applications write their sockets' sizes and deadlines into.
+    pub fn pin_d3_app(&mut self, path: &std::path::Path) -> Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let _ = std::fs::remove_file(path);
+        self.d3_app.pin(path).with_context(|| format!("pinning the D3 application map at {}", path.display()))?;
+        Ok(())
     }
 
     /// A benchmark-only classifier ([`TC_FLOOR`], [`TC_CLOCK`]), loaded on first use.

@@ -60,6 +60,44 @@ pub struct Counters {
     pub classes: Vec<Named>,
     pub levels: Vec<Named>,
     pub unparsed: Unparsed,
+    /// D3 counters of the classes that speak D3.
+    pub d3_classes: Vec<D3Named>,
+    /// C, N, D, A and counters of the D3 router links.
+    pub d3_router_links: Vec<crate::d3router::LinkReport>,
+}
+
+#[derive(Serialize)]
+pub struct D3Named {
+    pub name: String,
+    #[serde(flatten)]
+    pub counters: D3Json,
+}
+
+#[derive(Serialize)]
+pub struct D3Json {
+    pub flows: u64,
+    pub deadline_flows: u64,
+    pub deadlines_met: u64,
+    pub deadlines_missed: u64,
+    pub quenched: u64,
+    pub requests: u64,
+    pub grants: u64,
+    pub echoes: u64,
+}
+
+impl From<&paceline_common::maps::D3ClassStats> for D3Json {
+    fn from(c: &paceline_common::maps::D3ClassStats) -> Self {
+        D3Json {
+            flows: c.flows,
+            deadline_flows: c.deadline_flows,
+            deadlines_met: c.met,
+            deadlines_missed: c.missed,
+            quenched: c.quenched,
+            requests: c.requests,
+            grants: c.grants,
+            echoes: c.echoes,
+        }
+    }
 }
 
 #[derive(Serialize)]

@@ -24,6 +24,9 @@ pub struct IfaceState {
     /// A clsact filter may exist at [`attach::NL_PRIORITY`].
     #[serde(default)]
     pub clsact_filter: bool,
+    /// A clsact filter of the D3 router may exist (its own priority).
+    #[serde(default)]
+    pub router_filter: bool,
     /// paceline added the clsact qdisc.
     #[serde(default)]
     pub clsact_added: bool,
@@ -133,10 +136,15 @@ pub fn clean_up(state: &State) -> Vec<String> {
             done.push(format!("{}: interface gone, nothing to undo", i.name));
             continue;
         }
-        if i.clsact_filter {
-            match attach::remove_stale_filter(&i.name) {
-                Ok(()) => done.push(format!("{}: removed paceline's clsact egress filter", i.name)),
-                Err(e) => done.push(format!("{}: no clsact filter to remove ({e})", i.name)),
+        for (on, which, what) in [
+            (i.clsact_filter, attach::TcProgram::Egress, "clsact egress filter"),
+            (i.router_filter, attach::TcProgram::D3Router, "D3 router filter"),
+        ] {
+            if on {
+                match attach::remove_stale_filter(&i.name, which) {
+                    Ok(()) => done.push(format!("{}: removed paceline's {what}", i.name)),
+                    Err(e) => done.push(format!("{}: no {what} to remove ({e})", i.name)),
+                }
             }
         }
         if i.clsact_added {

@@ -17,6 +17,8 @@ pub struct Status {
     pub enforcement: Enforcement,
     pub interfaces: Vec<IfaceStatus>,
     pub policy: PolicyStatus,
+    /// D3 on this host (`spec.d3`), if on.
+    pub d3: Option<D3Status>,
     pub reloads: Reloads,
     pub flow_table: FlowTable,
     pub metrics_addr: String,
@@ -77,6 +79,18 @@ pub struct ClassStatus {
     pub class_rate_bytes_per_second: Option<u64>,
     pub tcp_rto_min_us: Option<u32>,
     pub tcp_delack_max_us: Option<u32>,
+    /// The class's TCP flows speak D3.
+    #[serde(default)]
+    pub d3: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct D3Status {
+    pub receiver: bool,
+    /// The pinned map applications write sizes and deadlines into.
+    pub app_map: String,
+    pub router_links: Vec<String>,
+    pub interval_us: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -17,10 +17,13 @@ pub struct Args {
     /// Lock, state (for cleanup after a crash) and status files.
     #[arg(long, default_value = state::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// Directory in a BPF filesystem for the maps paceline pins (the D3 application map).
+    #[arg(long, default_value = "/sys/fs/bpf/paceline")]
+    pub bpffs_dir: PathBuf,
 }
 
 pub fn run(a: Args) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(agent::run(agent::Options { policy: a.policy, metrics_addr: a.metrics_addr, state_dir: a.state_dir }))?;
+    rt.block_on(agent::run(agent::Options { policy: a.policy, metrics_addr: a.metrics_addr, state_dir: a.state_dir, bpffs_dir: a.bpffs_dir }))?;
     Ok(0)
 }

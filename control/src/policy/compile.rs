@@ -22,8 +22,9 @@ use std::collections::{HashMap, HashSet};
 
 use ipnet::IpNet;
 use paceline_common::maps::{
-    CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_CLASSES,
-    MAX_LEVELS, PolicyTable, Rule, TABLE_NEEDS_CGROUP, TABLE_NO_FLOW_CLOCKS, level_slot,
+    CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_CLASSES,
+    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_NEEDS_CGROUP, TABLE_NO_FLOW_CLOCKS,
+    level_slot,
 };
 use paceline_common::qjump::Network;
 
@@ -210,6 +211,8 @@ pub struct Compiled {
     pub warnings: Vec<String>,
     /// In HTB mode (when the link rate is known).
     pub htb: Option<HtbPlan>,
+    /// `spec.d3`, when D3 is on.
+    pub d3: Option<crate::policy::validate::D3Spec>,
 }
 
 impl Compiled {
@@ -566,11 +569,12 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
                 0
             },
             skb_priority,
-            flags: CLASS_SET_PRIORITY,
+            flags: CLASS_SET_PRIORITY | if c.d3.is_some() { CLASS_D3 } else { 0 },
             rto_min_us: tcp.rto_min_us.unwrap_or(0),
             delack_max_us: tcp.delack_max_us.unwrap_or(0),
             level: c.level as u32,
-            _pad: 0,
+            d3_deadline_us: c.d3.and_then(|k| k.default).map(|(dl, _)| (dl / 1000).min(u32::MAX as u64) as u32).unwrap_or(0),
+            d3_size: c.d3.and_then(|k| k.default).map(|(_, sz)| sz).unwrap_or(0),
         };
         class_names[i] = Some(c.name.clone());
         class_tcp[i] = c.tcp;
@@ -606,6 +610,16 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
     if mode != EnforcementMode::Fq {
         table.flags |= TABLE_NO_FLOW_CLOCKS;
     }
+    if let Some(d3) = &v.d3 {
+        if d3.receiver {
+            table.flags |= TABLE_D3_RECEIVER;
+        }
+        // The host's line rate bounds what a flow can ask for (quench) and picks the scale of
+        // non-deadline requests; 10 Gbit/s when the host reports none.
+        let line = v.link_rate.as_ref().map(|l| l.rate).unwrap_or(1_250_000_000);
+        table.d3_line_rate = line;
+        table.d3_first_rate = d3.first_rtt_rate.unwrap_or(line / 1000);
+    }
     table.n_rules = v.rules.len() as u32;
     table.n_classes = n_classes as u32;
     table.default_class = u32::from(idx[v.default_class]);
@@ -634,6 +648,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
     });
 
     Compiled {
+        d3: v.d3.clone(),
         table,
         mode,
         file: v.file.clone(),

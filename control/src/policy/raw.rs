@@ -87,6 +87,65 @@ pub struct Spec {
     pub rules: Vec<Rule>,
     /// The class of traffic that no rule matches.
     pub default_class: String,
+    /// D3 deadline-driven delivery on this host: receiving, sending (classes with `d3`) and
+    /// routing. Default: none (D3 off; classes with `d3` need it).
+    #[serde(default)]
+    pub d3: Option<D3>,
+}
+
+/// `spec.d3`.
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct D3 {
+    /// Echo the allocations of rate requests this host receives in its ACKs (be a D3
+    /// receiver). Default true.
+    #[serde(default = "default_true")]
+    pub receiver: bool,
+    /// Pacing rate of a new D3 flow until its first grant (burst tolerance). Default: the
+    /// host's link rate / 1000.
+    #[serde(default)]
+    pub first_rtt_rate: Option<RateText>,
+    /// Links whose egress this host serves as a D3 router. Default: none.
+    #[serde(default)]
+    pub router: Vec<D3RouterLink>,
+    /// The router's capacity-controller interval T (paper: 800us; longer than an RTT),
+    /// 100us..=1s. Default `1ms`.
+    #[serde(default)]
+    pub interval: Option<DurationText>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `spec.d3.router[]`.
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct D3RouterLink {
+    /// The interface whose egress this router serves.
+    pub interface: String,
+    /// The link's rate (C starts here; the controller moves it within [C/10, 2C]).
+    pub capacity: RateText,
+    /// Smallest grant and a new flow's fair share. Default: capacity / 1000.
+    #[serde(default)]
+    pub base_rate: Option<RateText>,
+    /// Requests above this rate are clamped and counted as absurd. Default: the capacity.
+    #[serde(default)]
+    pub flow_cap: Option<RateText>,
+}
+
+/// `spec.classes[].d3`.
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClassD3 {
+    /// Deadline of a transfer when the application sets none (from the connection's start).
+    /// Default: none (only deadlines set by applications; flows without one ask for a fair
+    /// share).
+    #[serde(default)]
+    pub deadline: Option<DurationText>,
+    /// Size of a transfer for the default deadline; required with `deadline`.
+    #[serde(default)]
+    pub size: Option<SizeText>,
 }
 
 fn default_horizon() -> DurationText {
@@ -166,6 +225,10 @@ pub struct Class {
     /// TCP settings applied by sock_ops when a connection starts. Default: none.
     #[serde(default)]
     pub tcp: Option<Tcp>,
+    /// The class's TCP flows speak D3 (rate requests, paced at the grants). Needs `spec.d3`.
+    /// Default: none.
+    #[serde(default)]
+    pub d3: Option<ClassD3>,
 }
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]

@@ -164,7 +164,51 @@ pub struct Class {
     /// Bytes/s.
     pub class_rate: Option<u64>,
     pub tcp: Option<TcpSettings>,
+    pub d3: Option<ClassD3>,
 }
+
+/// A class's D3 defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClassD3 {
+    /// (deadline ns, size bytes) for transfers without an application deadline.
+    pub default: Option<(u64, u64)>,
+}
+
+/// `spec.d3`, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct D3Spec {
+    pub receiver: bool,
+    /// Bytes/s; `None`: link rate / 1000.
+    pub first_rtt_rate: Option<u64>,
+    pub interval_ns: u64,
+    pub router: Vec<D3Link>,
+}
+
+/// A router link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct D3Link {
+    pub interface: String,
+    /// Bytes/s.
+    pub capacity: u64,
+    pub base_rate: u64,
+    pub flow_cap: u64,
+}
+
+pub const D3_INTERVAL: Bounds = Bounds {
+    min: 100_000,
+    max: 1_000_000_000,
+    text: "100us..=1s",
+};
+pub const D3_DEADLINE: Bounds = Bounds {
+    min: 100_000,
+    max: 3_600_000_000_000,
+    text: "100us..=1h",
+};
+pub const D3_SIZE: Bounds = Bounds {
+    min: 1,
+    max: 1 << 40,
+    text: "1B..=1TiB",
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -263,6 +307,7 @@ pub struct Validated {
     pub rules: Vec<RuleSpec>,
     /// Index into [`Validated::classes`].
     pub default_class: usize,
+    pub d3: Option<D3Spec>,
     pub warnings: Vec<PolicyError>,
 }
 
@@ -739,12 +784,21 @@ fn validate_into(
         }
     }
 
+    let d3 = d3_spec(d, spec, host);
+
     // Everything below needs the parts above to be valid.
-    let (Some(levels), Some(classes), Some(default_class), Some(rules)) =
-        (levels, classes, default_class, rules)
+    let (Some(levels), Some(classes), Some(default_class), Some(rules), Some(d3)) =
+        (levels, classes, default_class, rules, d3)
     else {
         return None;
     };
+    if d3.is_none() {
+        for (i, c) in classes.iter().enumerate() {
+            if c.d3.is_some() {
+                d.error(format!("spec.classes[{i}].d3"), "needs spec.d3 (add `d3: {}` to spec to turn D3 on for this host)");
+            }
+        }
+    }
     fits(d, &levels, link_rate.as_ref());
     cross_checks(d, &levels, &classes, &rules, default_class);
 
@@ -764,8 +818,58 @@ fn validate_into(
         classes,
         rules,
         default_class,
+        d3,
         warnings: Vec::new(),
     })
+}
+
+/// `spec.d3`: `Some(None)` when absent, `None` when invalid.
+fn d3_spec(d: &mut Diag, spec: &raw::Spec, host: &dyn HostFacts) -> Option<Option<D3Spec>> {
+    let Some(s) = &spec.d3 else { return Some(None) };
+    let mut ok = true;
+    let first = match &s.first_rtt_rate {
+        Some(r) => match d.check("spec.d3.first_rtt_rate", rate(&r.0, RATE)) {
+            Some(v) => Some(v),
+            None => {
+                ok = false;
+                None
+            }
+        },
+        None => None,
+    };
+    let interval_ns = match &s.interval {
+        Some(v) => d.check("spec.d3.interval", duration(&v.0, D3_INTERVAL)).unwrap_or_else(|| {
+            ok = false;
+            0
+        }),
+        None => 1_000_000,
+    };
+    let mut router = Vec::new();
+    for (i, l) in s.router.iter().enumerate() {
+        let p = format!("spec.d3.router[{i}]");
+        if !host.is_offline() && !host.interface_exists(&l.interface) {
+            d.error(format!("{p}.interface"), format!("no interface named {:?} on this host", l.interface));
+            ok = false;
+        }
+        if router.iter().any(|r: &D3Link| r.interface == l.interface) {
+            d.error(format!("{p}.interface"), format!("{:?} is listed twice", l.interface));
+            ok = false;
+        }
+        let cap = d.check(&format!("{p}.capacity"), rate(&l.capacity.0, RATE));
+        let base = l.base_rate.as_ref().map(|r| d.check(&format!("{p}.base_rate"), rate(&r.0, RATE)));
+        let fcap = l.flow_cap.as_ref().map(|r| d.check(&format!("{p}.flow_cap"), rate(&r.0, RATE)));
+        let (Some(cap), Some(base), Some(fcap)) = (cap, base.transpose_ok(), fcap.transpose_ok()) else {
+            ok = false;
+            continue;
+        };
+        let base = base.unwrap_or(cap / 1000);
+        if base >= cap {
+            d.error(format!("{p}.base_rate"), format!("{} must be below the capacity {}", units::fmt_rate(base), units::fmt_rate(cap)));
+            ok = false;
+        }
+        router.push(D3Link { interface: l.interface.clone(), capacity: cap, base_rate: base, flow_cap: fcap.unwrap_or(0) });
+    }
+    ok.then_some(Some(D3Spec { receiver: s.receiver, first_rtt_rate: first, interval_ns, router }))
 }
 
 /// Index of `name` in `names`, or an error listing the valid names.
@@ -1173,12 +1277,33 @@ fn classes(
                 "is empty; remove it or set rto_min / delack_max",
             );
         }
+        let d3 = match &c.d3 {
+            None => None,
+            Some(k) => {
+                let dl = k.deadline.as_ref().map(|v| d.check(&format!("{p}.d3.deadline"), duration(&v.0, D3_DEADLINE)));
+                let sz = k.size.as_ref().map(|v| d.check(&format!("{p}.d3.size"), size(&v.0, D3_SIZE)));
+                match (dl, sz) {
+                    (None, None) => Some(ClassD3 { default: None }),
+                    (Some(Some(dl)), Some(Some(sz))) => Some(ClassD3 { default: Some((dl, sz)) }),
+                    (Some(_), None) | (None, Some(_)) => {
+                        d.error(format!("{p}.d3"), "deadline and size go together: a deadline needs the transfer's size to compute the rate it requires");
+                        ok = false;
+                        continue;
+                    }
+                    _ => {
+                        ok = false;
+                        continue;
+                    }
+                }
+            }
+        };
         out.push(Class {
             name: c.name.clone(),
             level,
             flow_rate,
             class_rate,
             tcp,
+            d3,
         });
     }
     ok.then_some(out)

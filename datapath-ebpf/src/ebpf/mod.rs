@@ -1,5 +1,7 @@
 //! The eBPF programs (bpf target only); see the crate docs.
 
+mod d3host;
+mod d3router;
 mod maps;
 mod pacer;
 mod parse;

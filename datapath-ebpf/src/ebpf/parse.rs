@@ -26,6 +26,8 @@ pub struct Layout {
     /// Offset of the 802.1Q tag's TCI in the packet data, if the tag is in the data.
     pub vlan_tci_off: Option<usize>,
     pub l3_off: usize,
+    /// Offset of the transport header (none for non-first fragments and unfollowed headers).
+    pub l4_off: Option<usize>,
 }
 
 #[inline(always)]
@@ -159,5 +161,5 @@ pub fn parse(ctx: &TcContext, pkt: &mut PacketInfo) -> Result<Layout, Unparsed> 
             _ => {}
         }
     }
-    Ok(Layout { vlan_tci_off, l3_off: l3 })
+    Ok(Layout { vlan_tci_off, l3_off: l3, l4_off: l4 })
 }

@@ -19,10 +19,10 @@ use aya_ebpf::{
 };
 use paceline_common::{
     classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, classify},
-    maps::{ClassConfig, TABLE_NO_FLOW_CLOCKS, v4_mapped},
+    maps::{ClassConfig, PolicyTable, TABLE_NO_FLOW_CLOCKS, v4_mapped},
 };
 
-use super::maps;
+use super::{d3host, maps};
 
 const AF_INET6: u32 = 10;
 const SOL_SOCKET: i32 = 1;
@@ -36,22 +36,35 @@ const TCP_BPF_RTO_MIN: i32 = 1004;
 #[unsafe(no_mangle)]
 static PL_NETNS_COOKIE: u64 = 0;
 
+const OP_STATE_CB: u32 = 10;
+const OP_RTT_CB: u32 = 12;
+const OP_PARSE_HDR_OPT_CB: u32 = 13;
+const OP_HDR_OPT_LEN_CB: u32 = 14;
+const OP_WRITE_HDR_OPT_CB: u32 = 15;
+
 #[sock_ops]
 pub fn pl_sock_ops(ctx: SockOpsContext) -> u32 {
     let op = ctx.op();
-    if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB || op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
-        // SAFETY: helper on the program's own context; volatile read of a load-time constant.
-        let (mine, ours) = unsafe { (bpf_get_netns_cookie(ctx.ops.cast()), core::ptr::read_volatile(&PL_NETNS_COOKIE)) };
-        if mine == ours {
-            configure(&ctx);
-        }
+    // SAFETY: helper on the program's own context; volatile read of a load-time constant.
+    let (mine, ours) = unsafe { (bpf_get_netns_cookie(ctx.ops.cast()), core::ptr::read_volatile(&PL_NETNS_COOKIE)) };
+    if mine != ours {
+        return 1;
+    }
+    let Some(table) = maps::active_table() else { return 1 };
+    match op {
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB | BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => configure(&ctx, table),
+        OP_HDR_OPT_LEN_CB => d3host::on_hdr_opt_len(&ctx, table),
+        OP_WRITE_HDR_OPT_CB => d3host::on_write_hdr_opt(&ctx, table),
+        OP_PARSE_HDR_OPT_CB => d3host::on_parse_hdr_opt(&ctx, table),
+        OP_RTT_CB => d3host::on_rtt(&ctx),
+        OP_STATE_CB => d3host::on_state(&ctx),
+        _ => {}
     }
     1
 }
 
 #[inline(always)]
-fn configure(ctx: &SockOpsContext) {
-    let Some(table) = maps::active_table() else { return };
+fn configure(ctx: &SockOpsContext, table: &PolicyTable) {
     let mut pkt = PacketInfo {
         proto: 6,
         sport: ctx.local_port() as u16,
@@ -84,6 +97,7 @@ fn configure(ctx: &SockOpsContext) {
             c.sockopt_errors += failed;
         }
     }
+    d3host::on_established(ctx, table, class_idx, class);
 }
 
 /// `bpf_sock_ops.remote_port` holds the port in network byte order; little-endian kernels put
