@@ -30,6 +30,8 @@ pub mod names {
     pub const D3_LINK_CTL: &str = "PL_D3_LINK_CTL";
     /// `HashMap<u32 ifindex, D3LinkCounters>`: router links, written by the datapath.
     pub const D3_LINKS: &str = "PL_D3_LINKS";
+    /// `LruHashMap<FlowKey, D3Seen>`: the router's memory of each flow's last request.
+    pub const D3_SEEN: &str = "PL_D3_SEEN";
 }
 
 /// Upper bounds that size the maps and bound the datapath's loops.
@@ -498,8 +500,11 @@ pub struct D3Sock {
     pub req: [u8; crate::d3::REQ_LEN],
     /// The feedback written at the next WRITE_HDR_OPT callback.
     pub fb: [u8; crate::d3::FB_LEN],
+    /// The last request this socket echoed: its TSO/GSO copies are not echoed again.
+    pub echoed: [u8; crate::d3::REQ_LEN],
+    pub _pad2: [u8; 4],
 }
-const _: () = assert!(size_of::<D3Sock>() == 24 + 5 * 8 + 4 * 4 + 20 + 12);
+const _: () = assert!(size_of::<D3Sock>() == 24 + 5 * 8 + 4 * 4 + 20 + 12 + 20 + 4);
 
 /// Number of buckets of the D3 rate histograms: bucket `i` counts rates in
 /// `[2^(i+13), 2^(i+14))` bytes/s (bucket 0 also takes smaller rates, the last larger ones):
@@ -540,10 +545,15 @@ pub struct D3ClassStats {
     pub grants: u64,
     /// Feedback options this host (as receiver) sent.
     pub echoes: u64,
+    /// Feedback options received but not applied: stale (not for the outstanding request),
+    /// or from a path without D3 routers.
+    pub feedback_ignored: u64,
+    /// D3 options seen in received segments (requests and feedback).
+    pub options_seen: u64,
     pub requested: [u64; D3_HIST_BUCKETS],
     pub granted: [u64; D3_HIST_BUCKETS],
 }
-const _: () = assert!(size_of::<D3ClassStats>() == 8 * 8 + 2 * 8 * D3_HIST_BUCKETS);
+const _: () = assert!(size_of::<D3ClassStats>() == 10 * 8 + 2 * 8 * D3_HIST_BUCKETS);
 
 impl Default for D3ClassStats {
     fn default() -> Self {
@@ -556,6 +566,8 @@ impl Default for D3ClassStats {
             requests: 0,
             grants: 0,
             echoes: 0,
+            feedback_ignored: 0,
+            options_seen: 0,
             requested: [0; D3_HIST_BUCKETS],
             granted: [0; D3_HIST_BUCKETS],
         }
@@ -572,6 +584,8 @@ impl D3ClassStats {
         self.requests += o.requests;
         self.grants += o.grants;
         self.echoes += o.echoes;
+        self.feedback_ignored += o.feedback_ignored;
+        self.options_seen += o.options_seen;
         for i in 0..D3_HIST_BUCKETS {
             self.requested[i] += o.requested[i];
             self.granted[i] += o.granted[i];
@@ -613,8 +627,24 @@ pub struct D3LinkCounters {
     pub clamped: u64,
     pub unprocessed: u64,
     pub base_floor: u64,
+    /// Copies of a request already processed (TSO/GSO copies the option into every segment):
+    /// rewritten with the same grant, not counted again.
+    pub duplicates: u64,
 }
-const _: () = assert!(size_of::<D3LinkCounters>() == 80);
+const _: () = assert!(size_of::<D3LinkCounters>() == 88);
+
+/// What a router remembers of the last request of a flow (value of [`names::D3_SEEN`]): enough
+/// to recognise the copies of one request that TSO/GSO puts in every segment.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct D3Seen {
+    /// The request as it arrived, and as this router rewrote it.
+    pub arrived: [u8; crate::d3::REQ_LEN],
+    pub rewritten: [u8; crate::d3::REQ_LEN],
+    /// When it was processed (CLOCK_MONOTONIC ns).
+    pub at: u64,
+}
+const _: () = assert!(size_of::<D3Seen>() == 48);
 
 impl D3LinkCounters {
     /// A counter that concurrent updates drove below zero reads as 0.
@@ -644,6 +674,7 @@ mod pod {
     unsafe impl aya::Pod for D3ClassStats {}
     unsafe impl aya::Pod for D3LinkCtl {}
     unsafe impl aya::Pod for D3LinkCounters {}
+    unsafe impl aya::Pod for D3Seen {}
 }
 
 /// IPv4-mapped form of a network-order IPv4 address word.

@@ -13,6 +13,12 @@ use serde::Serialize;
 
 use crate::{datapath::Datapath, policy::validate::D3Link, qstats::QdiscStats};
 
+/// The controller lowers C by at most 1/5 per interval.
+pub const MAX_DECREASE_DEN: u64 = 5;
+
+/// Quiet time after which a link's counters reset.
+pub const IDLE_RESET_NS: u64 = 100_000_000;
+
 /// One router link as the agent tracks it.
 pub struct Link {
     pub name: String,
@@ -41,6 +47,7 @@ pub struct LinkReport {
     pub clamped: u64,
     pub unprocessed: u64,
     pub base_floor: u64,
+    pub duplicates: u64,
     pub sent_bytes: u64,
     pub idle_resets: u64,
     pub queue_bytes: u64,
@@ -63,6 +70,14 @@ impl Router {
             let mut cfg = D3LinkConfig::for_line_rate(l.capacity);
             cfg.base_rate = l.base_rate;
             cfg.flow_cap = l.flow_cap;
+            // No overbooking: the controller may lower C under a queue and raise it back,
+            // but not above the link. Above it, an idle link's first flow is granted more
+            // than the link (measured: 13.7 MB/s on 12.5 MB/s) and the next ones wait.
+            cfg.capacity_max = l.capacity;
+            // "Idle" means no request for about 100 ms: a flow paced at the base rate sends
+            // a request only every ~10-20 ms (one per segment-carrying RTT), and resetting
+            // under live flows forgets their allocations.
+            cfg.idle_reset_intervals = (IDLE_RESET_NS / interval_ns.max(1)).clamp(4, u32::MAX as u64) as u32;
             let state = D3LinkState::new(&cfg);
             dp.set_d3_link_ctl(ifindex, &D3LinkCtl { cfg, capacity: state.capacity })?;
             dp.set_d3_link_counters(ifindex, &D3LinkCounters::default())?;
@@ -94,7 +109,16 @@ impl Router {
                 None => 0,
             };
             l.last_queue = q;
+            let before = l.state.capacity;
             let out = d3::capacity_tick(&mut l.state, &l.cfg, sent, q, self.interval_ns);
+            // beta * q / T with beta = 1 removes the whole queue's worth of rate in one
+            // interval: on a 100 Mbit/s link a 30 KB queue took C from the line rate to its
+            // floor in one 1 ms tick and every grant went to 0. A queue lowers C by at most
+            // MAX_DECREASE of it per interval instead (the paper's constants suit 1 Gbit/s).
+            let floor = before - before / MAX_DECREASE_DEN;
+            if out & TICK_RESET == 0 && l.state.capacity < floor {
+                l.state.capacity = floor.max(l.cfg.capacity_min);
+            }
             dp.set_d3_link_ctl(l.ifindex, &D3LinkCtl { cfg: l.cfg, capacity: l.state.capacity })?;
             if out & TICK_RESET != 0 {
                 // No request for a while: nothing adds concurrently, so zeroing is safe.
@@ -128,6 +152,7 @@ impl Router {
                     clamped: c.clamped,
                     unprocessed: c.unprocessed,
                     base_floor: c.base_floor,
+                    duplicates: c.duplicates,
                     sent_bytes: c.sent_bytes,
                     idle_resets: l.resets,
                     queue_bytes: l.last_queue,

@@ -83,6 +83,8 @@ pub struct D3Json {
     pub requests: u64,
     pub grants: u64,
     pub echoes: u64,
+    pub feedback_ignored: u64,
+    pub options_seen: u64,
 }
 
 impl From<&paceline_common::maps::D3ClassStats> for D3Json {
@@ -96,6 +98,8 @@ impl From<&paceline_common::maps::D3ClassStats> for D3Json {
             requests: c.requests,
             grants: c.grants,
             echoes: c.echoes,
+            feedback_ignored: c.feedback_ignored,
+            options_seen: c.options_seen,
         }
     }
 }

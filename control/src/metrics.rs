@@ -163,6 +163,7 @@ fn d3_metrics(r: &Registry, d3: &[D3ClassStats], status: &Status) -> Result<()> 
     let requests = counter(r, "paceline_d3_requests_total", "Rate requests sent.", l)?;
     let grants = counter(r, "paceline_d3_grants_total", "Grants received (feedback applied).", l)?;
     let echoes = counter(r, "paceline_d3_echoes_total", "Feedback options this host sent as a receiver.", l)?;
+    let ignored = counter(r, "paceline_d3_feedback_ignored_total", "Feedback received but not applied (stale, or no D3 router on the path).", l)?;
     for c in status.policy.classes.iter().filter(|c| c.d3) {
         let Some(v) = d3.get(c.index as usize) else { continue };
         let lab = [c.name.as_str()];
@@ -173,6 +174,7 @@ fn d3_metrics(r: &Registry, d3: &[D3ClassStats], status: &Status) -> Result<()> 
         quenched.with_label_values(&lab).inc_by(v.quenched);
         requests.with_label_values(&lab).inc_by(v.requests);
         grants.with_label_values(&lab).inc_by(v.grants);
+        ignored.with_label_values(&lab).inc_by(v.feedback_ignored);
     }
     // Echoes are counted on the receiving socket's class, whatever it is.
     for c in &status.policy.classes {
@@ -250,6 +252,7 @@ fn d3_link_metrics(r: &Registry, links: &[LinkReport]) -> Result<()> {
     let clamped = counter(r, "paceline_d3_link_clamped_requests_total", "Requests for more than the link (or the per-flow cap): clamped.", l)?;
     let unproc = counter(r, "paceline_d3_link_unprocessed_requests_total", "Requests left alone (invalid, or every slot already filled).", l)?;
     let resets = counter(r, "paceline_d3_link_idle_resets_total", "Idle resets of N, D, A.", l)?;
+    let dups = counter(r, "paceline_d3_link_duplicate_requests_total", "TSO/GSO copies of a request, rewritten alike and counted once.", l)?;
     for k in links {
         let lab = [k.interface.as_str()];
         cap.with_label_values(&lab).set(k.capacity_bytes_per_second as i64);
@@ -262,6 +265,7 @@ fn d3_link_metrics(r: &Registry, links: &[LinkReport]) -> Result<()> {
         clamped.with_label_values(&lab).inc_by(k.clamped);
         unproc.with_label_values(&lab).inc_by(k.unprocessed);
         resets.with_label_values(&lab).inc_by(k.idle_resets);
+        dups.with_label_values(&lab).inc_by(k.duplicates);
     }
     Ok(())
 }

@@ -167,6 +167,10 @@ pub fn clean_up(state: &State) -> Vec<String> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => done.push(format!("unpinning {} failed: {e}", p.display())),
         }
+        // The pin directory paceline created goes too, once empty.
+        if let Some(dir) = p.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
     done
 }

@@ -63,6 +63,8 @@ impl<'a> Agent<'a> {
             .arg(policy)
             .arg("--state-dir")
             .arg(state_dir)
+            .arg("--bpffs-dir")
+            .arg(Self::bpffs_dir(state_dir))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let child = host.spawn_cmd(cmd).expect("spawn the agent");
@@ -79,6 +81,20 @@ impl<'a> Agent<'a> {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Where an agent with `state_dir` pins its maps: a BPF filesystem is shared by every
+    /// network namespace, so each test agent gets its own directory.
+    pub fn bpffs_dir(state_dir: &Path) -> PathBuf {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        state_dir.hash(&mut h);
+        PathBuf::from(format!("/sys/fs/bpf/paceline-test-{:016x}", h.finish()))
+    }
+
+    /// The pinned D3 application map of this agent.
+    pub fn d3_app_map(&self) -> PathBuf {
+        Self::bpffs_dir(&self.state_dir).join("d3_app")
     }
 
     /// The agent's `/status` document (via `paceline status --json` in its namespace).

@@ -149,3 +149,32 @@ pub fn inspect(frame: &[u8]) -> Seen {
     let _ = matches!(p.transport, Some(TransportSlice::Tcp(_)) | Some(TransportSlice::Udp(_)));
     Seen { dscp, ecn, pcp, ip_csum_ok: ok }
 }
+
+/// An Ethernet/IPv4/TCP frame whose TCP header carries `options` (raw bytes, a multiple of 4,
+/// at most 40), with a valid TCP checksum.
+pub fn tcp4_with_options(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, options: &[u8], payload_len: usize) -> Vec<u8> {
+    let payload = vec![0x42u8; payload_len];
+    let mut tcp = etherparse::TcpHeader::new(sport, dport, 1000, 65535);
+    tcp.set_options_raw(options).expect("options: a multiple of 4 bytes, at most 40");
+    tcp.ack = true;
+    let ip = Ipv4Header::new((tcp.header_len() + payload.len()) as u16, 64, IpNumber::TCP, src, dst).expect("ipv4");
+    tcp.checksum = tcp.calc_checksum_ipv4(&ip, &payload).expect("csum");
+    let mut out = Vec::new();
+    out.extend_from_slice(&MAC_B);
+    out.extend_from_slice(&MAC_A);
+    out.extend_from_slice(&0x0800u16.to_be_bytes());
+    ip.write(&mut out).expect("ip");
+    tcp.write(&mut out).expect("tcp");
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// The TCP options and whether the TCP checksum of an Ethernet/IPv4/TCP frame is valid.
+pub fn tcp4_options(frame: &[u8]) -> (Vec<u8>, bool) {
+    let p = SlicedPacket::from_ethernet(frame).expect("parse frame");
+    let Some(etherparse::NetSlice::Ipv4(ip)) = p.net else { panic!("not IPv4") };
+    let Some(TransportSlice::Tcp(tcp)) = p.transport else { panic!("not TCP") };
+    let h = tcp.to_header();
+    let ok = h.calc_checksum_ipv4(&ip.header().to_header(), tcp.payload()).expect("csum") == h.checksum;
+    (tcp.options().to_vec(), ok)
+}

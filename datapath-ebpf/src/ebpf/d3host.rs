@@ -50,6 +50,8 @@ const SOL_SOCKET: i32 = 1;
 const SO_MAX_PACING_RATE: i32 = 47;
 const TCP_FIN_WAIT1: u32 = 4;
 const TCP_LAST_ACK: u32 = 9;
+/// Feedback rides the receiver's next ACK, which a delayed ACK can hold for up to 40 ms.
+const LOST_FEEDBACK_NS: u64 = 50_000_000;
 
 #[inline(always)]
 fn sk(ctx: &SockOpsContext) -> *mut c_void {
@@ -151,10 +153,15 @@ fn pace(ctx: &SockOpsContext, st: &mut D3Sock, wire_rate: u64) {
 /// listens for requests (the parse callback runs only for packets with unknown options).
 #[inline(always)]
 pub fn on_established(ctx: &SockOpsContext, table: &PolicyTable, class_idx: u32, class: &ClassConfig) {
-    if class.flags & CLASS_D3 == 0 {
-        if table.flags & TABLE_D3_RECEIVER != 0 {
-            set_flags(ctx, CB_PARSE_UNKNOWN_HDR_OPT);
+    if table.flags & TABLE_D3_RECEIVER != 0 {
+        set_flags(ctx, CB_PARSE_UNKNOWN_HDR_OPT);
+        // The ACK that completed the handshake may carry the first request: the parse
+        // callback was not on yet when it arrived, but its options are readable here.
+        if ctx.op() == aya_ebpf::bindings::BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
+            on_parse_hdr_opt(ctx, table);
         }
+    }
+    if class.flags & CLASS_D3 == 0 {
         return;
     }
     let Some(st) = state(ctx, true) else { return };
@@ -183,13 +190,14 @@ pub fn on_established(ctx: &SockOpsContext, table: &PolicyTable, class_idx: u32,
 pub fn on_hdr_opt_len(ctx: &SockOpsContext, table: &PolicyTable) {
     let Some(st) = state(ctx, false) else { return };
     if ctx.arg(0) & BPF_WRITE_HDR_TCP_CURRENT_MSS != 0 {
-        // The kernel sizes the MSS: reserve the most this socket will ever write at once.
+        // The kernel sizes the MSS: reserve the most this socket writes at once (one option
+        // per segment: the kernel refuses a second one with the same kind and magic).
         let mut max = 0;
-        if st.flags & D3S_SENDER != 0 {
-            max += REQ_LEN as u32;
-        }
         if table.flags & TABLE_D3_RECEIVER != 0 {
-            max += FB_LEN as u32;
+            max = FB_LEN as u32;
+        }
+        if st.flags & D3S_SENDER != 0 {
+            max = REQ_LEN as u32;
         }
         if max != 0 {
             // SAFETY: the program's own context.
@@ -212,21 +220,34 @@ pub fn on_hdr_opt_len(ctx: &SockOpsContext, table: &PolicyTable) {
             }
         }
         // SAFETY: reading the program's own context.
-        let (srtt_us, skb_len, mss) = unsafe { ((*ctx.ops).srtt_us >> 3, (*ctx.ops).skb_len, (*ctx.ops).mss_cache) };
+        let (srtt_us, skb_len) = unsafe { ((*ctx.ops).srtt_us >> 3, (*ctx.ops).skb_len) };
+        // The segment that sends the transfer's last byte returns the allocation: after it,
+        // the flow needs no rate (and may have no segment left to say so).
+        if st.flags & (D3S_DEADLINE | D3S_FIN_DUE) == D3S_DEADLINE
+            && st.flow.state & d3::FLOW_STARTED != 0
+            && (bytes_sent(ctx) + skb_len as u64).saturating_sub(st.base_acked) >= st.size
+        {
+            st.flags |= D3S_FIN_DUE;
+        }
         let rtt = (srtt_us as u64 * 1000).max(100_000);
         let since = t.saturating_sub(st.last_req_ns);
         let due = if st.flags & D3S_FIN_DUE != 0 {
+            // Routers return what they recorded for the flow, so the FIN need not wait for
+            // the outstanding feedback.
             st.flow.state & d3::FLOW_STARTED != 0
         } else if st.flags & D3S_DONE != 0 {
             false
         } else if st.flow.awaiting_feedback() {
-            since >= 4 * rtt // the feedback was lost: ask again
+            // The feedback was lost (or the receiver does not speak D3): ask again. Not before
+            // a delayed ACK could have carried it.
+            since >= (4 * rtt).max(LOST_FEEDBACK_NS)
         } else {
             since >= rtt
         };
-        // A TSO/GSO packet copies its options into every segment: routers would count the
-        // request once per segment. Requests ride single-segment packets only.
-        want_req = due && skb_len <= mss;
+        // Not on a segment that already carries feedback (one option of a kind and magic per
+        // segment). A TSO/GSO packet copies the request into each of its segments: routers
+        // recognise the copies (same flow, same bytes, within a millisecond) and count one.
+        want_req = due && len == 0;
     }
     if want_req {
         len += REQ_LEN as u32;
@@ -307,51 +328,68 @@ pub fn on_write_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
 /// sender, a request for a receiver.
 #[inline(always)]
 pub fn on_parse_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
+    // The search key of an experimental option is its kind, the kind-length of the magic (4
+    // for a 16-bit ExID) and the magic; the option found (request or feedback, a segment
+    // carries at most one) is copied over the key.
     let mut buf = [0u8; REQ_LEN];
     buf[0] = d3::TCPOPT_EXP;
-    buf[1] = FB_LEN as u8;
+    buf[1] = 4;
     buf[2] = d3::EXID_HI;
     buf[3] = d3::EXID_LO;
     // SAFETY: the program's own context; buf holds the search key and receives the option.
-    let n = unsafe { bpf_load_hdr_opt(ctx.ops, buf.as_mut_ptr().cast(), FB_LEN as u32, 0) };
-    if n == FB_LEN as i64 {
+    let n = unsafe { bpf_load_hdr_opt(ctx.ops, buf.as_mut_ptr().cast(), REQ_LEN as u32, 0) };
+    if n > 0 {
+        if let Some(s) = state(ctx, false).and_then(|st| stats(st.class)) {
+            s.options_seen += 1;
+        }
+    }
+    if n == FB_LEN as i64 && buf[1] == FB_LEN as u8 {
         let mut fb_bytes = [0u8; FB_LEN];
         let mut i = 0;
         while i < FB_LEN {
             fb_bytes[i] = buf[i];
             i += 1;
         }
-        if let (Some(st), Ok(fb)) = (state(ctx, false), D3Feedback::decode(&fb_bytes)) {
-            if st.flags & D3S_SENDER != 0 {
-                if let Some(rate) = st.flow.apply_feedback(&fb) {
-                    // A grant of 0 means "pause": keep sending requests at the first-RTT rate.
-                    let r = if rate < table.d3_first_rate { table.d3_first_rate } else { rate };
-                    pace(ctx, st, r);
-                    if let Some(s) = stats(st.class) {
-                        s.grants += 1;
-                        if let Some(b) = s.granted.get_mut(d3_hist_bucket(rate)) {
-                            *b += 1;
-                        }
+        let (Some(st), Ok(fb)) = (state(ctx, false), D3Feedback::decode(&fb_bytes)) else { return };
+        if st.flags & D3S_SENDER == 0 {
+            return;
+        }
+        match st.flow.apply_feedback(&fb) {
+            Some(rate) => {
+                // A grant of 0 means "pause": keep sending requests at the first-RTT rate.
+                let r = if rate < table.d3_first_rate { table.d3_first_rate } else { rate };
+                pace(ctx, st, r);
+                if let Some(s) = stats(st.class) {
+                    s.grants += 1;
+                    if let Some(b) = s.granted.get_mut(d3_hist_bucket(rate)) {
+                        *b += 1;
                     }
                 }
             }
+            None => {
+                if let Some(s) = stats(st.class) {
+                    s.feedback_ignored += 1;
+                }
+            }
         }
-    }
-    if table.flags & TABLE_D3_RECEIVER == 0 {
         return;
     }
-    let mut req = [0u8; REQ_LEN];
-    req[0] = d3::TCPOPT_EXP;
-    req[1] = REQ_LEN as u8;
-    req[2] = d3::EXID_HI;
-    req[3] = d3::EXID_LO;
-    // SAFETY: as above.
-    let n = unsafe { bpf_load_hdr_opt(ctx.ops, req.as_mut_ptr().cast(), REQ_LEN as u32, 0) };
-    if n != REQ_LEN as i64 {
+    if n != REQ_LEN as i64 || buf[1] != REQ_LEN as u8 || table.flags & TABLE_D3_RECEIVER == 0 {
         return;
     }
-    let Some(fb) = d3::feedback_for(&req) else { return };
+    let Some(fb) = d3::feedback_for(&buf) else { return };
     let Some(st) = state(ctx, true) else { return };
+    // Every segment of a TSO/GSO packet carries the same request: echo it once.
+    let mut d = 0u8;
+    let mut i = 0;
+    while i < REQ_LEN {
+        d |= st.echoed[i] ^ buf[i];
+        i += 1;
+    }
+    if d == 0 {
+        return;
+    }
+    st.echoed = buf;
     st.fb = fb;
     st.flags |= D3S_FB_PENDING;
     set_flags(ctx, CB_WRITE_HDR_OPT);

@@ -10,19 +10,19 @@
 
 use aya_ebpf::{
     bindings::TC_ACT_UNSPEC,
-    helpers::{bpf_csum_diff, bpf_l4_csum_replace, bpf_skb_load_bytes},
+    helpers::{bpf_csum_diff, bpf_ktime_get_ns, bpf_l4_csum_replace, bpf_skb_load_bytes},
     macros::{classifier, map},
-    maps::HashMap,
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::TcContext,
 };
 use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
 use paceline_common::{
     classify::PacketInfo,
     d3::{
-        self, D3LinkState, OUT_BASE_FLOOR, OUT_CLAMPED, OUT_FIN, OUT_HOP_OVERFLOW, OUT_INVALID, OUT_NEW,
-        REQ_LEN, TCP_OPTS_MAX,
+        self, D3LinkConfig, D3LinkState, D3Request, FLAG_NEW, OUT_BASE_FLOOR, OUT_CLAMPED, OUT_FIN, OUT_HOP_OVERFLOW,
+        OUT_INVALID, OUT_NEW, REQ_LEN, TCP_OPTS_MAX,
     },
-    maps::{D3LinkCounters, D3LinkCtl},
+    maps::{D3LinkCounters, D3LinkCtl, D3Seen, FlowKey},
 };
 
 use super::parse;
@@ -33,12 +33,40 @@ static PL_D3_LINK_CTL: HashMap<u32, D3LinkCtl> = HashMap::with_max_entries(64, 0
 #[map(name = "PL_D3_LINKS")]
 static PL_D3_LINKS: HashMap<u32, D3LinkCounters> = HashMap::with_max_entries(64, 0);
 
+/// The last request of each flow, to recognise its TSO/GSO copies. Per-flow soft state the
+/// paper's routers do without: an eviction only lets one copy be counted twice.
+#[map(name = "PL_D3_SEEN")]
+static PL_D3_SEEN: LruHashMap<FlowKey, D3Seen> = LruHashMap::with_max_entries(16_384, 0);
+
+/// Copies of one request arrive back to back; a new request of the same flow, one RTT later.
+const DUPLICATE_WINDOW_NS: u64 = 1_000_000;
+
 #[inline(always)]
 fn add(p: *mut u64, v: u64) {
     // SAFETY: `p` points into a map value that lives while the program runs; the result is not
     // used, so this is a plain BPF_XADD.
     unsafe { atomic_xadd::<u64, u64, { Relaxed }>(p, v) };
 }
+
+/// The router's working buffers: more than the 512-byte BPF stack holds, so they live in a
+/// per-CPU map value.
+#[repr(C)]
+pub struct Scratch {
+    opts: [u8; TCP_OPTS_MAX],
+    old: [u8; REQ_LEN],
+    new: [u8; REQ_LEN],
+    calc: [u8; REQ_LEN],
+    _pad: [u8; 4],
+    key: FlowKey,
+    seen: D3Seen,
+    cfg: D3LinkConfig,
+    before: D3LinkState,
+    after: D3LinkState,
+    pkt: PacketInfo,
+}
+
+#[map(name = "PL_D3_SCRATCH")]
+static PL_D3_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 #[classifier]
 pub fn pl_d3_router(ctx: TcContext) -> i32 {
@@ -54,10 +82,12 @@ fn try_router(ctx: &TcContext) -> Option<()> {
     let counters = PL_D3_LINKS.get_ptr_mut(&ifindex)?;
     // SAFETY: map value pointers valid for this program run.
     add(unsafe { core::ptr::addr_of_mut!((*counters).sent_bytes) }, ctx.len() as u64);
+    // SAFETY: per-CPU slot; preemption is disabled while the program runs.
+    let sc = unsafe { &mut *PL_D3_SCRATCH.get_ptr_mut(0)? };
 
-    let mut pkt = PacketInfo::default();
-    let layout = parse::parse(ctx, &mut pkt).ok()?;
-    if pkt.proto != 6 {
+    sc.pkt = PacketInfo::default();
+    let layout = parse::parse(ctx, &mut sc.pkt).ok()?;
+    if sc.pkt.proto != 6 {
         return None;
     }
     let l4 = layout.l4_off?;
@@ -66,12 +96,11 @@ fn try_router(ctx: &TcContext) -> Option<()> {
     if opts_len < REQ_LEN {
         return None;
     }
-    let mut opts = [0u8; TCP_OPTS_MAX];
     // Constant lengths only (the verifier cannot follow a computed one through LLVM's range
     // checks): the whole option area, else what a pure ACK with timestamps and a request
     // holds, else a bare request.
     let base = (l4 + 20) as u32;
-    let p = opts.as_mut_ptr().cast();
+    let p = sc.opts.as_mut_ptr().cast();
     // SAFETY: the program's context; `opts` has room for 40 bytes.
     let loaded = unsafe {
         if bpf_skb_load_bytes(ctx.skb.skb.cast(), base, p, 40) == 0 {
@@ -85,25 +114,57 @@ fn try_router(ctx: &TcContext) -> Option<()> {
         }
     };
     let n = if opts_len < loaded { opts_len } else { loaded };
-    let found = d3::find_d3_option(&opts, n)?;
+    let found = d3::find_d3_option(&sc.opts, n)?;
     if found.len != REQ_LEN {
         return None; // feedback travels to the sender untouched
     }
-    let old: [u8; REQ_LEN] = d3::copy_option(&opts, found.offset)?;
-    let mut new = old;
+    sc.old = d3::copy_option(&sc.opts, found.offset)?;
+    sc.key = FlowKey { src: sc.pkt.src, dst: sc.pkt.dst, sport: sc.pkt.sport, dport: sc.pkt.dport, proto: 6, _pad: [0; 3] };
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let arriving = D3Request::decode(&sc.old).ok()?;
+    let hop = arriving.hop as usize;
+    sc.calc = sc.old;
+    if let Some(seen) = PL_D3_SEEN.get_ptr(&sc.key) {
+        // SAFETY: map value pointer valid for this program run.
+        sc.seen = unsafe { *seen };
+        if now.wrapping_sub(sc.seen.at) < DUPLICATE_WINDOW_NS && same(&sc.seen.arrived, &sc.old) {
+            // A TSO/GSO copy of the request just processed: the same rewrite, counted once.
+            // SAFETY: as above.
+            add(unsafe { core::ptr::addr_of_mut!((*counters).duplicates) }, 1);
+            sc.new = sc.seen.rewritten;
+            return write_back(ctx, l4, found.offset, sc);
+        }
+        // The request as this router computes it: the previous desired rate and this hop's
+        // previous allocation are what the router itself recorded for the flow (exact even
+        // when feedback was lost). A new flow, or one it forgot, is taken at its word.
+        if let Ok(m) = D3Request::decode(&sc.seen.rewritten) {
+            if arriving.flags & FLAG_NEW == 0 && m.hop as usize == hop + 1 {
+                let mut calc = arriving;
+                calc.prev_desired = m.desired;
+                calc.prev_scale = m.scale;
+                if let (Some(dst), Some(v)) = (calc.prev_alloc.get_mut(hop), m.alloc.get(hop)) {
+                    *dst = *v;
+                }
+                sc.calc = calc.encode();
+            }
+        }
+    }
 
     // SAFETY: map value pointers valid for this program run.
-    let (cfg, capacity, c) = unsafe { ((*ctl).cfg, (*ctl).capacity, *counters) };
-    let before = D3LinkState {
-        capacity,
-        demand: D3LinkCounters::clamp(c.demand),
-        allocated: D3LinkCounters::clamp(c.allocated),
-        flows: D3LinkCounters::clamp(c.flows),
-        requests: 0,
-        idle_intervals: 0,
-    };
-    let mut after = before;
-    let g = d3::router_rewrite(&mut new, &mut after, &cfg);
+    unsafe {
+        sc.cfg = (*ctl).cfg;
+        sc.before = D3LinkState {
+            capacity: (*ctl).capacity,
+            demand: D3LinkCounters::clamp((*counters).demand),
+            allocated: D3LinkCounters::clamp((*counters).allocated),
+            flows: D3LinkCounters::clamp((*counters).flows),
+            requests: 0,
+            idle_intervals: 0,
+        };
+    }
+    sc.after = sc.before;
+    let g = d3::router_rewrite(&mut sc.calc, &mut sc.after, &sc.cfg);
     // SAFETY: as above.
     unsafe {
         if g.outcome & (OUT_INVALID | OUT_HOP_OVERFLOW) != 0 {
@@ -111,9 +172,9 @@ fn try_router(ctx: &TcContext) -> Option<()> {
             return None;
         }
         add(core::ptr::addr_of_mut!((*counters).requests), 1);
-        add(core::ptr::addr_of_mut!((*counters).demand), after.demand.wrapping_sub(before.demand));
-        add(core::ptr::addr_of_mut!((*counters).allocated), after.allocated.wrapping_sub(before.allocated));
-        add(core::ptr::addr_of_mut!((*counters).flows), after.flows.wrapping_sub(before.flows));
+        add(core::ptr::addr_of_mut!((*counters).demand), sc.after.demand.wrapping_sub(sc.before.demand));
+        add(core::ptr::addr_of_mut!((*counters).allocated), sc.after.allocated.wrapping_sub(sc.before.allocated));
+        add(core::ptr::addr_of_mut!((*counters).flows), sc.after.flows.wrapping_sub(sc.before.flows));
         if g.outcome & OUT_FIN != 0 {
             add(core::ptr::addr_of_mut!((*counters).fins), 1);
         }
@@ -127,21 +188,41 @@ fn try_router(ctx: &TcContext) -> Option<()> {
             add(core::ptr::addr_of_mut!((*counters).base_floor), 1);
         }
     }
+    // On the wire only this hop's slot and the hop index change.
+    sc.new = sc.old;
+    d3::req_set_alloc(&mut sc.new, hop, g.units);
+    d3::req_set_hop(&mut sc.new, arriving.hop.saturating_add(1));
+    sc.seen = D3Seen { arrived: sc.old, rewritten: sc.new, at: now };
+    let _ = PL_D3_SEEN.insert(&sc.key, &sc.seen, 0);
+    write_back(ctx, l4, found.offset, sc)
+}
 
-    // Write the option back, then fix the TCP checksum by the difference of the 20 bytes.
-    let off = l4 + 20 + found.offset;
-    ctx.store(off, &new, 0).ok()?;
-    let mut o = old;
-    let mut w = new;
-    // SAFETY: two live stack buffers of REQ_LEN (a multiple of 4) bytes.
+#[inline(always)]
+fn same(a: &[u8; REQ_LEN], b: &[u8; REQ_LEN]) -> bool {
+    let mut d = 0u8;
+    let mut i = 0;
+    while i < REQ_LEN {
+        d |= a[i] ^ b[i];
+        i += 1;
+    }
+    d == 0
+}
+
+/// Writes `sc.new` at `offset` of the option area and fixes the TCP checksum by the difference
+/// between `sc.old` and `sc.new`.
+#[inline(always)]
+fn write_back(ctx: &TcContext, l4: usize, offset: usize, sc: &mut Scratch) -> Option<()> {
+    let off = l4 + 20 + offset;
+    ctx.store(off, &sc.new, 0).ok()?;
+    // SAFETY: two buffers of REQ_LEN (a multiple of 4) bytes in the scratch map value.
     let diff = unsafe {
-        bpf_csum_diff(o.as_mut_ptr().cast(), REQ_LEN as u32, w.as_mut_ptr().cast(), REQ_LEN as u32, 0)
+        bpf_csum_diff(sc.old.as_mut_ptr().cast(), REQ_LEN as u32, sc.new.as_mut_ptr().cast(), REQ_LEN as u32, 0)
     };
     if diff < 0 {
         return None;
     }
     let mut d = diff as u64 as u32;
-    if found.offset & 1 != 0 {
+    if offset & 1 != 0 {
         // The option starts at an odd offset of the TCP header: its bytes sit in the other
         // halves of the checksum's 16-bit words.
         let f = (d & 0xffff) + (d >> 16);

@@ -4,6 +4,8 @@
 //! when it cannot run. CI runs as root, on the host kernel and in the VM (`cargo xtask test`).
 
 mod agent;
+mod d3_e2e;
+mod d3_router;
 mod test_run;
 
 /// True when the test can use BPF and netlink; otherwise prints why it is skipped.
