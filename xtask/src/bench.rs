@@ -7,6 +7,7 @@
 //!   VM (Debian 6.1 with sch_fq, so EDT is enforced); results, tables and plots land in
 //!   `results/<name>/`. `--host` runs them on this machine's kernel instead (no fq: HTB and
 //!   TCP's own pacing enforce), into `results/<name>-host/`.
+//! - `d3`: the D3 evaluation (partition-aggregate); meant for `--host` (see its help).
 
 use std::process::Command;
 
@@ -44,6 +45,9 @@ enum Bench {
     Qjump(ExpArgs),
     /// Seed 001 (pacing study) in the VM: N flows through a small-buffer bottleneck.
     PacingStudy(ExpArgs),
+    /// Seed 000 (D3): partition-aggregate deadlines against N senders (use --host: 1 Gbit/s
+    /// is beyond the emulated VM; this kernel's TCP pacing enforces the grants).
+    D3(ExpArgs),
     /// ns/packet of the tc classifier per path, against an empty classifier (host kernel).
     Datapath {
         /// Packets per trial (the kernel reports the mean per packet).
@@ -122,6 +126,7 @@ pub fn run(a: Args) -> Result<()> {
         Bench::Pacing(e) => experiment("pacing", &e),
         Bench::Qjump(e) => experiment("qjump", &e),
         Bench::PacingStudy(e) => experiment("pacing-study", &e),
+        Bench::D3(e) => experiment("d3", &e),
         Bench::Datapath { repeat, trials } => {
             cargo_build_release(&["plbench"])?;
             let root = repo_root();

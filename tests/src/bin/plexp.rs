@@ -14,6 +14,8 @@ enum Cli {
     Qjump(Common),
     /// Seed 001 (pacing study): N flows through a small-buffer bottleneck, paced or not.
     PacingStudy(Common),
+    /// Seed 000 (D3): application throughput of partition-aggregate deadlines against N.
+    D3(Common),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -21,5 +23,6 @@ fn main() -> anyhow::Result<()> {
         Cli::Pacing(c) => experiments::pacing::run(&c),
         Cli::Qjump(c) => experiments::qjump::run(&c),
         Cli::PacingStudy(c) => experiments::study::run(&c),
+        Cli::D3(c) => experiments::d3::run(&c),
     }
 }

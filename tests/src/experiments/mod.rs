@@ -7,7 +7,9 @@
 //! - [`pacing`]: pacing conformance (configured vs achieved, per flow and aggregate, TCP/UDP).
 //! - [`qjump`]: seed 004: RPC latency at a high QJump level next to bulk traffic.
 //! - [`study`]: seed 001: N flows through a small-buffer bottleneck, paced or not; N*.
+//! - [`d3`]: seed 000 (D3): partition-aggregate deadlines vs senders, TCP / paced / QJump / D3.
 
+pub mod d3;
 pub mod pacing;
 pub mod qjump;
 pub mod study;
