@@ -53,6 +53,8 @@ pub struct Shared {
 }
 
 struct Inner {
+    /// The text of the policy in force (served at `/policy`, for `paceline policy diff`).
+    policy_text: String,
     /// `None` once shutdown has detached the programs.
     dp: Option<Datapath>,
     router: Option<d3router::Router>,
@@ -74,6 +76,11 @@ impl Shared {
         let d3 = if g.status.d3.is_some() { Some(dp.d3_snapshot()?) } else { None };
         let links = g.router.as_ref().map(|r| r.report(dp)).unwrap_or_default();
         metrics::render(&dp.snapshot()?, d3.as_deref(), &links, &g.status)
+    }
+
+    /// The text of the policy in force.
+    pub fn policy_text(&self) -> String {
+        self.lock().policy_text.clone()
     }
 
     /// One tick of the D3 router's capacity controller.
@@ -274,6 +281,7 @@ pub async fn run(opts: Options) -> Result<()> {
     }
 
     let host = SystemHost::new();
+    let policy_text = std::fs::read_to_string(&opts.policy).unwrap_or_default();
     let validated = policy::load(&opts.policy, &host).map_err(|errs| {
         anyhow!(
             "policy rejected, nothing was loaded:\n  {}",
@@ -397,7 +405,7 @@ pub async fn run(opts: Options) -> Result<()> {
         metrics_addr: opts.metrics_addr.to_string(),
     };
     let interfaces = compiled.interfaces.clone();
-    let shared = Arc::new(Shared { inner: Mutex::new(Inner { dp: Some(dp), router, status, compiled, mode, interfaces }) });
+    let shared = Arc::new(Shared { inner: Mutex::new(Inner { policy_text, dp: Some(dp), router, status, compiled, mode, interfaces }) });
     write_status(&dir, &shared);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -511,6 +519,7 @@ fn reload(opts: &Options, shared: &Arc<Shared>, dir: &StateDir, host: &SystemHos
 
 /// `Ok(None)`: unchanged file, nothing to do. `Ok(Some(gen))`: applied. `Err`: rejected.
 fn try_reload(opts: &Options, shared: &Arc<Shared>, host: &SystemHost, force: bool) -> Result<Option<u64>, Vec<String>> {
+    let text = std::fs::read_to_string(&opts.policy).unwrap_or_default();
     let validated = policy::load(&opts.policy, host).map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
     let mut g = shared.lock();
     let mode = g.mode;
@@ -562,6 +571,7 @@ fn try_reload(opts: &Options, shared: &Arc<Shared>, host: &SystemHost, force: bo
     }
     g.status.policy = policy_status(&opts.policy, &compiled, generation);
     g.compiled = compiled;
+    g.policy_text = text;
     Ok(Some(generation))
 }
 

@@ -28,12 +28,18 @@ pub async fn serve(
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/policy", get(policy_text))
         .with_state(shared);
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
             log::error!("HTTP server stopped: {e}");
         }
     }))
+}
+
+/// `/policy`: the text of the policy in force (`paceline policy diff --running`).
+async fn policy_text(State(shared): State<Arc<Shared>>) -> Response {
+    ([(header::CONTENT_TYPE, "application/yaml")], shared.policy_text()).into_response()
 }
 
 fn internal(e: anyhow::Error) -> Response {

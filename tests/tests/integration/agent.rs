@@ -334,6 +334,21 @@ fn reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one() {
     std::fs::rename(&tmp, &p).unwrap();
     let s = agent.wait_for("the reload", |s| s["reloads"]["applied"] == 1);
     assert_eq!(s["policy"]["generation"], 2);
+    // The file and what runs are the same policy; the first version differs from it.
+    let diff = |other: Option<&Path>| {
+        let mut c = a.command(AGENT);
+        c.args(["policy", "diff"]).arg(&p);
+        match other {
+            Some(o) => c.arg(o),
+            None => c.arg("--running"),
+        };
+        c.output().expect("policy diff")
+    };
+    assert_eq!(diff(None).status.code(), Some(0), "{}", String::from_utf8_lossy(&diff(None).stdout));
+    write(&scratch.path("first.yaml"), &policy(&ifname, "none", "", ""));
+    let d = diff(Some(&scratch.path("first.yaml")));
+    assert_eq!(d.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&d.stdout).contains("classes["), "{}", String::from_utf8_lossy(&d.stdout));
     assert!(s["policy"]["classes"].as_array().unwrap().iter().any(|c| c["name"] == "web"));
     let hash2 = s["policy"]["hash"].as_str().unwrap().to_string();
     assert_ne!(hash1, hash2);
