@@ -21,7 +21,7 @@ pub const NSEC_PER_SEC: u64 = 1_000_000_000;
 /// Exact for `len` up to 18 GB, far above any packet (GSO super-packets are at most 64 KiB).
 #[inline(always)]
 pub fn tx_time_ns(len: u64, rate: u64) -> u64 {
-    if rate == 0 { 0 } else { len * NSEC_PER_SEC / rate }
+    (len * NSEC_PER_SEC).checked_div(rate).unwrap_or(0)
 }
 
 /// The start of the slot a packet would take on `clock` given the `floor`.

@@ -343,11 +343,9 @@ pub async fn run(opts: Options) -> Result<()> {
             ifaces.push(IfaceStatus { name: iface.clone(), attach: att.mode, qdisc: installed.map(|q| q.describe()) });
         }
         let needs_sockops = mode != EnforcementMode::None || compiled.d3.is_some();
-        if needs_sockops {
-            if let Some(cg) = &features.cgroup2 {
-                attach::attach_sock_ops(&mut dp, cg)?;
-                log::info!("sock_ops attached to {}", cg.display());
-            }
+        if needs_sockops && let Some(cg) = &features.cgroup2 {
+            attach::attach_sock_ops(&mut dp, cg)?;
+            log::info!("sock_ops attached to {}", cg.display());
         }
         if let Some(d3) = &compiled.d3 {
             let pin = opts.bpffs_dir.join("d3_app");
@@ -555,11 +553,11 @@ fn try_reload(opts: &Options, shared: &Arc<Shared>, host: &SystemHost, force: bo
             .and_then(|dp| dp.reset_slot(slot))
             .map_err(|e| vec![format!("resetting counters slot {slot}: {e:#}")])?;
     }
-    if mode == EnforcementMode::Htb {
-        if let Some((default, classes)) = htb_classes(&compiled) {
-            for iface in g.interfaces.clone() {
-                qdisc::install_htb(&iface, default, &classes, true).map_err(|e| vec![format!("{iface}: updating HTB classes: {e:#}")])?;
-            }
+    if mode == EnforcementMode::Htb
+        && let Some((default, classes)) = htb_classes(&compiled)
+    {
+        for iface in g.interfaces.clone() {
+            qdisc::install_htb(&iface, default, &classes, true).map_err(|e| vec![format!("{iface}: updating HTB classes: {e:#}")])?;
         }
     }
     let generation = g

@@ -16,6 +16,7 @@ pub enum L4 {
 
 /// An Ethernet frame with an IPv4 packet: `dscp`/`ecn` in the TOS byte, optional IPv4 options,
 /// an optional 802.1Q tag (`vid`, `pcp`), and `payload_len` bytes of payload.
+#[allow(clippy::too_many_arguments, reason = "one argument per header field a test varies")]
 pub fn ipv4(
     src: [u8; 4],
     dst: [u8; 4],
