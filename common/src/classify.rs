@@ -98,7 +98,14 @@ mod tests {
     }
 
     fn pkt_v4(src: [u8; 4], dst: [u8; 4], proto: u8, sport: u16, dport: u16) -> PacketInfo {
-        PacketInfo { src: v4(src), dst: v4(dst), proto, sport, dport, ..Default::default() }
+        PacketInfo {
+            src: v4(src),
+            dst: v4(dst),
+            proto,
+            sport,
+            dport,
+            ..Default::default()
+        }
     }
 
     fn mask_v4(prefix: u32) -> [u32; 4] {
@@ -136,9 +143,18 @@ mod tests {
         let subnet = Rule::any(2).with_dst(v4([10, 1, 0, 0]), mask_v4(16));
         let t = table(&[memcached, subnet], 3);
 
-        assert_eq!(classify(&t, &pkt_v4([10, 0, 0, 1], [10, 1, 2, 3], 6, 4000, 11211)), 1);
-        assert_eq!(classify(&t, &pkt_v4([10, 0, 0, 1], [10, 1, 2, 3], 17, 4000, 11211)), 2);
-        assert_eq!(classify(&t, &pkt_v4([10, 0, 0, 1], [10, 2, 2, 3], 17, 4000, 11211)), 3);
+        assert_eq!(
+            classify(&t, &pkt_v4([10, 0, 0, 1], [10, 1, 2, 3], 6, 4000, 11211)),
+            1
+        );
+        assert_eq!(
+            classify(&t, &pkt_v4([10, 0, 0, 1], [10, 1, 2, 3], 17, 4000, 11211)),
+            2
+        );
+        assert_eq!(
+            classify(&t, &pkt_v4([10, 0, 0, 1], [10, 2, 2, 3], 17, 4000, 11211)),
+            3
+        );
     }
 
     #[test]
@@ -146,7 +162,11 @@ mod tests {
         let r = Rule::any(1).with_src(v4([0, 0, 0, 0]), mask_v4(0)); // 0.0.0.0/0 = "any IPv4"
         let t = table(&[r], 0);
         assert_eq!(classify(&t, &pkt_v4([1, 2, 3, 4], [5, 6, 7, 8], 6, 1, 2)), 1);
-        let v6 = PacketInfo { src: [0x20010db8u32.to_be(), 0, 0, 1], is_v6: 1, ..Default::default() };
+        let v6 = PacketInfo {
+            src: [0x20010db8u32.to_be(), 0, 0, 1],
+            is_v6: 1,
+            ..Default::default()
+        };
         assert_eq!(classify(&t, &v6), 0);
     }
 
@@ -154,15 +174,38 @@ mod tests {
     fn family_flags() {
         let r = Rule::any(1).with_family(true);
         let t = table(&[r], 0);
-        assert_eq!(classify(&t, &PacketInfo { is_v6: 1, ..Default::default() }), 1);
-        assert_eq!(classify(&t, &PacketInfo { is_v6: 0, ..Default::default() }), 0);
+        assert_eq!(
+            classify(
+                &t,
+                &PacketInfo {
+                    is_v6: 1,
+                    ..Default::default()
+                }
+            ),
+            1
+        );
+        assert_eq!(
+            classify(
+                &t,
+                &PacketInfo {
+                    is_v6: 0,
+                    ..Default::default()
+                }
+            ),
+            0
+        );
     }
 
     #[test]
     fn dscp_mark_cgroup() {
         let r = Rule::any(5).with_dscp(46).with_mark(0x100, 0xf00).with_cgroup(77);
         let t = table(&[r], 0);
-        let p = PacketInfo { dscp: 46, mark: 0x1ff, cgroup_id: 77, ..Default::default() };
+        let p = PacketInfo {
+            dscp: 46,
+            mark: 0x1ff,
+            cgroup_id: 77,
+            ..Default::default()
+        };
         assert_eq!(classify(&t, &p), 5);
         assert_eq!(classify(&t, &PacketInfo { cgroup_id: 78, ..p }), 0);
         assert_eq!(classify(&t, &PacketInfo { mark: 0x2ff, ..p }), 0);
@@ -174,7 +217,12 @@ mod tests {
         let needs_cgroup = Rule::any(1).with_cgroup(9);
         let port = Rule::any(2).with_dport(80, 80);
         let t = table(&[needs_cgroup, port], 0);
-        let sock = PacketInfo { dport: 80, cgroup_id: 9, unknown: UNKNOWN_CGROUP | UNKNOWN_DSCP, ..Default::default() };
+        let sock = PacketInfo {
+            dport: 80,
+            cgroup_id: 9,
+            unknown: UNKNOWN_CGROUP | UNKNOWN_DSCP,
+            ..Default::default()
+        };
         assert_eq!(classify(&t, &sock), 2);
     }
 
@@ -183,7 +231,11 @@ mod tests {
         let r = Rule::any(1).with_sport(1000, 2000);
         let t = table(&[r], 0);
         for (port, class) in [(999, 0), (1000, 1), (2000, 1), (2001, 0)] {
-            assert_eq!(classify(&t, &pkt_v4([0; 4], [0; 4], 6, port, 1)), class, "port {port}");
+            assert_eq!(
+                classify(&t, &pkt_v4([0; 4], [0; 4], 6, port, 1)),
+                class,
+                "port {port}"
+            );
         }
     }
 
@@ -202,7 +254,16 @@ mod tests {
     fn v4_only_rule() {
         let t = table(&[Rule::any(1).with_family(false)], 0);
         assert_eq!(classify(&t, &PacketInfo::default()), 1);
-        assert_eq!(classify(&t, &PacketInfo { is_v6: 1, ..Default::default() }), 0);
+        assert_eq!(
+            classify(
+                &t,
+                &PacketInfo {
+                    is_v6: 1,
+                    ..Default::default()
+                }
+            ),
+            0
+        );
     }
 
     #[test]

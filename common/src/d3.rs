@@ -149,11 +149,7 @@ pub const fn rate_to_units_ceil(rate: u64, scale: u8) -> u64 {
     let shift = UNIT_SHIFT + (scale & MAX_SCALE) as u32;
     let q = rate.wrapping_shr(shift);
     let mask = 1u64.wrapping_shl(shift).wrapping_sub(1);
-    if rate & mask != 0 {
-        q.saturating_add(1)
-    } else {
-        q
-    }
+    if rate & mask != 0 { q.saturating_add(1) } else { q }
 }
 
 /// The sender's scale for a request.
@@ -384,13 +380,7 @@ impl D3Request {
     /// Parses and validates a request option.
     #[inline]
     pub const fn decode(b: &[u8; REQ_LEN]) -> Result<Self, WireError> {
-        if let Err(e) = check_header(
-            b[OFF_KIND],
-            b[OFF_LEN],
-            b[OFF_EXID],
-            b[OFF_EXID + 1],
-            REQ_LEN,
-        ) {
+        if let Err(e) = check_header(b[OFF_KIND], b[OFF_LEN], b[OFF_EXID], b[OFF_EXID + 1], REQ_LEN) {
             return Err(e);
         }
         let fh = b[OFF_FLAGS_HOP];
@@ -477,13 +467,7 @@ impl D3Feedback {
     /// Parses and validates a feedback option.
     #[inline]
     pub const fn decode(b: &[u8; FB_LEN]) -> Result<Self, WireError> {
-        if let Err(e) = check_header(
-            b[OFF_KIND],
-            b[OFF_LEN],
-            b[OFF_EXID],
-            b[OFF_EXID + 1],
-            FB_LEN,
-        ) {
+        if let Err(e) = check_header(b[OFF_KIND], b[OFF_LEN], b[OFF_EXID], b[OFF_EXID + 1], FB_LEN) {
             return Err(e);
         }
         let fh = b[FB_OFF_FLAGS_HOPS];
@@ -676,11 +660,7 @@ pub fn copy_option<const N: usize>(opts: &[u8; TCP_OPTS_MAX], offset: usize) -> 
 
 /// Writes `src` back at `offset` (false, nothing written, if it does not fit).
 #[inline]
-pub fn write_option<const N: usize>(
-    opts: &mut [u8; TCP_OPTS_MAX],
-    offset: usize,
-    src: &[u8; N],
-) -> bool {
+pub fn write_option<const N: usize>(opts: &mut [u8; TCP_OPTS_MAX], offset: usize, src: &[u8; N]) -> bool {
     match offset.checked_add(N) {
         Some(end) if end <= TCP_OPTS_MAX => {}
         _ => return false,
@@ -875,12 +855,7 @@ impl D3FlowState {
         }
         let mut rate = 0u64;
         if self.state & FLOW_QUENCHED == 0 {
-            match demand(
-                inp.has_deadline,
-                inp.bytes_left,
-                inp.time_left_ns,
-                inp.line_rate,
-            ) {
+            match demand(inp.has_deadline, inp.bytes_left, inp.time_left_ns, inp.line_rate) {
                 Demand::NoDeadline => {}
                 Demand::Rate(r) => rate = r,
                 Demand::Quench(_) => {
@@ -1213,10 +1188,7 @@ pub fn process_request(st: &mut D3LinkState, cfg: &D3LinkConfig, req: &D3Request
         cfg.base_rate
     } else {
         let n = if st.flows == 0 { 1 } else { st.flows };
-        st.capacity
-            .saturating_sub(st.demand)
-            .checked_div(n)
-            .unwrap_or(0)
+        st.capacity.saturating_sub(st.demand).checked_div(n).unwrap_or(0)
     };
     let mut a = if left > r_t1 {
         out |= OUT_DESIRED_MET;
@@ -1307,11 +1279,7 @@ pub fn capacity_tick(
         st.demand = 0;
         st.allocated = 0;
         st.capacity = cfg.bound_capacity(cfg.line_rate);
-        return if st.idle_intervals == k {
-            TICK_RESET
-        } else {
-            0
-        };
+        return if st.idle_intervals == k { TICK_RESET } else { 0 };
     }
     let util = bytes_per_second(sent_bytes, interval_ns);
     let qrate = bytes_per_second(queue_bytes, interval_ns);
@@ -1580,11 +1548,7 @@ mod tests {
     fn full_csum(data: &[u8]) -> u16 {
         let mut sum: u32 = 0;
         for (i, b) in data.iter().enumerate() {
-            sum += if i % 2 == 0 {
-                (*b as u32) << 8
-            } else {
-                *b as u32
-            };
+            sum += if i % 2 == 0 { (*b as u32) << 8 } else { *b as u32 };
         }
         while sum >> 16 != 0 {
             sum = (sum & 0xffff) + (sum >> 16);
@@ -1791,24 +1755,15 @@ mod tests {
     fn quench_decisions() {
         assert_eq!(demand(false, 1_000_000, 1_000, GBPS), Demand::NoDeadline);
         assert_eq!(demand(true, 0, 1_000, GBPS), Demand::NoDeadline);
-        assert_eq!(
-            demand(true, 1, 0, GBPS),
-            Demand::Quench(QuenchReason::Expired)
-        );
-        assert_eq!(
-            demand(true, 1, -5, GBPS),
-            Demand::Quench(QuenchReason::Expired)
-        );
+        assert_eq!(demand(true, 1, 0, GBPS), Demand::Quench(QuenchReason::Expired));
+        assert_eq!(demand(true, 1, -5, GBPS), Demand::Quench(QuenchReason::Expired));
         // 1 MB in 1 ms = 1 GB/s, above a 1 Gbit/s line.
         assert_eq!(
             demand(true, 1_000_000, 1_000_000, GBPS),
             Demand::Quench(QuenchReason::AboveCap)
         );
         // 100 KB in 1 ms = 100 MB/s fits.
-        assert_eq!(
-            demand(true, 100_000, 1_000_000, GBPS),
-            Demand::Rate(100_000_000)
-        );
+        assert_eq!(demand(true, 100_000, 1_000_000, GBPS), Demand::Rate(100_000_000));
         // Exactly the line rate is still feasible.
         assert_eq!(demand(true, 125_000, 1_000_000, GBPS), Demand::Rate(GBPS));
         // No cap given: the encodable maximum.
@@ -1903,10 +1858,7 @@ mod tests {
     fn host_quenches_once_and_becomes_non_deadline() {
         let mut f = D3FlowState::new(0);
         let r1 = f.next_request(&input(10_000, 10_000_000)).expect("first");
-        assert_eq!(
-            r1.req.desired,
-            rate_to_units_ceil(1_000_000, r1.req.scale) as u8
-        );
+        assert_eq!(r1.req.desired, rate_to_units_ceil(1_000_000, r1.req.scale) as u8);
         f.apply_feedback(&D3Feedback {
             hops: 1,
             scale: r1.req.scale,
@@ -1918,10 +1870,7 @@ mod tests {
         assert_eq!(r2.req.flags, FLAG_QUENCHED);
         assert_eq!(r2.req.desired, 0);
         assert_eq!(r2.req.scale, 8, "non-deadline scale for a 1G sender");
-        assert_eq!(
-            r2.req.prev_desired, r1.req.desired,
-            "returns the old demand"
-        );
+        assert_eq!(r2.req.prev_desired, r1.req.desired, "returns the old demand");
         f.apply_feedback(&D3Feedback {
             hops: 1,
             scale: 8,
@@ -1934,9 +1883,7 @@ mod tests {
         assert_eq!(r3.req.desired, 0);
         // Above the line rate from the start.
         let mut g = D3FlowState::new(0);
-        let q = g
-            .next_request(&input(10_000_000, 1_000_000))
-            .expect("first");
+        let q = g.next_request(&input(10_000_000, 1_000_000)).expect("first");
         assert_eq!(q.outcome, HOST_NEW | HOST_QUENCHED_NOW);
         assert_eq!(q.req.flags, FLAG_NEW | FLAG_QUENCHED);
         assert_eq!(q.req.desired, 0);
@@ -2088,10 +2035,7 @@ mod tests {
             if r.desired == 0 {
                 assert!(g.units > 0, "non-deadline flows resume");
             } else {
-                assert!(
-                    g.rate > 39 * 65_536,
-                    "deadline flows keep desired + fair share"
-                );
+                assert!(g.rate > 39 * 65_536, "deadline flows keep desired + fair share");
             }
             sum += g.rate;
         }
@@ -2231,10 +2175,7 @@ mod tests {
 
     // ---------------------------------------------------------------- router: hops
 
-    fn pass_chain(
-        links: &mut [(D3LinkState, D3LinkConfig)],
-        req: &mut [u8; REQ_LEN],
-    ) -> Vec<Grant> {
+    fn pass_chain(links: &mut [(D3LinkState, D3LinkConfig)], req: &mut [u8; REQ_LEN]) -> Vec<Grant> {
         links
             .iter_mut()
             .map(|(st, cfg)| router_rewrite(req, st, cfg))
@@ -2248,10 +2189,7 @@ mod tests {
         // Not new, non-deadline, sender scale 8: each hop alone would grant its whole link.
         let base = request(0, 8, 0).encode();
 
-        let mut links = [
-            (D3LinkState::new(&big), big),
-            (D3LinkState::new(&small), small),
-        ];
+        let mut links = [(D3LinkState::new(&big), big), (D3LinkState::new(&small), small)];
         let mut b = base;
         let g = pass_chain(&mut links, &mut b);
         assert_eq!((g[0].units, g[1].units), (238, 23));
@@ -2323,10 +2261,7 @@ mod tests {
         .encode();
         let mut as_req = [0u8; REQ_LEN];
         as_req[..FB_LEN].copy_from_slice(&f);
-        assert_eq!(
-            router_rewrite(&mut as_req, &mut st, &cfg).outcome,
-            OUT_INVALID
-        );
+        assert_eq!(router_rewrite(&mut as_req, &mut st, &cfg).outcome, OUT_INVALID);
         // A future version (reserved bit) is left alone.
         let mut r = request(0, 8, 10).encode();
         r[4] |= FLAG_RESERVED;
@@ -2432,10 +2367,7 @@ mod tests {
             assert!(rounds <= 2, "still starved after {rounds} intervals");
         }
         assert!(st.capacity <= cfg.capacity_max);
-        assert!(
-            st.allocated >= leaked,
-            "the leak is still counted, C absorbed it"
-        );
+        assert!(st.allocated >= leaked, "the leak is still counted, C absorbed it");
         // Then the last flow leaves too; after idle_reset_intervals quiet intervals the
         // counters reset exactly once.
         let fin = D3Request {
@@ -2457,10 +2389,7 @@ mod tests {
             }
         }
         assert_eq!(resets, 1);
-        assert_eq!(
-            (st.flows, st.demand, st.allocated, st.capacity),
-            (0, 0, 0, GBPS)
-        );
+        assert_eq!((st.flows, st.demand, st.allocated, st.capacity), (0, 0, 0, GBPS));
     }
 
     // ---------------------------------------------------------------- simulation
@@ -2546,10 +2475,7 @@ mod tests {
                 any_new |= hr.outcome & HOST_NEW != 0;
                 let mut wire = hr.req.encode();
                 let g = router_rewrite(&mut wire, &mut link, &cfg);
-                assert_eq!(
-                    g.outcome & (OUT_INVALID | OUT_HOP_OVERFLOW | OUT_CLAMPED),
-                    0
-                );
+                assert_eq!(g.outcome & (OUT_INVALID | OUT_HOP_OVERFLOW | OUT_CLAMPED), 0);
                 if hr.outcome & HOST_FIN != 0 {
                     f.fin_sent = true;
                     continue;
@@ -2560,11 +2486,7 @@ mod tests {
                 if let Some(dl) = f.deadline_ns {
                     // After its first RTT a deadline flow always gets at least what it asked.
                     if hr.outcome & HOST_NEW == 0 && link.demand <= link.capacity {
-                        assert!(
-                            pace >= hr.desired_rate,
-                            "round {t}: {pace} < {}",
-                            hr.desired_rate
-                        );
+                        assert!(pace >= hr.desired_rate, "round {t}: {pace} < {}", hr.desired_rate);
                     }
                     assert!(now < dl, "still sending after the deadline");
                 }
@@ -2581,11 +2503,7 @@ mod tests {
             // 2. Data for this RTT at the paced rate (the grant came back with the feedback).
             let mut arrivals = 0u64;
             for f in flows.iter_mut() {
-                if t < f.start_round
-                    || f.done_ns.is_some()
-                    || f.fin_sent
-                    || f.st.awaiting_feedback()
-                {
+                if t < f.start_round || f.done_ns.is_some() || f.fin_sent || f.st.awaiting_feedback() {
                     continue;
                 }
                 let sent = f.bytes_left.min(f.st.pace_rate * RTT / 1_000_000_000);

@@ -56,7 +56,10 @@ pub fn decide(now: u64, floor: u64, slots: [u64; 3], horizon_ns: u64) -> Verdict
     if horizon_ns != 0 && depart > now && depart - now > horizon_ns {
         Verdict::Drop { depart }
     } else {
-        Verdict::Send { depart, delayed: depart > floor }
+        Verdict::Send {
+            depart,
+            delayed: depart > floor,
+        }
     }
 }
 
@@ -120,7 +123,13 @@ mod tests {
     #[test]
     fn latest_clock_wins() {
         let v = decide(1_000, 1_000, [3_000, 9_000, 4_000], 0);
-        assert_eq!(v, Verdict::Send { depart: 9_000, delayed: true });
+        assert_eq!(
+            v,
+            Verdict::Send {
+                depart: 9_000,
+                delayed: true
+            }
+        );
     }
 
     #[test]
@@ -132,10 +141,16 @@ mod tests {
         );
         assert_eq!(
             decide(now, now, [now + 10_000, 0, 0], 10_000),
-            Verdict::Send { depart: now + 10_000, delayed: true }
+            Verdict::Send {
+                depart: now + 10_000,
+                delayed: true
+            }
         );
         // Horizon 0 = disabled.
-        assert!(matches!(decide(now, now, [u64::MAX / 2, 0, 0], 0), Verdict::Send { .. }));
+        assert!(matches!(
+            decide(now, now, [u64::MAX / 2, 0, 0], 0),
+            Verdict::Send { .. }
+        ));
     }
 
     #[test]

@@ -262,7 +262,13 @@ const _: () = assert!(size_of::<LevelConfig>() == 16);
 
 impl LevelConfig {
     pub const fn zeroed() -> Self {
-        LevelConfig { rate: 0, flags: 0, dscp: 0, pcp: 0, _pad: [0; 2] }
+        LevelConfig {
+            rate: 0,
+            flags: 0,
+            dscp: 0,
+            pcp: 0,
+            _pad: [0; 2],
+        }
     }
 }
 
@@ -300,9 +306,7 @@ pub struct PolicyTable {
     pub classes: [ClassConfig; MAX_CLASSES],
     pub levels: [LevelConfig; MAX_LEVELS],
 }
-const _: () = assert!(
-    size_of::<PolicyTable>() == 48 + 112 * MAX_RULES + 48 * MAX_CLASSES + 16 * MAX_LEVELS
-);
+const _: () = assert!(size_of::<PolicyTable>() == 48 + 112 * MAX_RULES + 48 * MAX_CLASSES + 16 * MAX_LEVELS);
 
 impl PolicyTable {
     /// A table that puts everything in class 0 at level 0 and does nothing to it.
@@ -437,7 +441,11 @@ const _: () = assert!(size_of::<CpuState>() == 64 * AGG_SLOTS + 64 + 56);
 
 impl Default for CpuState {
     fn default() -> Self {
-        CpuState { stats: [Counters::default(); AGG_SLOTS], global: GlobalCounters::default(), scratch: Default::default() }
+        CpuState {
+            stats: [Counters::default(); AGG_SLOTS],
+            global: GlobalCounters::default(),
+            scratch: Default::default(),
+        }
     }
 }
 

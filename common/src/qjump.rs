@@ -52,7 +52,12 @@ mod tests {
 
     /// The paper's simulation: P = 9 KB, R = 10 Gb/s.
     fn paper(n: u64) -> Network {
-        Network { hosts: n, max_packet: 9_000, link_rate: 1_250_000_000, switch_delay_ns: 0 }
+        Network {
+            hosts: n,
+            max_packet: 9_000,
+            link_rate: 1_250_000_000,
+            switch_delay_ns: 0,
+        }
     }
 
     #[test]
@@ -94,7 +99,12 @@ mod tests {
 
     #[test]
     fn worst_case_delay() {
-        let net = Network { hosts: 1000, max_packet: 9_000, link_rate: 1_250_000_000, switch_delay_ns: 4_000 };
+        let net = Network {
+            hosts: 1000,
+            max_packet: 9_000,
+            link_rate: 1_250_000_000,
+            switch_delay_ns: 4_000,
+        };
         assert!((net.worst_case_delay_secs() - (0.0072 + 0.000004)).abs() < 1e-12);
     }
 }

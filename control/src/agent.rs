@@ -73,7 +73,11 @@ impl Shared {
     pub fn metrics(&self) -> Result<String> {
         let g = self.lock();
         let dp = g.dp()?;
-        let d3 = if g.status.d3.is_some() { Some(dp.d3_snapshot()?) } else { None };
+        let d3 = if g.status.d3.is_some() {
+            Some(dp.d3_snapshot()?)
+        } else {
+            None
+        };
         let links = g.router.as_ref().map(|r| r.report(dp)).unwrap_or_default();
         metrics::render(&dp.snapshot()?, d3.as_deref(), &links, &g.status)
     }
@@ -96,7 +100,11 @@ impl Shared {
     pub fn live_status(&self) -> Result<http::LiveStatus> {
         let g = self.lock();
         let snap = g.dp()?.snapshot()?;
-        let d3 = if g.status.d3.is_some() { Some(g.dp()?.d3_snapshot()?) } else { None };
+        let d3 = if g.status.d3.is_some() {
+            Some(g.dp()?.d3_snapshot()?)
+        } else {
+            None
+        };
         let d3_classes = d3
             .map(|d| {
                 g.status
@@ -104,12 +112,22 @@ impl Shared {
                     .classes
                     .iter()
                     .filter(|c| c.d3)
-                    .map(|c| http::D3Named { name: c.name.clone(), counters: (&d[c.index as usize]).into() })
+                    .map(|c| http::D3Named {
+                        name: c.name.clone(),
+                        counters: (&d[c.index as usize]).into(),
+                    })
                     .collect()
             })
             .unwrap_or_default();
-        let d3_links = g.router.as_ref().map(|r| r.report(g.dp().expect("checked above"))).unwrap_or_default();
-        let name = |c: &status::ClassStatus| http::Named { name: c.name.clone(), counters: (&snap.classes[c.index as usize]).into() };
+        let d3_links = g
+            .router
+            .as_ref()
+            .map(|r| r.report(g.dp().expect("checked above")))
+            .unwrap_or_default();
+        let name = |c: &status::ClassStatus| http::Named {
+            name: c.name.clone(),
+            counters: (&snap.classes[c.index as usize]).into(),
+        };
         Ok(http::LiveStatus {
             counters: http::Counters {
                 classes: g.status.policy.classes.iter().map(name).collect(),
@@ -118,7 +136,10 @@ impl Shared {
                     .policy
                     .levels
                     .iter()
-                    .map(|l| http::Named { name: l.name.clone(), counters: (&snap.levels[l.index as usize]).into() })
+                    .map(|l| http::Named {
+                        name: l.name.clone(),
+                        counters: (&snap.levels[l.index as usize]).into(),
+                    })
                     .collect(),
                 unparsed: http::Unparsed {
                     non_ip: snap.global.non_ip,
@@ -135,11 +156,15 @@ impl Shared {
 
 impl Inner {
     fn dp(&self) -> Result<&Datapath> {
-        self.dp.as_ref().ok_or_else(|| anyhow!("the agent is shutting down"))
+        self.dp
+            .as_ref()
+            .ok_or_else(|| anyhow!("the agent is shutting down"))
     }
 
     fn dp_mut(&mut self) -> Result<&mut Datapath> {
-        self.dp.as_mut().ok_or_else(|| anyhow!("the agent is shutting down"))
+        self.dp
+            .as_mut()
+            .ok_or_else(|| anyhow!("the agent is shutting down"))
     }
 }
 
@@ -157,9 +182,13 @@ pub fn decide_mode(req: EnforcementRequest, f: &Features) -> Result<EnforcementM
             f.kernel_release
         ),
         EnforcementRequest::Fq => EnforcementMode::Fq,
-        EnforcementRequest::Htb if !f.sch_htb => bail!("the policy asks for `enforcement: htb` but this kernel has no sch_htb"),
+        EnforcementRequest::Htb if !f.sch_htb => {
+            bail!("the policy asks for `enforcement: htb` but this kernel has no sch_htb")
+        }
         EnforcementRequest::Htb => EnforcementMode::Htb,
-        EnforcementRequest::Sockops if !sockops => bail!("the policy asks for `enforcement: sockops` but no cgroup v2 is mounted"),
+        EnforcementRequest::Sockops if !sockops => {
+            bail!("the policy asks for `enforcement: sockops` but no cgroup v2 is mounted")
+        }
         EnforcementRequest::Sockops => EnforcementMode::SockopsOnly,
         EnforcementRequest::None => EnforcementMode::None,
     })
@@ -167,21 +196,46 @@ pub fn decide_mode(req: EnforcementRequest, f: &Features) -> Result<EnforcementM
 
 fn describe(mode: EnforcementMode) -> Enforcement {
     let (m, tcp, udp, agg) = match mode {
-        EnforcementMode::Fq => ("fq", "EDT timestamps held by fq; TCP also paces itself", "EDT timestamps held by fq", "EDT timestamps held by fq"),
+        EnforcementMode::Fq => (
+            "fq",
+            "EDT timestamps held by fq; TCP also paces itself",
+            "EDT timestamps held by fq",
+            "EDT timestamps held by fq",
+        ),
         EnforcementMode::Htb => (
             "htb",
             "TCP's own pacing at the class's flow rate (sock_ops SO_MAX_PACING_RATE)",
             "not enforced (needs sch_fq)",
             "HTB classes (skb->priority = HTB class id)",
         ),
-        EnforcementMode::SockopsOnly => ("sockops", "TCP's own pacing (sock_ops SO_MAX_PACING_RATE)", "not enforced (needs sch_fq)", "not enforced"),
-        EnforcementMode::None => ("none", "not enforced (enforcement: none)", "not enforced (enforcement: none)", "not enforced (enforcement: none)"),
+        EnforcementMode::SockopsOnly => (
+            "sockops",
+            "TCP's own pacing (sock_ops SO_MAX_PACING_RATE)",
+            "not enforced (needs sch_fq)",
+            "not enforced",
+        ),
+        EnforcementMode::None => (
+            "none",
+            "not enforced (enforcement: none)",
+            "not enforced (enforcement: none)",
+            "not enforced (enforcement: none)",
+        ),
     };
-    Enforcement { mode: m.into(), tcp_flows: tcp.into(), udp_flows: udp.into(), aggregates: agg.into() }
+    Enforcement {
+        mode: m.into(),
+        tcp_flows: tcp.into(),
+        udp_flows: udp.into(),
+        aggregates: agg.into(),
+    }
 }
 
 fn policy_status(file: &Path, c: &Compiled, generation: u64) -> PolicyStatus {
-    let level_name = |i: u32| c.levels.get(i as usize).map(|l| l.name.clone()).unwrap_or_default();
+    let level_name = |i: u32| {
+        c.levels
+            .get(i as usize)
+            .map(|l| l.name.clone())
+            .unwrap_or_default()
+    };
     PolicyStatus {
         file: file.display().to_string(),
         name: c.name.clone(),
@@ -231,7 +285,12 @@ fn policy_status(file: &Path, c: &Compiled, generation: u64) -> PolicyStatus {
 fn fastest_paced_rate(c: &Compiled) -> u64 {
     let classes = c.classes.iter().flat_map(|k| [k.flow_rate, k.class_rate]);
     let levels = c.levels.iter().map(|l| l.rate);
-    classes.chain(levels).flatten().max().unwrap_or(0).max(125_000_000)
+    classes
+        .chain(levels)
+        .flatten()
+        .max()
+        .unwrap_or(0)
+        .max(125_000_000)
 }
 
 fn htb_classes(c: &Compiled) -> Option<(u16, Vec<qdisc::HtbClass>)> {
@@ -240,7 +299,13 @@ fn htb_classes(c: &Compiled) -> Option<(u16, Vec<qdisc::HtbClass>)> {
         plan.default_minor,
         plan.classes
             .iter()
-            .map(|h| qdisc::HtbClass { minor: h.classid_minor, parent_minor: h.parent_minor, rate: h.rate, ceil: h.ceil, prio: h.prio })
+            .map(|h| qdisc::HtbClass {
+                minor: h.classid_minor,
+                parent_minor: h.parent_minor,
+                rate: h.rate,
+                ceil: h.ceil,
+                prio: h.prio,
+            })
             .collect(),
     ))
 }
@@ -249,14 +314,22 @@ fn htb_classes(c: &Compiled) -> Option<(u16, Vec<qdisc::HtbClass>)> {
 pub async fn run(opts: Options) -> Result<()> {
     // From here on SIGTERM/SIGINT/SIGHUP are queued for the event loop instead of killing the
     // process half-way through the start (which would leave qdiscs behind).
-    let signals = Signals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())?, hup: signal(SignalKind::hangup())? };
+    let signals = Signals {
+        term: signal(SignalKind::terminate())?,
+        int: signal(SignalKind::interrupt())?,
+        hup: signal(SignalKind::hangup())?,
+    };
     let dir = StateDir::lock(&opts.state_dir)?;
     if let Some(prev) = dir.leftover()? {
         let undone = state::clean_up(&prev);
         log::warn!(
             "a previous agent (pid {}) did not exit cleanly; {}",
             prev.pid,
-            if undone.is_empty() { "it left nothing to undo" } else { "undoing what it left:" }
+            if undone.is_empty() {
+                "it left nothing to undo"
+            } else {
+                "undoing what it left:"
+            }
         );
         for line in undone {
             log::warn!("  {line}");
@@ -273,7 +346,11 @@ pub async fn run(opts: Options) -> Result<()> {
         features.sch_htb,
         features.clsact,
         features.btf,
-        features.cgroup2.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "none".into())
+        features
+            .cgroup2
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "none".into())
     );
     let degraded = features.degradations();
     for d in &degraded {
@@ -285,7 +362,10 @@ pub async fn run(opts: Options) -> Result<()> {
     let validated = policy::load(&opts.policy, &host).map_err(|errs| {
         anyhow!(
             "policy rejected, nothing was loaded:\n  {}",
-            errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n  ")
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n  ")
         )
     })?;
     let request = validated.enforcement();
@@ -298,11 +378,17 @@ pub async fn run(opts: Options) -> Result<()> {
         bail!("the policy selects no interface (spec.interfaces resolved to nothing on this host)");
     }
 
-    let mut dp = Datapath::load(&LoadOptions { flow_table_size: compiled.flow_table_size, count_only: false })?;
+    let mut dp = Datapath::load(&LoadOptions {
+        flow_table_size: compiled.flow_table_size,
+        count_only: false,
+    })?;
     let generation = dp.write_policy(&compiled.table)?;
 
     // Everything changed on the host is recorded before it is changed.
-    let mut st = State { pid: std::process::id(), ..State::default() };
+    let mut st = State {
+        pid: std::process::id(),
+        ..State::default()
+    };
     dir.save(&st)?;
     let mut ifaces = Vec::new();
     let mut router = None;
@@ -324,8 +410,9 @@ pub async fn run(opts: Options) -> Result<()> {
                 EnforcementMode::Htb => {
                     st.iface(iface).qdisc = Some(qdisc::Installed::Htb);
                     dir.save(&st)?;
-                    let (default, classes) = htb_classes(&compiled)
-                        .ok_or_else(|| anyhow!("no HTB plan: the link rate is unknown; set spec.link_rate"))?;
+                    let (default, classes) = htb_classes(&compiled).ok_or_else(|| {
+                        anyhow!("no HTB plan: the link rate is unknown; set spec.link_rate")
+                    })?;
                     Some(qdisc::install_htb(iface, default, &classes, false)?)
                 }
                 EnforcementMode::SockopsOnly | EnforcementMode::None => None,
@@ -338,9 +425,16 @@ pub async fn run(opts: Options) -> Result<()> {
                     AttachMode::Tcx => "tcx",
                     AttachMode::Clsact => "clsact",
                 },
-                installed.as_ref().map(|q| q.describe()).unwrap_or_else(|| "unchanged".into())
+                installed
+                    .as_ref()
+                    .map(|q| q.describe())
+                    .unwrap_or_else(|| "unchanged".into())
             );
-            ifaces.push(IfaceStatus { name: iface.clone(), attach: att.mode, qdisc: installed.map(|q| q.describe()) });
+            ifaces.push(IfaceStatus {
+                name: iface.clone(),
+                attach: att.mode,
+                qdisc: installed.map(|q| q.describe()),
+            });
         }
         let needs_sockops = mode != EnforcementMode::None || compiled.d3.is_some();
         if needs_sockops && let Some(cg) = &features.cgroup2 {
@@ -359,15 +453,25 @@ pub async fn run(opts: Options) -> Result<()> {
             );
             if !d3.router.is_empty() {
                 for l in &d3.router {
-                    attach::attach_program(&mut dp, attach::TcProgram::D3Router, &l.interface, &features, |_| {
-                        st.iface(&l.interface).router_filter = true;
-                        dir.save(&st)
-                    })?;
+                    attach::attach_program(
+                        &mut dp,
+                        attach::TcProgram::D3Router,
+                        &l.interface,
+                        &features,
+                        |_| {
+                            st.iface(&l.interface).router_filter = true;
+                            dir.save(&st)
+                        },
+                    )?;
                 }
                 router = Some(d3router::Router::new(&mut dp, &d3.router, d3.interval_ns)?);
                 log::info!(
                     "D3 router on {} (capacity controller every {} us)",
-                    d3.router.iter().map(|l| l.interface.as_str()).collect::<Vec<_>>().join(", "),
+                    d3.router
+                        .iter()
+                        .map(|l| l.interface.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     d3.interval_ns / 1000
                 );
             }
@@ -399,11 +503,24 @@ pub async fn run(opts: Options) -> Result<()> {
             interval_us: d.interval_ns / 1000,
         }),
         reloads: Default::default(),
-        flow_table: status::FlowTable { capacity: compiled.flow_table_size, memlock_bytes: dp.flow_table_memlock() },
+        flow_table: status::FlowTable {
+            capacity: compiled.flow_table_size,
+            memlock_bytes: dp.flow_table_memlock(),
+        },
         metrics_addr: opts.metrics_addr.to_string(),
     };
     let interfaces = compiled.interfaces.clone();
-    let shared = Arc::new(Shared { inner: Mutex::new(Inner { policy_text, dp: Some(dp), router, status, compiled, mode, interfaces }) });
+    let shared = Arc::new(Shared {
+        inner: Mutex::new(Inner {
+            policy_text,
+            dp: Some(dp),
+            router,
+            status,
+            compiled,
+            mode,
+            interfaces,
+        }),
+    });
     write_status(&dir, &shared);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -439,8 +556,18 @@ struct Signals {
     hup: tokio::signal::unix::Signal,
 }
 
-async fn event_loop(opts: &Options, shared: &Arc<Shared>, dir: &StateDir, host: &SystemHost, signals: Signals) -> Result<()> {
-    let Signals { mut term, mut int, mut hup } = signals;
+async fn event_loop(
+    opts: &Options,
+    shared: &Arc<Shared>,
+    dir: &StateDir,
+    host: &SystemHost,
+    signals: Signals,
+) -> Result<()> {
+    let Signals {
+        mut term,
+        mut int,
+        mut hup,
+    } = signals;
     let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
     let _watcher = watch_file(&opts.policy, tx)?;
     let interval_ns = shared.lock().router.as_ref().map(|r| r.interval_ns);
@@ -473,14 +600,22 @@ async fn event_loop(opts: &Options, shared: &Arc<Shared>, dir: &StateDir, host: 
 /// Watches the policy's directory (editors replace files by rename) for events on the file.
 fn watch_file(path: &Path, tx: tokio::sync::mpsc::UnboundedSender<()>) -> Result<notify::RecommendedWatcher> {
     use notify::Watcher as _;
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
     let name = path.file_name().map(|n| n.to_os_string());
     let mut w = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         if let Ok(ev) = ev {
             if ev.kind.is_access() {
                 return;
             }
-            if ev.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name) {
+            if ev
+                .paths
+                .iter()
+                .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
+            {
                 let _ = tx.send(());
             }
         }
@@ -499,12 +634,23 @@ fn reload(opts: &Options, shared: &Arc<Shared>, dir: &StateDir, host: &SystemHos
             Ok(None) => return,
             Ok(Some(generation)) => {
                 g.status.reloads.applied += 1;
-                g.status.reloads.last = Some(ReloadEvent { at: status::unix_now(), applied: true, errors: vec![] });
-                log::info!("{why}: policy applied (generation {generation}, hash {})", g.compiled.hash);
+                g.status.reloads.last = Some(ReloadEvent {
+                    at: status::unix_now(),
+                    applied: true,
+                    errors: vec![],
+                });
+                log::info!(
+                    "{why}: policy applied (generation {generation}, hash {})",
+                    g.compiled.hash
+                );
             }
             Err(errors) => {
                 g.status.reloads.rejected += 1;
-                g.status.reloads.last = Some(ReloadEvent { at: status::unix_now(), applied: false, errors: errors.clone() });
+                g.status.reloads.last = Some(ReloadEvent {
+                    at: status::unix_now(),
+                    applied: false,
+                    errors: errors.clone(),
+                });
                 log::error!("{why}: policy rejected, the running policy stays in force:");
                 for e in errors {
                     log::error!("  {e}");
@@ -516,12 +662,24 @@ fn reload(opts: &Options, shared: &Arc<Shared>, dir: &StateDir, host: &SystemHos
 }
 
 /// `Ok(None)`: unchanged file, nothing to do. `Ok(Some(gen))`: applied. `Err`: rejected.
-fn try_reload(opts: &Options, shared: &Arc<Shared>, host: &SystemHost, force: bool) -> Result<Option<u64>, Vec<String>> {
+fn try_reload(
+    opts: &Options,
+    shared: &Arc<Shared>,
+    host: &SystemHost,
+    force: bool,
+) -> Result<Option<u64>, Vec<String>> {
     let text = std::fs::read_to_string(&opts.policy).unwrap_or_default();
-    let validated = policy::load(&opts.policy, host).map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    let validated = policy::load(&opts.policy, host)
+        .map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
     let mut g = shared.lock();
     let mode = g.mode;
-    let compiled = policy::compile(&validated, &CompileContext { mode, previous: Some(&g.compiled) });
+    let compiled = policy::compile(
+        &validated,
+        &CompileContext {
+            mode,
+            previous: Some(&g.compiled),
+        },
+    );
     if !force && compiled.hash == g.compiled.hash {
         return Ok(None);
     }
@@ -536,7 +694,8 @@ fn try_reload(opts: &Options, shared: &Arc<Shared>, host: &SystemHost, force: bo
         restart.push("spec.enforcement changed the enforcement mode: restart the agent to apply it".into());
     }
     if compiled.d3 != g.compiled.d3 {
-        restart.push("spec.d3 changed (receiver, router links, interval): restart the agent to apply it".into());
+        restart
+            .push("spec.d3 changed (receiver, router links, interval): restart the agent to apply it".into());
     }
     if compiled.flow_table_size != g.compiled.flow_table_size {
         restart.push(format!(
@@ -557,7 +716,8 @@ fn try_reload(opts: &Options, shared: &Arc<Shared>, host: &SystemHost, force: bo
         && let Some((default, classes)) = htb_classes(&compiled)
     {
         for iface in g.interfaces.clone() {
-            qdisc::install_htb(&iface, default, &classes, true).map_err(|e| vec![format!("{iface}: updating HTB classes: {e:#}")])?;
+            qdisc::install_htb(&iface, default, &classes, true)
+                .map_err(|e| vec![format!("{iface}: updating HTB classes: {e:#}")])?;
         }
     }
     let generation = g
@@ -574,7 +734,10 @@ fn try_reload(opts: &Options, shared: &Arc<Shared>, host: &SystemHost, force: bo
 }
 
 fn write_status(dir: &StateDir, shared: &Arc<Shared>) {
-    let body = match shared.live_status().and_then(|s| Ok(serde_json::to_vec_pretty(&s)?)) {
+    let body = match shared
+        .live_status()
+        .and_then(|s| Ok(serde_json::to_vec_pretty(&s)?))
+    {
         Ok(b) => b,
         Err(e) => {
             log::warn!("building the status document: {e:#}");

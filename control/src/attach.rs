@@ -82,8 +82,19 @@ pub fn attach_program(
 ) -> Result<TcAttachment> {
     let prog = which.prog(dp)?;
     if features.tcx {
-        match prog.attach_with_options(iface, TcAttachType::Egress, TcAttachOptions::TcxOrder(LinkOrder::default())) {
-            Ok(link) => return Ok(TcAttachment { iface: iface.into(), mode: AttachMode::Tcx, link, clsact_added: false }),
+        match prog.attach_with_options(
+            iface,
+            TcAttachType::Egress,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        ) {
+            Ok(link) => {
+                return Ok(TcAttachment {
+                    iface: iface.into(),
+                    mode: AttachMode::Tcx,
+                    link,
+                    clsact_added: false,
+                });
+            }
             Err(e) => log::warn!("{iface}: tcx attach failed ({e}); falling back to clsact"),
         }
     }
@@ -97,10 +108,19 @@ pub fn attach_program(
         .attach_with_options(
             iface,
             TcAttachType::Egress,
-            TcAttachOptions::Netlink(NlOptions { priority: which.nl_priority(), handle: NL_HANDLE.into(), classid: None }),
+            TcAttachOptions::Netlink(NlOptions {
+                priority: which.nl_priority(),
+                handle: NL_HANDLE.into(),
+                classid: None,
+            }),
         )
         .with_context(|| format!("{iface}: attaching the classifier to clsact egress"))?;
-    Ok(TcAttachment { iface: iface.into(), mode: AttachMode::Clsact, link, clsact_added })
+    Ok(TcAttachment {
+        iface: iface.into(),
+        mode: AttachMode::Clsact,
+        link,
+        clsact_added,
+    })
 }
 
 /// Removes a clsact egress filter paceline left behind (after a crash).

@@ -47,14 +47,24 @@ impl D3Sockets {
             Ok(v) => v.generation.wrapping_add(1).max(1),
             Err(_) => 1,
         };
-        let v = D3App { size, deadline_ns: mono_now_ns() + deadline.as_nanos() as u64, generation, _pad: 0 };
-        self.map.insert(socket, v, 0).context("updating the socket's D3 deadline")?;
+        let v = D3App {
+            size,
+            deadline_ns: mono_now_ns() + deadline.as_nanos() as u64,
+            generation,
+            _pad: 0,
+        };
+        self.map
+            .insert(socket, v, 0)
+            .context("updating the socket's D3 deadline")?;
         Ok(())
     }
 }
 
 fn mono_now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64

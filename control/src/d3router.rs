@@ -79,9 +79,24 @@ impl Router {
             // under live flows forgets their allocations.
             cfg.idle_reset_intervals = (IDLE_RESET_NS / interval_ns.max(1)).clamp(4, u32::MAX as u64) as u32;
             let state = D3LinkState::new(&cfg);
-            dp.set_d3_link_ctl(ifindex, &D3LinkCtl { cfg, capacity: state.capacity })?;
+            dp.set_d3_link_ctl(
+                ifindex,
+                &D3LinkCtl {
+                    cfg,
+                    capacity: state.capacity,
+                },
+            )?;
             dp.set_d3_link_counters(ifindex, &D3LinkCounters::default())?;
-            out.push(Link { name: l.interface.clone(), ifindex, cfg, state, last_sent: 0, last_requests: 0, resets: 0, last_queue: 0 });
+            out.push(Link {
+                name: l.interface.clone(),
+                ifindex,
+                cfg,
+                state,
+                last_sent: 0,
+                last_requests: 0,
+                resets: 0,
+                last_queue: 0,
+            });
         }
         let qstats = match QdiscStats::new() {
             Ok(q) => Some(q),
@@ -90,7 +105,11 @@ impl Router {
                 None
             }
         };
-        Ok(Router { links: out, interval_ns, qstats })
+        Ok(Router {
+            links: out,
+            interval_ns,
+            qstats,
+        })
     }
 
     /// One controller interval for every link.
@@ -119,7 +138,13 @@ impl Router {
             if out & TICK_RESET == 0 && l.state.capacity < floor {
                 l.state.capacity = floor.max(l.cfg.capacity_min);
             }
-            dp.set_d3_link_ctl(l.ifindex, &D3LinkCtl { cfg: l.cfg, capacity: l.state.capacity })?;
+            dp.set_d3_link_ctl(
+                l.ifindex,
+                &D3LinkCtl {
+                    cfg: l.cfg,
+                    capacity: l.state.capacity,
+                },
+            )?;
             if out & TICK_RESET != 0 {
                 // No request for a while: nothing adds concurrently, so zeroing is safe.
                 let mut z = c;

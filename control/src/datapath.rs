@@ -11,8 +11,7 @@ use aya::{
 };
 use paceline_common::maps::{
     AggClock, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, FlowKey, FlowState,
-    GlobalCounters, MAX_CLASSES, MAX_LEVELS,
-    PolicyTable, names,
+    GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, names,
 };
 
 /// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
@@ -39,7 +38,10 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { flow_table_size: DEFAULT_FLOW_TABLE_SIZE, count_only: false }
+        LoadOptions {
+            flow_table_size: DEFAULT_FLOW_TABLE_SIZE,
+            count_only: false,
+        }
     }
 }
 
@@ -81,7 +83,9 @@ impl Datapath {
             .override_global("PL_COUNT_ONLY", &count_only, true)
             .override_global("PL_NETNS_COOKIE", &netns, true)
             .load(EBPF_OBJECT)
-            .context("loading the paceline eBPF object (is this a kernel with BPF and BTF, and are we root?)")?;
+            .context(
+                "loading the paceline eBPF object (is this a kernel with BPF and BTF, and are we root?)",
+            )?;
         let tc: &mut SchedClassifier = prog(&mut ebpf, TC_EGRESS)?.try_into()?;
         tc.load().with_context(|| format!("verifying {TC_EGRESS}"))?;
         let so: &mut SockOps = prog(&mut ebpf, SOCK_OPS)?.try_into()?;
@@ -132,7 +136,12 @@ impl Datapath {
     pub fn d3_snapshot(&self) -> Result<Vec<D3ClassStats>> {
         let mut out = vec![D3ClassStats::default(); MAX_CLASSES];
         for (i, slot) in out.iter_mut().enumerate() {
-            for c in self.d3_stats.get(&(i as u32), 0).context("reading PL_D3_STATS")?.iter() {
+            for c in self
+                .d3_stats
+                .get(&(i as u32), 0)
+                .context("reading PL_D3_STATS")?
+                .iter()
+            {
                 slot.add(c);
             }
         }
@@ -164,7 +173,9 @@ impl Datapath {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         let _ = std::fs::remove_file(path);
-        self.d3_app.pin(path).with_context(|| format!("pinning the D3 application map at {}", path.display()))?;
+        self.d3_app
+            .pin(path)
+            .with_context(|| format!("pinning the D3 application map at {}", path.display()))?;
         Ok(())
     }
 
@@ -225,15 +236,25 @@ impl Datapath {
     pub fn reset_slot(&mut self, class: u32) -> Result<()> {
         // Racy against packets counting on other CPUs at this instant; only used when a slot
         // changes hands at a reload, when its new class has not seen traffic yet.
-        let mut per_cpu: Vec<CpuState> = self.cpu.get(&0, 0).context("reading PL_CPU")?.iter().copied().collect();
+        let mut per_cpu: Vec<CpuState> = self
+            .cpu
+            .get(&0, 0)
+            .context("reading PL_CPU")?
+            .iter()
+            .copied()
+            .collect();
         for cpu in per_cpu.iter_mut() {
             if let Some(c) = cpu.stats.get_mut(class as usize) {
                 *c = Counters::default();
             }
         }
         let values = aya::maps::PerCpuValues::try_from(per_cpu)?;
-        self.cpu.set(0, values, 0).context("zeroing a class slot in PL_CPU")?;
-        self.clocks.set(class, AggClock::default(), 0).context("zeroing PL_AGG_CLOCKS")?;
+        self.cpu
+            .set(0, values, 0)
+            .context("zeroing a class slot in PL_CPU")?;
+        self.clocks
+            .set(class, AggClock::default(), 0)
+            .context("zeroing PL_AGG_CLOCKS")?;
         Ok(())
     }
 
@@ -273,11 +294,13 @@ impl Datapath {
 }
 
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
-    ebpf.program_mut(name).ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))
+    ebpf.program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))
 }
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
-    ebpf.take_map(name).ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
+    ebpf.take_map(name)
+        .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
 }
 
 /// The cookie of the calling thread's network namespace (SO_NETNS_COOKIE, Linux 5.14+): what
@@ -295,7 +318,13 @@ pub fn own_netns_cookie() -> Result<u64> {
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
     // SAFETY: valid fd, pointer and length for an 8-byte option.
     let r = unsafe {
-        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_NETNS_COOKIE, (&mut cookie as *mut u64).cast(), &mut len)
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
     };
     if r != 0 {
         return Err(std::io::Error::last_os_error().into());

@@ -39,7 +39,8 @@ impl Features {
             .unwrap_or_else(|_| "unknown".into());
         let qdiscs = probe_qdiscs();
         Features {
-            tcx: aya::util::KernelVersion::current().is_ok_and(|v| v >= aya::util::KernelVersion::new(6, 6, 0)),
+            tcx: aya::util::KernelVersion::current()
+                .is_ok_and(|v| v >= aya::util::KernelVersion::new(6, 6, 0)),
             btf: std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
             sch_fq: qdiscs.fq,
             sch_htb: qdiscs.htb,
@@ -102,11 +103,11 @@ fn probe_qdiscs() -> QdiscSupport {
         let clsact = ok(&["qdisc", "add", "dev", "lo", "clsact"]);
         Some(QdiscSupport { fq, htb, clsact })
     });
-    probe
-        .join()
-        .ok()
-        .flatten()
-        .unwrap_or(QdiscSupport { fq: false, htb: false, clsact: false })
+    probe.join().ok().flatten().unwrap_or(QdiscSupport {
+        fq: false,
+        htb: false,
+        clsact: false,
+    })
 }
 
 /// The mount point of the first filesystem of type `fstype` in /proc/self/mountinfo.

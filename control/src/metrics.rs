@@ -3,7 +3,9 @@
 //! with `paceline_`.
 
 use anyhow::Result;
-use prometheus::{CounterVec, Encoder as _, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    CounterVec, Encoder as _, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 use paceline_common::maps::{D3_HIST_BUCKETS, D3ClassStats};
 
@@ -35,39 +37,120 @@ fn igauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntGa
 
 /// The Prometheus text exposition of `snap` (and the D3 counters and router links, when D3 is
 /// on) labelled by `status`.
-pub fn render(snap: &Snapshot, d3: Option<&[D3ClassStats]>, links: &[LinkReport], status: &Status) -> Result<String> {
+pub fn render(
+    snap: &Snapshot,
+    d3: Option<&[D3ClassStats]>,
+    links: &[LinkReport],
+    status: &Status,
+) -> Result<String> {
     let r = Registry::new();
     let cl = &["class", "level"];
-    let packets = counter(&r, "paceline_class_packets_total", "Packets classified into the class.", cl)?;
-    let bytes = counter(&r, "paceline_class_bytes_total", "Bytes (skb->len) classified into the class.", cl)?;
-    let delayed = counter(&r, "paceline_class_delayed_packets_total", "Packets whose departure the datapath moved later.", cl)?;
-    let delay = fcounter(&r, "paceline_class_added_delay_seconds_total", "Sum of the delay the datapath added to departures, seconds.", cl)?;
-    let drops = counter(&r, "paceline_class_dropped_packets_total", "Packets dropped by the datapath, by reason.", &["class", "level", "reason"])?;
-    let tagged = counter(&r, "paceline_class_tagged_packets_total", "Packets whose DSCP or PCP was rewritten.", cl)?;
-    let socks = counter(&r, "paceline_class_tcp_sockets_configured_total", "TCP connections the sock_ops program configured.", cl)?;
-    let sockerr = counter(&r, "paceline_class_tcp_sockopt_errors_total", "Socket options the kernel refused (check the policy's TCP values).", cl)?;
+    let packets = counter(
+        &r,
+        "paceline_class_packets_total",
+        "Packets classified into the class.",
+        cl,
+    )?;
+    let bytes = counter(
+        &r,
+        "paceline_class_bytes_total",
+        "Bytes (skb->len) classified into the class.",
+        cl,
+    )?;
+    let delayed = counter(
+        &r,
+        "paceline_class_delayed_packets_total",
+        "Packets whose departure the datapath moved later.",
+        cl,
+    )?;
+    let delay = fcounter(
+        &r,
+        "paceline_class_added_delay_seconds_total",
+        "Sum of the delay the datapath added to departures, seconds.",
+        cl,
+    )?;
+    let drops = counter(
+        &r,
+        "paceline_class_dropped_packets_total",
+        "Packets dropped by the datapath, by reason.",
+        &["class", "level", "reason"],
+    )?;
+    let tagged = counter(
+        &r,
+        "paceline_class_tagged_packets_total",
+        "Packets whose DSCP or PCP was rewritten.",
+        cl,
+    )?;
+    let socks = counter(
+        &r,
+        "paceline_class_tcp_sockets_configured_total",
+        "TCP connections the sock_ops program configured.",
+        cl,
+    )?;
+    let sockerr = counter(
+        &r,
+        "paceline_class_tcp_sockopt_errors_total",
+        "Socket options the kernel refused (check the policy's TCP values).",
+        cl,
+    )?;
     for c in &status.policy.classes {
-        let Some(v) = snap.classes.get(c.index as usize) else { continue };
+        let Some(v) = snap.classes.get(c.index as usize) else {
+            continue;
+        };
         let l = [c.name.as_str(), c.level.as_str()];
         packets.with_label_values(&l).inc_by(v.packets);
         bytes.with_label_values(&l).inc_by(v.bytes);
         delayed.with_label_values(&l).inc_by(v.delayed_packets);
         delay.with_label_values(&l).inc_by(v.delay_ns as f64 * 1e-9);
-        drops.with_label_values(&[c.name.as_str(), c.level.as_str(), "horizon"]).inc_by(v.drops_horizon);
+        drops
+            .with_label_values(&[c.name.as_str(), c.level.as_str(), "horizon"])
+            .inc_by(v.drops_horizon);
         tagged.with_label_values(&l).inc_by(v.tagged_packets);
         socks.with_label_values(&l).inc_by(v.tcp_sockets);
         sockerr.with_label_values(&l).inc_by(v.sockopt_errors);
     }
 
     let lv = &["level", "priority"];
-    let lpackets = counter(&r, "paceline_level_packets_total", "Packets sent at the QJump level.", lv)?;
-    let lbytes = counter(&r, "paceline_level_bytes_total", "Bytes sent at the QJump level.", lv)?;
-    let ldelayed = counter(&r, "paceline_level_delayed_packets_total", "Packets of the level whose departure moved later.", lv)?;
-    let ldrops = counter(&r, "paceline_level_dropped_packets_total", "Packets of the level dropped beyond the horizon.", lv)?;
-    let lrate = gauge(&r, "paceline_level_rate_limit_bytes_per_second", "The level's rate limit on this host (absent when unlimited).", lv)?;
-    let lepoch = gauge(&r, "paceline_level_epoch_seconds", "The level's QJump network epoch.", lv)?;
+    let lpackets = counter(
+        &r,
+        "paceline_level_packets_total",
+        "Packets sent at the QJump level.",
+        lv,
+    )?;
+    let lbytes = counter(
+        &r,
+        "paceline_level_bytes_total",
+        "Bytes sent at the QJump level.",
+        lv,
+    )?;
+    let ldelayed = counter(
+        &r,
+        "paceline_level_delayed_packets_total",
+        "Packets of the level whose departure moved later.",
+        lv,
+    )?;
+    let ldrops = counter(
+        &r,
+        "paceline_level_dropped_packets_total",
+        "Packets of the level dropped beyond the horizon.",
+        lv,
+    )?;
+    let lrate = gauge(
+        &r,
+        "paceline_level_rate_limit_bytes_per_second",
+        "The level's rate limit on this host (absent when unlimited).",
+        lv,
+    )?;
+    let lepoch = gauge(
+        &r,
+        "paceline_level_epoch_seconds",
+        "The level's QJump network epoch.",
+        lv,
+    )?;
     for l in &status.policy.levels {
-        let Some(v) = snap.levels.get(l.index as usize) else { continue };
+        let Some(v) = snap.levels.get(l.index as usize) else {
+            continue;
+        };
         let p = l.priority.to_string();
         let lab = [l.name.as_str(), p.as_str()];
         lpackets.with_label_values(&lab).inc_by(v.packets);
@@ -82,30 +165,77 @@ pub fn render(snap: &Snapshot, d3: Option<&[D3ClassStats]>, links: &[LinkReport]
         }
     }
 
-    let unparsed = counter(&r, "paceline_unparsed_packets_total", "Frames passed untouched because they could not be parsed.", &["reason"])?;
+    let unparsed = counter(
+        &r,
+        "paceline_unparsed_packets_total",
+        "Frames passed untouched because they could not be parsed.",
+        &["reason"],
+    )?;
     unparsed.with_label_values(&["non_ip"]).inc_by(snap.global.non_ip);
-    unparsed.with_label_values(&["truncated"]).inc_by(snap.global.truncated);
-    unparsed.with_label_values(&["ipv6_extension_limit"]).inc_by(snap.global.ipv6_ext_limit);
-    counter(&r, "paceline_rewrite_errors_total", "DSCP/PCP rewrites the kernel refused.", &[])?
-        .with_label_values(&[] as &[&str])
-        .inc_by(snap.global.rewrite_errors);
+    unparsed
+        .with_label_values(&["truncated"])
+        .inc_by(snap.global.truncated);
+    unparsed
+        .with_label_values(&["ipv6_extension_limit"])
+        .inc_by(snap.global.ipv6_ext_limit);
+    counter(
+        &r,
+        "paceline_rewrite_errors_total",
+        "DSCP/PCP rewrites the kernel refused.",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .inc_by(snap.global.rewrite_errors);
 
-    let reloads = counter(&r, "paceline_policy_reloads_total", "Policy reloads, by result.", &["result"])?;
-    reloads.with_label_values(&["applied"]).inc_by(status.reloads.applied);
-    reloads.with_label_values(&["rejected"]).inc_by(status.reloads.rejected);
+    let reloads = counter(
+        &r,
+        "paceline_policy_reloads_total",
+        "Policy reloads, by result.",
+        &["result"],
+    )?;
+    reloads
+        .with_label_values(&["applied"])
+        .inc_by(status.reloads.applied);
+    reloads
+        .with_label_values(&["rejected"])
+        .inc_by(status.reloads.rejected);
     let last_ok = status.reloads.last.as_ref().map(|e| e.applied).unwrap_or(true);
-    igauge(&r, "paceline_policy_last_reload_success", "1 if the last reload was applied, 0 if it was rejected.", &[])?
-        .with_label_values(&[] as &[&str])
-        .set(last_ok as i64);
+    igauge(
+        &r,
+        "paceline_policy_last_reload_success",
+        "1 if the last reload was applied, 0 if it was rejected.",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(last_ok as i64);
     let generation = status.policy.generation.to_string();
-    igauge(&r, "paceline_policy_info", "The policy in force (value 1).", &["name", "hash", "generation"])?
-        .with_label_values(&[status.policy.name.as_deref().unwrap_or(""), status.policy.hash.as_str(), generation.as_str()])
-        .set(1);
-    igauge(&r, "paceline_policy_loaded_timestamp_seconds", "When the policy in force was applied (unix time).", &[])?
-        .with_label_values(&[] as &[&str])
-        .set(status.policy.loaded_at as i64);
+    igauge(
+        &r,
+        "paceline_policy_info",
+        "The policy in force (value 1).",
+        &["name", "hash", "generation"],
+    )?
+    .with_label_values(&[
+        status.policy.name.as_deref().unwrap_or(""),
+        status.policy.hash.as_str(),
+        generation.as_str(),
+    ])
+    .set(1);
+    igauge(
+        &r,
+        "paceline_policy_loaded_timestamp_seconds",
+        "When the policy in force was applied (unix time).",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(status.policy.loaded_at as i64);
 
-    let feat = igauge(&r, "paceline_kernel_feature", "Kernel features the agent found (1) or not (0).", &["feature"])?;
+    let feat = igauge(
+        &r,
+        "paceline_kernel_feature",
+        "Kernel features the agent found (1) or not (0).",
+        &["feature"],
+    )?;
     let k = &status.kernel;
     for (name, on) in [
         ("tcx", k.tcx),
@@ -117,27 +247,57 @@ pub fn render(snap: &Snapshot, d3: Option<&[D3ClassStats]>, links: &[LinkReport]
     ] {
         feat.with_label_values(&[name]).set(on as i64);
     }
-    igauge(&r, "paceline_enforcement_degraded", "1 when the kernel cannot enforce everything the policy asks.", &[])?
-        .with_label_values(&[] as &[&str])
-        .set(!status.degraded.is_empty() as i64);
-    let iface = igauge(&r, "paceline_interface_info", "Managed interfaces and how they are enforced (value 1).", &["interface", "attach", "qdisc", "mode"])?;
+    igauge(
+        &r,
+        "paceline_enforcement_degraded",
+        "1 when the kernel cannot enforce everything the policy asks.",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(!status.degraded.is_empty() as i64);
+    let iface = igauge(
+        &r,
+        "paceline_interface_info",
+        "Managed interfaces and how they are enforced (value 1).",
+        &["interface", "attach", "qdisc", "mode"],
+    )?;
     for i in &status.interfaces {
         let attach = serde_json::to_value(i.attach)?.as_str().unwrap_or("").to_string();
         iface
-            .with_label_values(&[i.name.as_str(), attach.as_str(), i.qdisc.as_deref().unwrap_or("none"), status.enforcement.mode.as_str()])
+            .with_label_values(&[
+                i.name.as_str(),
+                attach.as_str(),
+                i.qdisc.as_deref().unwrap_or("none"),
+                status.enforcement.mode.as_str(),
+            ])
             .set(1);
     }
-    igauge(&r, "paceline_flow_table_capacity", "Entries of the per-flow LRU table.", &[])?
-        .with_label_values(&[] as &[&str])
-        .set(status.flow_table.capacity as i64);
+    igauge(
+        &r,
+        "paceline_flow_table_capacity",
+        "Entries of the per-flow LRU table.",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(status.flow_table.capacity as i64);
     if let Some(m) = status.flow_table.memlock_bytes {
-        igauge(&r, "paceline_flow_table_memory_bytes", "Kernel memory charged to the per-flow table.", &[])?
-            .with_label_values(&[] as &[&str])
-            .set(m as i64);
+        igauge(
+            &r,
+            "paceline_flow_table_memory_bytes",
+            "Kernel memory charged to the per-flow table.",
+            &[],
+        )?
+        .with_label_values(&[] as &[&str])
+        .set(m as i64);
     }
-    igauge(&r, "paceline_build_info", "The agent's version (value 1).", &["version"])?
-        .with_label_values(&[status.version.as_str()])
-        .set(1);
+    igauge(
+        &r,
+        "paceline_build_info",
+        "The agent's version (value 1).",
+        &["version"],
+    )?
+    .with_label_values(&[status.version.as_str()])
+    .set(1);
 
     if let Some(d3) = d3 {
         d3_metrics(&r, d3, status)?;
@@ -155,17 +315,59 @@ pub fn render(snap: &Snapshot, d3: Option<&[D3ClassStats]>, links: &[LinkReport]
 
 fn d3_metrics(r: &Registry, d3: &[D3ClassStats], status: &Status) -> Result<()> {
     let l = &["class"];
-    let flows = counter(r, "paceline_d3_flows_total", "D3 transfers started (with or without a deadline).", l)?;
-    let dl = counter(r, "paceline_d3_deadline_flows_total", "D3 transfers with a deadline.", l)?;
-    let met = counter(r, "paceline_d3_deadlines_met_total", "Deadline transfers acknowledged in full before their deadline.", l)?;
-    let missed = counter(r, "paceline_d3_deadlines_missed_total", "Deadline transfers that passed their deadline unfinished.", l)?;
-    let quenched = counter(r, "paceline_d3_flows_quenched_total", "Flows that gave up a deadline they could no longer meet.", l)?;
+    let flows = counter(
+        r,
+        "paceline_d3_flows_total",
+        "D3 transfers started (with or without a deadline).",
+        l,
+    )?;
+    let dl = counter(
+        r,
+        "paceline_d3_deadline_flows_total",
+        "D3 transfers with a deadline.",
+        l,
+    )?;
+    let met = counter(
+        r,
+        "paceline_d3_deadlines_met_total",
+        "Deadline transfers acknowledged in full before their deadline.",
+        l,
+    )?;
+    let missed = counter(
+        r,
+        "paceline_d3_deadlines_missed_total",
+        "Deadline transfers that passed their deadline unfinished.",
+        l,
+    )?;
+    let quenched = counter(
+        r,
+        "paceline_d3_flows_quenched_total",
+        "Flows that gave up a deadline they could no longer meet.",
+        l,
+    )?;
     let requests = counter(r, "paceline_d3_requests_total", "Rate requests sent.", l)?;
-    let grants = counter(r, "paceline_d3_grants_total", "Grants received (feedback applied).", l)?;
-    let echoes = counter(r, "paceline_d3_echoes_total", "Feedback options this host sent as a receiver.", l)?;
-    let ignored = counter(r, "paceline_d3_feedback_ignored_total", "Feedback received but not applied (stale, or no D3 router on the path).", l)?;
+    let grants = counter(
+        r,
+        "paceline_d3_grants_total",
+        "Grants received (feedback applied).",
+        l,
+    )?;
+    let echoes = counter(
+        r,
+        "paceline_d3_echoes_total",
+        "Feedback options this host sent as a receiver.",
+        l,
+    )?;
+    let ignored = counter(
+        r,
+        "paceline_d3_feedback_ignored_total",
+        "Feedback received but not applied (stale, or no D3 router on the path).",
+        l,
+    )?;
     for c in status.policy.classes.iter().filter(|c| c.d3) {
-        let Some(v) = d3.get(c.index as usize) else { continue };
+        let Some(v) = d3.get(c.index as usize) else {
+            continue;
+        };
         let lab = [c.name.as_str()];
         flows.with_label_values(&lab).inc_by(v.flows);
         dl.with_label_values(&lab).inc_by(v.deadline_flows);
@@ -197,14 +399,20 @@ fn d3_histograms(d3: &[D3ClassStats], status: &Status) -> Vec<prometheus::proto:
             "Rates D3 flows asked for.",
             (|s: &D3ClassStats| s.requested) as fn(&D3ClassStats) -> [u64; D3_HIST_BUCKETS],
         ),
-        ("paceline_d3_granted_rate_bytes_per_second", "Rates D3 flows were granted (the path's smallest).", |s: &D3ClassStats| s.granted),
+        (
+            "paceline_d3_granted_rate_bytes_per_second",
+            "Rates D3 flows were granted (the path's smallest).",
+            |s: &D3ClassStats| s.granted,
+        ),
     ] {
         let mut fam = MetricFamily::default();
         fam.set_name(name.into());
         fam.set_help(help.into());
         fam.set_field_type(MetricType::HISTOGRAM);
         for c in status.policy.classes.iter().filter(|c| c.d3) {
-            let Some(v) = d3.get(c.index as usize) else { continue };
+            let Some(v) = d3.get(c.index as usize) else {
+                continue;
+            };
             let counts = pick(v);
             let mut h = Histogram::default();
             let mut cum = 0u64;
@@ -242,24 +450,80 @@ fn d3_link_metrics(r: &Registry, links: &[LinkReport]) -> Result<()> {
         return Ok(());
     }
     let l = &["interface"];
-    let cap = igauge(r, "paceline_d3_link_capacity_bytes_per_second", "C: the capacity the router hands out (moved by the controller).", l)?;
-    let line = igauge(r, "paceline_d3_link_line_rate_bytes_per_second", "The link's configured rate.", l)?;
+    let cap = igauge(
+        r,
+        "paceline_d3_link_capacity_bytes_per_second",
+        "C: the capacity the router hands out (moved by the controller).",
+        l,
+    )?;
+    let line = igauge(
+        r,
+        "paceline_d3_link_line_rate_bytes_per_second",
+        "The link's configured rate.",
+        l,
+    )?;
     let flows = igauge(r, "paceline_d3_link_flows", "N: flows the router counts.", l)?;
-    let demand = igauge(r, "paceline_d3_link_demand_bytes_per_second", "D: the sum of desired rates.", l)?;
-    let alloc = igauge(r, "paceline_d3_link_allocated_bytes_per_second", "A: the sum of allocations.", l)?;
-    let queue = igauge(r, "paceline_d3_link_queue_bytes", "The link's queue at the last controller tick.", l)?;
-    let req = counter(r, "paceline_d3_link_requests_total", "Rate requests processed.", l)?;
-    let clamped = counter(r, "paceline_d3_link_clamped_requests_total", "Requests for more than the link (or the per-flow cap): clamped.", l)?;
-    let unproc = counter(r, "paceline_d3_link_unprocessed_requests_total", "Requests left alone (invalid, or every slot already filled).", l)?;
-    let resets = counter(r, "paceline_d3_link_idle_resets_total", "Idle resets of N, D, A.", l)?;
-    let dups = counter(r, "paceline_d3_link_duplicate_requests_total", "TSO/GSO copies of a request, rewritten alike and counted once.", l)?;
+    let demand = igauge(
+        r,
+        "paceline_d3_link_demand_bytes_per_second",
+        "D: the sum of desired rates.",
+        l,
+    )?;
+    let alloc = igauge(
+        r,
+        "paceline_d3_link_allocated_bytes_per_second",
+        "A: the sum of allocations.",
+        l,
+    )?;
+    let queue = igauge(
+        r,
+        "paceline_d3_link_queue_bytes",
+        "The link's queue at the last controller tick.",
+        l,
+    )?;
+    let req = counter(
+        r,
+        "paceline_d3_link_requests_total",
+        "Rate requests processed.",
+        l,
+    )?;
+    let clamped = counter(
+        r,
+        "paceline_d3_link_clamped_requests_total",
+        "Requests for more than the link (or the per-flow cap): clamped.",
+        l,
+    )?;
+    let unproc = counter(
+        r,
+        "paceline_d3_link_unprocessed_requests_total",
+        "Requests left alone (invalid, or every slot already filled).",
+        l,
+    )?;
+    let resets = counter(
+        r,
+        "paceline_d3_link_idle_resets_total",
+        "Idle resets of N, D, A.",
+        l,
+    )?;
+    let dups = counter(
+        r,
+        "paceline_d3_link_duplicate_requests_total",
+        "TSO/GSO copies of a request, rewritten alike and counted once.",
+        l,
+    )?;
     for k in links {
         let lab = [k.interface.as_str()];
-        cap.with_label_values(&lab).set(k.capacity_bytes_per_second as i64);
-        line.with_label_values(&lab).set(k.line_rate_bytes_per_second as i64);
+        cap.with_label_values(&lab)
+            .set(k.capacity_bytes_per_second as i64);
+        line.with_label_values(&lab)
+            .set(k.line_rate_bytes_per_second as i64);
         flows.with_label_values(&lab).set(k.flows as i64);
-        demand.with_label_values(&lab).set(k.demand_bytes_per_second as i64);
-        alloc.with_label_values(&lab).set(k.allocated_bytes_per_second as i64);
+        demand
+            .with_label_values(&lab)
+            .set(k.demand_bytes_per_second as i64);
+        alloc
+            .with_label_values(&lab)
+            .set(k.allocated_bytes_per_second as i64);
         queue.with_label_values(&lab).set(k.queue_bytes as i64);
         req.with_label_values(&lab).inc_by(k.requests);
         clamped.with_label_values(&lab).inc_by(k.clamped);

@@ -140,7 +140,16 @@ pub fn install_fq(iface: &str, p: FqParams) -> Result<Installed> {
     let limit = p.limit.to_string();
     let flow_limit = p.flow_limit.to_string();
     let horizon = format!("{}us", p.horizon_ns / 1000);
-    let fq_args = ["fq", "limit", &limit, "flow_limit", &flow_limit, "horizon", &horizon, "horizon_drop"];
+    let fq_args = [
+        "fq",
+        "limit",
+        &limit,
+        "flow_limit",
+        &flow_limit,
+        "horizon",
+        &horizon,
+        "horizon_drop",
+    ];
     let queues = num_tx_queues(iface)?;
     if queues <= 1 {
         let mut args = vec!["qdisc", "replace", "dev", iface, "root", "handle", "1:"];
@@ -186,10 +195,16 @@ pub fn install_htb(iface: &str, default_minor: u16, classes: &[HtbClass], update
     if !update {
         check_replaceable(iface)?;
         let default = format!("{default_minor:x}");
-        tc(&["qdisc", "replace", "dev", iface, "root", "handle", "1:", "htb", "default", &default])?;
+        tc(&[
+            "qdisc", "replace", "dev", iface, "root", "handle", "1:", "htb", "default", &default,
+        ])?;
     }
     for c in classes {
-        let parent = if c.parent_minor == 0 { "1:".to_string() } else { format!("1:{:x}", c.parent_minor) };
+        let parent = if c.parent_minor == 0 {
+            "1:".to_string()
+        } else {
+            format!("1:{:x}", c.parent_minor)
+        };
         let classid = format!("1:{:x}", c.minor);
         let (rate, ceil, prio, quantum) = (bits(c.rate), bits(c.ceil), c.prio.to_string(), quantum(c.rate));
         tc(&[
@@ -249,7 +264,19 @@ mod tests {
 
     #[test]
     fn default_root_detection() {
-        assert!(Qdisc { kind: "pfifo_fast".into(), handle: "0:".into() }.is_kernel_default());
-        assert!(!Qdisc { kind: "htb".into(), handle: "1:".into() }.is_kernel_default());
+        assert!(
+            Qdisc {
+                kind: "pfifo_fast".into(),
+                handle: "0:".into()
+            }
+            .is_kernel_default()
+        );
+        assert!(
+            !Qdisc {
+                kind: "htb".into(),
+                handle: "1:".into()
+            }
+            .is_kernel_default()
+        );
     }
 }

@@ -2,9 +2,7 @@
 //! every millisecond: the D3 router's capacity controller needs the queue length `q`.
 
 use anyhow::{Context as _, Result, bail};
-use netlink_packet_core::{
-    NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
+use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::{
     RouteNetlinkMessage,
     tc::{TcAttribute, TcMessage, TcStats2},
@@ -24,14 +22,21 @@ impl QdiscStats {
         let mut sock = Socket::new(NETLINK_ROUTE).context("opening a netlink socket")?;
         sock.bind_auto()?;
         sock.connect(&SocketAddr::new(0, 0))?;
-        Ok(QdiscStats { sock, buf: vec![0; 64 * 1024], seq: 0 })
+        Ok(QdiscStats {
+            sock,
+            buf: vec![0; 64 * 1024],
+            seq: 0,
+        })
     }
 
     /// Bytes queued in the root qdisc of `ifindex` (what `tc -s qdisc show` calls backlog).
     pub fn root_backlog(&mut self, ifindex: u32) -> Result<u64> {
         let mut tc = TcMessage::default();
         tc.header.index = ifindex as i32;
-        let mut req = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(RouteNetlinkMessage::GetQueueDiscipline(tc)));
+        let mut req = NetlinkMessage::new(
+            NetlinkHeader::default(),
+            NetlinkPayload::from(RouteNetlinkMessage::GetQueueDiscipline(tc)),
+        );
         self.seq = self.seq.wrapping_add(1);
         req.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
         req.header.sequence_number = self.seq;
@@ -48,7 +53,9 @@ impl QdiscStats {
                     .context("parsing an RTM_NEWQDISC message")?;
                 let len = msg.header.length as usize;
                 match msg.payload {
-                    NetlinkPayload::Done(_) => return backlog.ok_or_else(|| anyhow::anyhow!("no root qdisc on ifindex {ifindex}")),
+                    NetlinkPayload::Done(_) => {
+                        return backlog.ok_or_else(|| anyhow::anyhow!("no root qdisc on ifindex {ifindex}"));
+                    }
                     NetlinkPayload::Error(e) => bail!("RTM_GETQDISC: {e:?}"),
                     NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewQueueDiscipline(m))
                         if m.header.index == ifindex as i32 && u32::from(m.header.parent) == TC_H_ROOT =>
@@ -62,7 +69,9 @@ impl QdiscStats {
                                         }
                                     }
                                 }
-                                TcAttribute::Stats(s) if backlog.is_none() => backlog = Some(s.backlog as u64),
+                                TcAttribute::Stats(s) if backlog.is_none() => {
+                                    backlog = Some(s.backlog as u64)
+                                }
                                 _ => {}
                             }
                         }

@@ -49,7 +49,10 @@ impl State {
         if let Some(i) = self.interfaces.iter().position(|i| i.name == name) {
             return &mut self.interfaces[i];
         }
-        self.interfaces.push(IfaceState { name: name.into(), ..Default::default() });
+        self.interfaces.push(IfaceState {
+            name: name.into(),
+            ..Default::default()
+        });
         self.interfaces.last_mut().expect("just pushed")
     }
 }
@@ -79,7 +82,10 @@ impl StateDir {
                 path.display()
             ),
         };
-        Ok(StateDir { dir: dir.to_path_buf(), _lock: lock })
+        Ok(StateDir {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -93,7 +99,9 @@ impl StateDir {
     /// State a previous agent left (it did not exit cleanly), if any.
     pub fn leftover(&self) -> Result<Option<State>> {
         match std::fs::read(self.state_file()) {
-            Ok(b) => Ok(Some(serde_json::from_slice(&b).context("parsing the previous state file")?)),
+            Ok(b) => Ok(Some(
+                serde_json::from_slice(&b).context("parsing the previous state file")?,
+            )),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),
         }
@@ -155,8 +163,15 @@ pub fn clean_up(state: &State) -> Vec<String> {
         }
         if let Some(q) = &i.qdisc {
             match qdisc::remove_root(&i.name, q) {
-                Ok(true) => done.push(format!("{}: removed root {} (kernel default restored)", i.name, q.describe())),
-                Ok(false) => done.push(format!("{}: root qdisc is no longer paceline's; left alone", i.name)),
+                Ok(true) => done.push(format!(
+                    "{}: removed root {} (kernel default restored)",
+                    i.name,
+                    q.describe()
+                )),
+                Ok(false) => done.push(format!(
+                    "{}: root qdisc is no longer paceline's; left alone",
+                    i.name
+                )),
                 Err(e) => done.push(format!("{}: removing root qdisc failed: {e}", i.name)),
             }
         }

@@ -22,7 +22,10 @@ pub fn bin(name: &str) -> PathBuf {
             return p;
         }
     }
-    panic!("{name} not found next to {}: build it (cargo build -p paceline-tests --bins)", exe.display());
+    panic!(
+        "{name} not found next to {}: build it (cargo build -p paceline-tests --bins)",
+        exe.display()
+    );
 }
 
 /// A scratch directory for one test's policy and state, removed on drop.
@@ -31,7 +34,9 @@ pub struct Scratch(PathBuf);
 impl Scratch {
     pub fn new(name: &str) -> Scratch {
         // In the VM only the share is writable and comes back to the host; elsewhere /tmp.
-        let base = std::env::var_os("PACELINE_VM_SHARE").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        let base = std::env::var_os("PACELINE_VM_SHARE")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
         let dir = base.join(format!("pl-agent-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch dir");
@@ -68,16 +73,30 @@ impl<'a> Agent<'a> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let child = host.spawn_cmd(cmd).expect("spawn the agent");
-        let mut agent = Agent { host, state_dir: state_dir.to_path_buf(), child: Some(child) };
+        let mut agent = Agent {
+            host,
+            state_dir: state_dir.to_path_buf(),
+            child: Some(child),
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if agent.status().is_some() {
                 return agent;
             }
-            let exited = agent.child.as_mut().expect("child").try_wait().ok().flatten().is_some();
+            let exited = agent
+                .child
+                .as_mut()
+                .expect("child")
+                .try_wait()
+                .ok()
+                .flatten()
+                .is_some();
             if exited || Instant::now() > deadline {
                 let out = agent.child.take().expect("child").stop();
-                panic!("the agent did not come up ({:?}):\n{}\n{}", out.status, out.stdout, out.stderr);
+                panic!(
+                    "the agent did not come up ({:?}):\n{}\n{}",
+                    out.status, out.stdout, out.stderr
+                );
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -99,7 +118,12 @@ impl<'a> Agent<'a> {
 
     /// The agent's `/status` document (via `paceline status --json` in its namespace).
     pub fn status(&self) -> Option<Value> {
-        let out = self.host.command(bin("plagent")).args(["status", "--json"]).output().ok()?;
+        let out = self
+            .host
+            .command(bin("plagent"))
+            .args(["status", "--json"])
+            .output()
+            .ok()?;
         if !out.status.success() {
             return None;
         }
@@ -141,7 +165,12 @@ impl<'a> Agent<'a> {
     /// SIGTERM and wait; returns the agent's log.
     pub fn stop(mut self) -> String {
         let out = self.child.take().expect("running").stop();
-        assert!(out.success(), "the agent exited with {:?}:\n{}", out.status, out.stderr);
+        assert!(
+            out.success(),
+            "the agent exited with {:?}:\n{}",
+            out.status,
+            out.stderr
+        );
         out.stderr
     }
 
@@ -160,4 +189,3 @@ impl Drop for Agent<'_> {
         let _ = &self.state_dir;
     }
 }
-

@@ -16,7 +16,10 @@ pub enum L4 {
 
 /// An Ethernet frame with an IPv4 packet: `dscp`/`ecn` in the TOS byte, optional IPv4 options,
 /// an optional 802.1Q tag (`vid`, `pcp`), and `payload_len` bytes of payload.
-#[allow(clippy::too_many_arguments, reason = "one argument per header field a test varies")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one argument per header field a test varies"
+)]
 pub fn ipv4(
     src: [u8; 4],
     dst: [u8; 4],
@@ -36,11 +39,15 @@ pub fn ipv4(
     let mut out = Vec::new();
     match (vlan, l4) {
         (None, L4::Tcp { sport, dport }) => {
-            let b = eth.ip(etherparse::IpHeaders::Ipv4(ip, Default::default())).tcp(sport, dport, 1, 65535);
+            let b = eth
+                .ip(etherparse::IpHeaders::Ipv4(ip, Default::default()))
+                .tcp(sport, dport, 1, 65535);
             b.write(&mut out, &payload).expect("write");
         }
         (None, L4::Udp { sport, dport }) => {
-            let b = eth.ip(etherparse::IpHeaders::Ipv4(ip, Default::default())).udp(sport, dport);
+            let b = eth
+                .ip(etherparse::IpHeaders::Ipv4(ip, Default::default()))
+                .udp(sport, dport);
             b.write(&mut out, &payload).expect("write");
         }
         (Some((vid, pcp)), L4::Tcp { sport, dport }) => {
@@ -72,19 +79,35 @@ fn vlan_header(vid: u16, pcp: u8) -> etherparse::VlanHeader {
 
 /// An Ethernet frame with an IPv6 packet; `ext` is a list of (next-header number, raw extension
 /// header bytes) inserted between the fixed header and the transport header, in order.
-pub fn ipv6(src: [u8; 16], dst: [u8; 16], l4: L4, dscp: u8, ecn: u8, hop_by_hop: bool, payload_len: usize) -> Vec<u8> {
+pub fn ipv6(
+    src: [u8; 16],
+    dst: [u8; 16],
+    l4: L4,
+    dscp: u8,
+    ecn: u8,
+    hop_by_hop: bool,
+    payload_len: usize,
+) -> Vec<u8> {
     let payload = vec![0xa5u8; payload_len];
     let (proto, l4bytes) = match l4 {
         L4::Tcp { sport, dport } => {
             let mut h = etherparse::TcpHeader::new(sport, dport, 1, 65535);
-            let ip = Ipv6Header { source: src, destination: dst, ..Default::default() };
+            let ip = Ipv6Header {
+                source: src,
+                destination: dst,
+                ..Default::default()
+            };
             h.checksum = h.calc_checksum_ipv6(&ip, &payload).expect("csum");
             let mut v = h.to_bytes().to_vec();
             v.extend_from_slice(&payload);
             (IpNumber::TCP, v)
         }
         L4::Udp { sport, dport } => {
-            let ip = Ipv6Header { source: src, destination: dst, ..Default::default() };
+            let ip = Ipv6Header {
+                source: src,
+                destination: dst,
+                ..Default::default()
+            };
             let h = etherparse::UdpHeader::with_ipv6_checksum(sport, dport, &ip, &payload).expect("udp");
             let mut v = h.to_bytes().to_vec();
             v.extend_from_slice(&payload);
@@ -147,18 +170,41 @@ pub fn inspect(frame: &[u8]) -> Seen {
             (tc >> 2, tc & 3, true)
         }
     };
-    let _ = matches!(p.transport, Some(TransportSlice::Tcp(_)) | Some(TransportSlice::Udp(_)));
-    Seen { dscp, ecn, pcp, ip_csum_ok: ok }
+    let _ = matches!(
+        p.transport,
+        Some(TransportSlice::Tcp(_)) | Some(TransportSlice::Udp(_))
+    );
+    Seen {
+        dscp,
+        ecn,
+        pcp,
+        ip_csum_ok: ok,
+    }
 }
 
 /// An Ethernet/IPv4/TCP frame whose TCP header carries `options` (raw bytes, a multiple of 4,
 /// at most 40), with a valid TCP checksum.
-pub fn tcp4_with_options(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, options: &[u8], payload_len: usize) -> Vec<u8> {
+pub fn tcp4_with_options(
+    src: [u8; 4],
+    dst: [u8; 4],
+    sport: u16,
+    dport: u16,
+    options: &[u8],
+    payload_len: usize,
+) -> Vec<u8> {
     let payload = vec![0x42u8; payload_len];
     let mut tcp = etherparse::TcpHeader::new(sport, dport, 1000, 65535);
-    tcp.set_options_raw(options).expect("options: a multiple of 4 bytes, at most 40");
+    tcp.set_options_raw(options)
+        .expect("options: a multiple of 4 bytes, at most 40");
     tcp.ack = true;
-    let ip = Ipv4Header::new((tcp.header_len() + payload.len()) as u16, 64, IpNumber::TCP, src, dst).expect("ipv4");
+    let ip = Ipv4Header::new(
+        (tcp.header_len() + payload.len()) as u16,
+        64,
+        IpNumber::TCP,
+        src,
+        dst,
+    )
+    .expect("ipv4");
     tcp.checksum = tcp.calc_checksum_ipv4(&ip, &payload).expect("csum");
     let mut out = Vec::new();
     out.extend_from_slice(&MAC_B);
@@ -173,9 +219,16 @@ pub fn tcp4_with_options(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, opt
 /// The TCP options and whether the TCP checksum of an Ethernet/IPv4/TCP frame is valid.
 pub fn tcp4_options(frame: &[u8]) -> (Vec<u8>, bool) {
     let p = SlicedPacket::from_ethernet(frame).expect("parse frame");
-    let Some(etherparse::NetSlice::Ipv4(ip)) = p.net else { panic!("not IPv4") };
-    let Some(TransportSlice::Tcp(tcp)) = p.transport else { panic!("not TCP") };
+    let Some(etherparse::NetSlice::Ipv4(ip)) = p.net else {
+        panic!("not IPv4")
+    };
+    let Some(TransportSlice::Tcp(tcp)) = p.transport else {
+        panic!("not TCP")
+    };
     let h = tcp.to_header();
-    let ok = h.calc_checksum_ipv4(&ip.header().to_header(), tcp.payload()).expect("csum") == h.checksum;
+    let ok = h
+        .calc_checksum_ipv4(&ip.header().to_header(), tcp.payload())
+        .expect("csum")
+        == h.checksum;
     (tcp.options().to_vec(), ok)
 }

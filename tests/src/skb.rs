@@ -76,7 +76,10 @@ impl SkBuff {
 
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns()` and of EDT timestamps.
 pub fn mono_now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid pointer to a timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64

@@ -61,7 +61,8 @@ enum Bench {
 
 fn cargo_build_release(bins: &[&str]) -> Result<()> {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.current_dir(repo_root()).args(["build", "--release", "--quiet", "-p", "paceline-tests"]);
+    c.current_dir(repo_root())
+        .args(["build", "--release", "--quiet", "-p", "paceline-tests"]);
     for b in bins {
         c.args(["--bin", b]);
     }
@@ -83,7 +84,12 @@ fn experiment(name: &str, a: &ExpArgs) -> Result<()> {
     if a.host {
         let out = root.join(format!("results/{name}-host"));
         std::fs::create_dir_all(&out)?;
-        let status = Command::new(&exe).args(&args).arg("--out").arg(&out).status().context("running plexp")?;
+        let status = Command::new(&exe)
+            .args(&args)
+            .arg("--out")
+            .arg(&out)
+            .status()
+            .context("running plexp")?;
         if !status.success() {
             bail!("plexp {name} failed on the host");
         }
@@ -100,7 +106,12 @@ fn experiment(name: &str, a: &ExpArgs) -> Result<()> {
     let mut command = vec![exe.display().to_string()];
     command.extend(args);
     let outcome = machine.run(&vm::Request {
-        flags: vm::VmFlags { timeout: a.timeout, mem: a.mem, smp: 2, verbose: false },
+        flags: vm::VmFlags {
+            timeout: a.timeout,
+            mem: a.mem,
+            smp: 2,
+            verbose: false,
+        },
         command,
         cwd: Some(root.clone()),
         env: vec![],
@@ -117,7 +128,12 @@ fn experiment(name: &str, a: &ExpArgs) -> Result<()> {
         let e = e?;
         std::fs::copy(e.path(), out.join(e.file_name()))?;
     }
-    println!("results in {} (kernel {}, {})", out.display(), machine.kernel.release, machine.accel);
+    println!(
+        "results in {} (kernel {}, {})",
+        out.display(),
+        machine.kernel.release,
+        machine.accel
+    );
     Ok(())
 }
 
@@ -132,7 +148,14 @@ pub fn run(a: Args) -> Result<()> {
             let root = repo_root();
             let out = root.join("results/bench-datapath.json");
             let status = Command::new(root.join("target/release/plbench"))
-                .args(["datapath", "--repeat", &repeat.to_string(), "--trials", &trials.to_string(), "--out"])
+                .args([
+                    "datapath",
+                    "--repeat",
+                    &repeat.to_string(),
+                    "--trials",
+                    &trials.to_string(),
+                    "--out",
+                ])
                 .arg(&out)
                 .status()
                 .context("running plbench (as root: it loads BPF programs)")?;

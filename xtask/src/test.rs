@@ -200,9 +200,7 @@ fn vm_part(a: &Args, root: &Path, rows: &mut Vec<Row>) -> Result<()> {
         smp: a.vm_smp,
         verbose: a.vm_verbose,
     };
-    println!(
-        "==> building the integration tests for the VM: cargo test --no-run -p paceline-tests"
-    );
+    println!("==> building the integration tests for the VM: cargo test --no-run -p paceline-tests");
     let bins = build_integration_tests(root)?;
     stop_if_interrupted(rows)?;
     let machine = vm::Vm::prepare()?;
@@ -306,8 +304,7 @@ fn build_integration_tests(root: &Path) -> Result<Vec<TestBin>> {
         if !kinds.iter().any(|k| k == "test") {
             return; // lib/bin unit tests ran on the host already
         }
-        let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str())
-        else {
+        let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str()) else {
             return;
         };
         let manifest_dir = v["manifest_path"]
@@ -322,9 +319,7 @@ fn build_integration_tests(root: &Path) -> Result<Vec<TestBin>> {
         });
     })?;
     if !ok {
-        bail!(
-            "building paceline-tests' integration tests failed (cargo test --no-run -p paceline-tests)"
-        );
+        bail!("building paceline-tests' integration tests failed (cargo test --no-run -p paceline-tests)");
     }
     Ok(bins)
 }

@@ -280,10 +280,7 @@ impl Vm {
     }
 
     pub fn print_info(&self) {
-        println!(
-            "kernel:     {} ({})",
-            self.kernel.release, self.kernel.origin
-        );
+        println!("kernel:     {} ({})", self.kernel.release, self.kernel.origin);
         println!("image:      {}", self.kernel.image.display());
         println!("modules:    {}", self.kernel.modules_dir.display());
         println!("initramfs:  {}", self.initramfs.display());
@@ -306,17 +303,12 @@ impl Vm {
             Some(c) => c.clone(),
             None => std::env::current_dir()?,
         };
-        let cwd = fs::canonicalize(&cwd)
-            .with_context(|| format!("working directory {}", cwd.display()))?;
+        let cwd = fs::canonicalize(&cwd).with_context(|| format!("working directory {}", cwd.display()))?;
 
         // the module load list
         let mut names: Vec<String> = DEFAULT_MODULES.iter().map(|s| s.to_string()).collect();
         if let Ok(v) = std::env::var("PACELINE_VM_MODULES") {
-            names.extend(
-                v.split([' ', ','])
-                    .filter(|s| !s.is_empty())
-                    .map(String::from),
-            );
+            names.extend(v.split([' ', ',']).filter(|s| !s.is_empty()).map(String::from));
         }
         names.extend(req.modules.iter().cloned());
         let idx = kernel::ModIndex::load(&self.kernel.modules_dir)?;
@@ -401,10 +393,7 @@ impl Vm {
             ));
         }
         env.push(("PACELINE_IN_VM".into(), "1".into()));
-        env.push((
-            "PACELINE_VM_SHARE".into(),
-            share.to_string_lossy().into_owned(),
-        ));
+        env.push(("PACELINE_VM_SHARE".into(), share.to_string_lossy().into_owned()));
         for (k, v) in &req.env {
             env.retain(|(k2, _)| k2 != k);
             env.push((k.clone(), v.clone()));
@@ -590,9 +579,7 @@ fn check_path(p: &Path) -> Result<()> {
     if s.chars()
         .any(|c| c.is_whitespace() || c == ',' || c == '\'' || c == '"' || c == '\\')
     {
-        bail!(
-            "path {s:?} contains whitespace, a comma or quotes; the VM harness does not support that"
-        );
+        bail!("path {s:?} contains whitespace, a comma or quotes; the VM harness does not support that");
     }
     Ok(())
 }

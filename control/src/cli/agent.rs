@@ -23,7 +23,15 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<i32> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(agent::run(agent::Options { policy: a.policy, metrics_addr: a.metrics_addr, state_dir: a.state_dir, bpffs_dir: a.bpffs_dir }))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(agent::run(agent::Options {
+        policy: a.policy,
+        metrics_addr: a.metrics_addr,
+        state_dir: a.state_dir,
+        bpffs_dir: a.bpffs_dir,
+    }))?;
     Ok(0)
 }

@@ -17,7 +17,13 @@ mod tests {
         let b = json!({"levels": [{"name": "hi", "rate": 7}, {"name": "lo"}], "horizon_ns": 100});
         let mut out = Vec::new();
         json_diff("", &a, &b, &mut out);
-        assert_eq!(out, vec!["levels[0].rate: 5 -> 7".to_string(), "levels[1]: null -> {\"name\":\"lo\"}".to_string()]);
+        assert_eq!(
+            out,
+            vec![
+                "levels[0].rate: 5 -> 7".to_string(),
+                "levels[1]: null -> {\"name\":\"lo\"}".to_string()
+            ]
+        );
         out.clear();
         json_diff("", &a, &a, &mut out);
         assert!(out.is_empty());
@@ -107,21 +113,32 @@ fn compile_text(text: &str, name: &str) -> Result<serde_json::Value, i32> {
 }
 
 fn diff(a: DiffArgs) -> Result<i32> {
-    let left_text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let left_text =
+        std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     let (right_name, right_text) = match &a.other {
-        Some(p) => (p.display().to_string(), std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        Some(p) => (
+            p.display().to_string(),
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        ),
         None => {
             let url = format!("http://{}/policy", a.addr);
             let text = ureq::get(&url)
                 .call()
-                .with_context(|| format!("asking the agent at {url} (is `paceline agent` running with that --metrics-addr?)"))?
+                .with_context(|| {
+                    format!(
+                        "asking the agent at {url} (is `paceline agent` running with that --metrics-addr?)"
+                    )
+                })?
                 .body_mut()
                 .read_to_string()?;
             (format!("running agent at {}", a.addr), text)
         }
     };
     let left_name = a.file.display().to_string();
-    let (l, r) = match (compile_text(&left_text, &left_name), compile_text(&right_text, &right_name)) {
+    let (l, r) = match (
+        compile_text(&left_text, &left_name),
+        compile_text(&right_text, &right_name),
+    ) {
         (Ok(l), Ok(r)) => (l, r),
         _ => return Ok(2),
     };
@@ -147,13 +164,27 @@ pub fn json_diff(path: &str, l: &serde_json::Value, r: &serde_json::Value, out: 
             keys.sort();
             keys.dedup();
             for k in keys {
-                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-                json_diff(&p, a.get(k).unwrap_or(&Value::Null), b.get(k).unwrap_or(&Value::Null), out);
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                json_diff(
+                    &p,
+                    a.get(k).unwrap_or(&Value::Null),
+                    b.get(k).unwrap_or(&Value::Null),
+                    out,
+                );
             }
         }
         (Value::Array(a), Value::Array(b)) => {
             for i in 0..a.len().max(b.len()) {
-                json_diff(&format!("{path}[{i}]"), a.get(i).unwrap_or(&Value::Null), b.get(i).unwrap_or(&Value::Null), out);
+                json_diff(
+                    &format!("{path}[{i}]"),
+                    a.get(i).unwrap_or(&Value::Null),
+                    b.get(i).unwrap_or(&Value::Null),
+                    out,
+                );
             }
         }
         (a, b) if a != b => out.push(format!("{path}: {a} -> {b}")),
@@ -190,7 +221,10 @@ fn check(a: CheckArgs) -> Result<i32> {
     };
     let compiled = policy::compile(&validated, &CompileContext { mode, previous: None });
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&policy::render::json(&compiled))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&policy::render::json(&compiled))?
+        );
     } else {
         print!("{}", policy::render::check_report(&compiled));
         println!("{}: OK", a.file.display());

@@ -19,7 +19,9 @@ pub fn run(a: Args) -> Result<i32> {
     let url = format!("http://{}/status", a.addr);
     let body: Value = ureq::get(&url)
         .call()
-        .with_context(|| format!("asking the agent at {url} (is `paceline agent` running with that --metrics-addr?)"))?
+        .with_context(|| {
+            format!("asking the agent at {url} (is `paceline agent` running with that --metrics-addr?)")
+        })?
         .body_mut()
         .read_json()
         .context("parsing the agent's status")?;
@@ -79,7 +81,13 @@ fn render(b: &Value) -> String {
     let mut o = String::new();
     let now = crate::status::unix_now();
     let up = now.saturating_sub(b["started_at"].as_u64().unwrap_or(now));
-    let _ = writeln!(o, "paceline {}, pid {}, up {}s", s(&b["version"]), s(&b["pid"]), up);
+    let _ = writeln!(
+        o,
+        "paceline {}, pid {}, up {}s",
+        s(&b["version"]),
+        s(&b["pid"]),
+        up
+    );
     let k = &b["kernel"];
     let _ = writeln!(
         o,
@@ -101,7 +109,13 @@ fn render(b: &Value) -> String {
         let _ = writeln!(o, "degraded: {}", s(d));
     }
     for i in b["interfaces"].as_array().into_iter().flatten() {
-        let _ = writeln!(o, "interface {}: attach {}, root qdisc {}", s(&i["name"]), s(&i["attach"]), s(&i["qdisc"]));
+        let _ = writeln!(
+            o,
+            "interface {}: attach {}, root qdisc {}",
+            s(&i["name"]),
+            s(&i["attach"]),
+            s(&i["qdisc"])
+        );
     }
     let p = &b["policy"];
     let _ = writeln!(
@@ -113,7 +127,12 @@ fn render(b: &Value) -> String {
         s(&p["generation"])
     );
     let r = &b["reloads"];
-    let _ = write!(o, "reloads: {} applied, {} rejected", s(&r["applied"]), s(&r["rejected"]));
+    let _ = write!(
+        o,
+        "reloads: {} applied, {} rejected",
+        s(&r["applied"]),
+        s(&r["rejected"])
+    );
     if r["last"]["applied"] == Value::Bool(false) {
         let _ = write!(o, "; LAST RELOAD REJECTED (running policy kept):");
         for err in r["last"]["errors"].as_array().into_iter().flatten() {
@@ -122,8 +141,17 @@ fn render(b: &Value) -> String {
     }
     let _ = writeln!(o);
     let counters = &b["counters"];
-    let _ = writeln!(o, "\n{:<16} {:>4} {:>14} {:>12} {:>14} {:>10} {:>10}", "LEVEL", "PRIO", "RATE", "PACKETS", "BYTES", "DELAYED", "DROPPED");
-    for (l, c) in p["levels"].as_array().into_iter().flatten().zip(counters["levels"].as_array().into_iter().flatten()) {
+    let _ = writeln!(
+        o,
+        "\n{:<16} {:>4} {:>14} {:>12} {:>14} {:>10} {:>10}",
+        "LEVEL", "PRIO", "RATE", "PACKETS", "BYTES", "DELAYED", "DROPPED"
+    );
+    for (l, c) in p["levels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .zip(counters["levels"].as_array().into_iter().flatten())
+    {
         let _ = writeln!(
             o,
             "{:<16} {:>4} {:>14} {:>12} {:>14} {:>10} {:>10}",
@@ -136,8 +164,17 @@ fn render(b: &Value) -> String {
             s(&c["dropped_horizon"])
         );
     }
-    let _ = writeln!(o, "\n{:<16} {:<12} {:>12} {:>14} {:>10} {:>10} {:>9} {:>9}", "CLASS", "LEVEL", "PACKETS", "BYTES", "DELAYED", "DROPPED", "TAGGED", "TCP-SOCK");
-    for (cl, c) in p["classes"].as_array().into_iter().flatten().zip(counters["classes"].as_array().into_iter().flatten()) {
+    let _ = writeln!(
+        o,
+        "\n{:<16} {:<12} {:>12} {:>14} {:>10} {:>10} {:>9} {:>9}",
+        "CLASS", "LEVEL", "PACKETS", "BYTES", "DELAYED", "DROPPED", "TAGGED", "TCP-SOCK"
+    );
+    for (cl, c) in p["classes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .zip(counters["classes"].as_array().into_iter().flatten())
+    {
         let _ = writeln!(
             o,
             "{:<16} {:<12} {:>12} {:>14} {:>10} {:>10} {:>9} {:>9}",

@@ -23,8 +23,7 @@ use std::collections::{HashMap, HashSet};
 use ipnet::IpNet;
 use paceline_common::maps::{
     CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_CLASSES,
-    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_NEEDS_CGROUP, TABLE_NO_FLOW_CLOCKS,
-    level_slot,
+    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_NEEDS_CGROUP, TABLE_NO_FLOW_CLOCKS, level_slot,
 };
 use paceline_common::qjump::Network;
 
@@ -489,9 +488,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
     let htb = if mode == EnforcementMode::Htb {
         let p = htb_plan(v, &idx);
         if p.is_none() {
-            warn(
-                "enforcement htb: no HTB plan, the link rate is unknown; set spec.link_rate".into(),
-            );
+            warn("enforcement htb: no HTB plan, the link rate is unknown; set spec.link_rate".into());
         }
         p
     } else {
@@ -511,8 +508,8 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
             mode.as_str()
         ));
     }
-    let any_aggregate = v.levels.iter().any(|l| l.rate.is_some())
-        || v.classes.iter().any(|c| c.class_rate.is_some());
+    let any_aggregate =
+        v.levels.iter().any(|l| l.rate.is_some()) || v.classes.iter().any(|c| c.class_rate.is_some());
     let any_flow = v.classes.iter().any(|c| c.flow_rate.is_some());
     match mode {
         EnforcementMode::SockopsOnly if any_aggregate => warn(
@@ -534,11 +531,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
             flags |= LEVEL_SET_PCP;
         }
         table.levels[li] = LevelConfig {
-            rate: if keep_aggregates {
-                l.rate.unwrap_or(0)
-            } else {
-                0
-            },
+            rate: if keep_aggregates { l.rate.unwrap_or(0) } else { 0 },
             flags,
             dscp: l.dscp.unwrap_or(0),
             pcp: l.pcp.unwrap_or(0),
@@ -558,11 +551,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
         };
         let tcp = c.tcp.unwrap_or_default();
         table.classes[i] = ClassConfig {
-            flow_rate: if keep_flow {
-                c.flow_rate.unwrap_or(0)
-            } else {
-                0
-            },
+            flow_rate: if keep_flow { c.flow_rate.unwrap_or(0) } else { 0 },
             class_rate: if keep_aggregates {
                 c.class_rate.unwrap_or(0)
             } else {
@@ -573,7 +562,11 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
             rto_min_us: tcp.rto_min_us.unwrap_or(0),
             delack_max_us: tcp.delack_max_us.unwrap_or(0),
             level: c.level as u32,
-            d3_deadline_us: c.d3.and_then(|k| k.default).map(|(dl, _)| (dl / 1000).min(u32::MAX as u64) as u32).unwrap_or(0),
+            d3_deadline_us: c
+                .d3
+                .and_then(|k| k.default)
+                .map(|(dl, _)| (dl / 1000).min(u32::MAX as u64) as u32)
+                .unwrap_or(0),
             d3_size: c.d3.and_then(|k| k.default).map(|(_, sz)| sz).unwrap_or(0),
         };
         class_names[i] = Some(c.name.clone());

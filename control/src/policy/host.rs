@@ -72,8 +72,8 @@ impl HostFacts for SystemHost {
     fn cgroup_id(&self, path: &str) -> Result<u64, String> {
         let info = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
-        let mount = cgroup2_mount(&info)
-            .ok_or("no cgroup2 file system is mounted (see /proc/self/mountinfo)")?;
+        let mount =
+            cgroup2_mount(&info).ok_or("no cgroup2 file system is mounted (see /proc/self/mountinfo)")?;
         cgroup_inode(&mount, path)
     }
 }
@@ -129,8 +129,7 @@ impl FakeHost {
         self
     }
     pub fn with_cgroup(mut self, path: &str, id: u64) -> Self {
-        self.cgroups
-            .insert(path.trim_start_matches('/').to_string(), id);
+        self.cgroups.insert(path.trim_start_matches('/').to_string(), id);
         self
     }
 }
@@ -175,11 +174,7 @@ pub fn parse_route_v4(text: &str) -> Vec<String> {
             continue;
         }
         let flags = u32::from_str_radix(f[3], 16).unwrap_or(0);
-        if f[1] == "00000000"
-            && f[7] == "00000000"
-            && flags & RTF_UP != 0
-            && flags & RTF_REJECT == 0
-        {
+        if f[1] == "00000000" && f[7] == "00000000" && flags & RTF_UP != 0 && flags & RTF_REJECT == 0 {
             out.push(f[0].to_string());
         }
     }
@@ -227,10 +222,7 @@ fn unescape_mount(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
             out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
             i += 4;
         } else {
@@ -382,11 +374,7 @@ fd000000000000000000000000000000 08 00000000000000000000000000000000 00 00000000
         assert_eq!(cgroup_inode(&dir, "system.slice/a.service"), Ok(ino));
         let e = cgroup_inode(&dir, "/system.slice/b.service").unwrap_err();
         assert_eq!(e, format!("no such cgroup under {}", dir.display()));
-        assert!(
-            cgroup_inode(&dir, "/../etc")
-                .unwrap_err()
-                .contains("\"..\"")
-        );
+        assert!(cgroup_inode(&dir, "/../etc").unwrap_err().contains("\"..\""));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -410,10 +398,7 @@ fd000000000000000000000000000000 08 00000000000000000000000000000000 00 00000000
             return;
         };
         let h = SystemHost::new();
-        assert_eq!(
-            h.cgroup_id("/"),
-            Ok(std::fs::metadata(&mount).unwrap().ino())
-        );
+        assert_eq!(h.cgroup_id("/"), Ok(std::fs::metadata(&mount).unwrap().ino()));
         let e = h.cgroup_id("/no/such/cgroup.service").unwrap_err();
         assert_eq!(e, format!("no such cgroup under {}", mount.display()));
     }

@@ -54,8 +54,8 @@ use std::path::Path;
 use sha2::{Digest as _, Sha256};
 
 pub use compile::{
-    ClassInfo, CompileContext, Compiled, EnforcementMode, HtbClass, HtbPlan, LevelInfo, QJumpInfo,
-    RuleInfo, compile,
+    ClassInfo, CompileContext, Compiled, EnforcementMode, HtbClass, HtbPlan, LevelInfo, QJumpInfo, RuleInfo,
+    compile,
 };
 pub use host::{FakeHost, HostFacts, OfflineHost, SystemHost};
 pub use raw::schema_json;
@@ -112,11 +112,7 @@ pub fn load(path: &Path, host: &dyn HostFacts) -> Result<Validated, Vec<PolicyEr
 }
 
 /// Parses and validates policy text; `file_name` is used in messages.
-pub fn parse_str(
-    text: &str,
-    file_name: &str,
-    host: &dyn HostFacts,
-) -> Result<Validated, Vec<PolicyError>> {
+pub fn parse_str(text: &str, file_name: &str, host: &dyn HostFacts) -> Result<Validated, Vec<PolicyError>> {
     let lines = lines::LineIndex::new(text);
     let raw = parse_raw(text, file_name, &lines).map_err(|e| vec![e])?;
     validate::validate(&raw, file_name, hash(text.as_bytes()), &lines, host)
@@ -138,8 +134,7 @@ pub fn parse_raw(
             file: file_name.to_string(),
             line: None,
             path: String::new(),
-            message: "is empty; a policy starts with `apiVersion: paceline/v1` and `kind: Policy`"
-                .into(),
+            message: "is empty; a policy starts with `apiVersion: paceline/v1` and `kind: Policy`".into(),
         });
     }
     serde_yaml::from_str::<raw::PolicyFile>(text).map_err(|e| serde_error(file_name, &e, lines))
@@ -147,10 +142,7 @@ pub fn parse_raw(
 
 /// sha256 of `bytes`, lower-case hex.
 pub fn hash(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Turns a serde_yaml error (`spec.classes[0]: unknown field ... at line 3 column 5`) into a
@@ -168,22 +160,18 @@ fn serde_error(file: &str, e: &serde_yaml::Error, lines: &lines::LineIndex) -> P
     let (path, message) = match msg.split_once(": ") {
         Some((p, m))
             if !p.is_empty()
-                && p.chars().all(|c| {
-                    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']' | '?')
-                }) =>
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']' | '?')) =>
         {
             (p.to_string(), m.to_string())
         }
         _ => (String::new(), msg.clone()),
     };
     let message = friendlier(&message);
-    let line = e.location().map(|l| l.line()).or_else(|| {
-        if path.is_empty() {
-            None
-        } else {
-            lines.line(&path)
-        }
-    });
+    let line = e
+        .location()
+        .map(|l| l.line())
+        .or_else(|| if path.is_empty() { None } else { lines.line(&path) });
     PolicyError {
         file: file.to_string(),
         line,

@@ -30,14 +30,8 @@ impl Table {
     fn render(&self, out: &mut String) {
         let n = self.header.len();
         let mut w = vec![0; n];
-        for r in std::iter::once(
-            &self
-                .header
-                .iter()
-                .map(|h| h.to_string())
-                .collect::<Vec<_>>(),
-        )
-        .chain(&self.rows)
+        for r in
+            std::iter::once(&self.header.iter().map(|h| h.to_string()).collect::<Vec<_>>()).chain(&self.rows)
         {
             for (i, c) in r.iter().enumerate() {
                 w[i] = w[i].max(c.chars().count());
@@ -64,11 +58,7 @@ impl Table {
             out.push('\n');
         };
         line(
-            &self
-                .header
-                .iter()
-                .map(|h| h.to_string())
-                .collect::<Vec<_>>(),
+            &self.header.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
             out,
         );
         for r in &self.rows {
@@ -158,11 +148,7 @@ pub fn check_report(c: &Compiled) -> String {
         ),
     );
     kv(&mut out, "horizon", fmt_ns(c.horizon_ns));
-    kv(
-        &mut out,
-        "flow table",
-        format!("{} entries", c.flow_table_size),
-    );
+    kv(&mut out, "flow table", format!("{} entries", c.flow_table_size));
     kv(
         &mut out,
         "link rate",
@@ -175,16 +161,8 @@ pub fn check_report(c: &Compiled) -> String {
         let n = &q.network;
         out.push_str("\nQJump network\n");
         kv(&mut out, "hosts", format!("n = {}", n.hosts));
-        kv(
-            &mut out,
-            "max packet",
-            format!("P = {}", fmt_size(n.max_packet)),
-        );
-        kv(
-            &mut out,
-            "slowest link",
-            format!("R = {}", fmt_rate(n.link_rate)),
-        );
+        kv(&mut out, "max packet", format!("P = {}", fmt_size(n.max_packet)));
+        kv(&mut out, "slowest link", format!("R = {}", fmt_rate(n.link_rate)));
         kv(
             &mut out,
             "switch delay",
@@ -241,10 +219,7 @@ pub fn check_report(c: &Compiled) -> String {
                 sum as f64 * 100.0 / l.rate as f64
             )
         });
-        out.push_str(&format!(
-            "  rate-limited levels take {}{of}\n",
-            fmt_rate(sum)
-        ));
+        out.push_str(&format!("  rate-limited levels take {}{of}\n", fmt_rate(sum)));
     }
 
     out.push_str("\nClasses\n");
@@ -276,12 +251,7 @@ pub fn check_report(c: &Compiled) -> String {
     t.render(&mut out);
 
     out.push_str("\nRules (first match wins)\n");
-    let mut t = Table::new(&[
-        ("#", true),
-        ("CLASS", false),
-        ("FROM", false),
-        ("MATCH", false),
-    ]);
+    let mut t = Table::new(&[("#", true), ("CLASS", false), ("FROM", false), ("MATCH", false)]);
     for (i, r) in c.rules.iter().enumerate() {
         t.row(vec![
             i.to_string(),

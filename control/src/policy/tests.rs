@@ -59,18 +59,11 @@ fn fq(v: &Validated) -> Compiled {
 /// Compiled for the mode the policy asks for (fq for auto).
 fn as_requested(v: &Validated) -> Compiled {
     let mode = v.enforcement().fixed().unwrap_or(EnforcementMode::Fq);
-    compile(
-        v,
-        &CompileContext {
-            mode,
-            previous: None,
-        },
-    )
+    compile(v, &CompileContext { mode, previous: None })
 }
 
 fn schema_validator() -> jsonschema::Validator {
-    let schema: serde_json::Value =
-        serde_json::from_str(&schema_json()).expect("the schema is JSON");
+    let schema: serde_json::Value = serde_json::from_str(&schema_json()).expect("the schema is JSON");
     jsonschema::validator_for(&schema).expect("the schema is a valid JSON schema")
 }
 
@@ -113,25 +106,14 @@ fn committed_schema_is_current() {
 fn schema_describes_the_format() {
     let s: serde_json::Value = serde_json::from_str(&schema_json()).unwrap();
     assert_eq!(s["properties"]["apiVersion"]["const"], "paceline/v1");
-    assert_eq!(
-        s["additionalProperties"], false,
-        "unknown fields are refused"
-    );
-    assert_eq!(
-        s["required"],
-        serde_json::json!(["apiVersion", "kind", "spec"])
-    );
+    assert_eq!(s["additionalProperties"], false, "unknown fields are refused");
+    assert_eq!(s["required"], serde_json::json!(["apiVersion", "kind", "spec"]));
     let spec = &s["$defs"]["Spec"];
     assert_eq!(spec["additionalProperties"], false);
     assert_eq!(spec["properties"]["horizon"]["default"], "100ms");
     assert_eq!(spec["properties"]["flow_table_size"]["default"], 65536);
     assert_eq!(spec["properties"]["enforcement"]["default"], "auto");
-    assert!(
-        s["$defs"]["Rate"]["pattern"]
-            .as_str()
-            .unwrap()
-            .contains("Gbit")
-    );
+    assert!(s["$defs"]["Rate"]["pattern"].as_str().unwrap().contains("Gbit"));
 }
 
 #[test]
@@ -163,13 +145,7 @@ fn shipped_policies_match_the_schema_and_validate_offline() {
             EnforcementMode::SockopsOnly,
             EnforcementMode::None,
         ] {
-            let c = compile(
-                &v,
-                &CompileContext {
-                    mode,
-                    previous: None,
-                },
-            );
+            let c = compile(&v, &CompileContext { mode, previous: None });
             let report = render::check_report(&c);
             for line in report.lines() {
                 assert!(
@@ -190,12 +166,8 @@ fn default_policy_validates_on_this_host() {
         eprintln!("skipped: this machine has no default route");
         return;
     }
-    let v = load(&root().join("policies/default.yaml"), &host).unwrap_or_else(|es| {
-        panic!(
-            "{}",
-            es.iter().map(|e| format!("{e}\n")).collect::<String>()
-        )
-    });
+    let v = load(&root().join("policies/default.yaml"), &host)
+        .unwrap_or_else(|es| panic!("{}", es.iter().map(|e| format!("{e}\n")).collect::<String>()));
     assert!(!v.interfaces.is_empty());
     assert!(v.interfaces_auto);
     let c = as_requested(&v);
@@ -287,9 +259,7 @@ spec:
     let e = errors(text, &fake_host());
     assert_eq!(e.len(), 4, "{e:#?}");
     assert!(
-        e[0].starts_with(
-            "test.yaml:6: spec.link_rate: \"10 Gbits\" is not a rate; write e.g. \"10Gbit\""
-        ),
+        e[0].starts_with("test.yaml:6: spec.link_rate: \"10 Gbits\" is not a rate; write e.g. \"10Gbit\""),
         "{}",
         e[0]
     );
@@ -325,10 +295,7 @@ fn structural_errors_come_from_serde_with_their_line() {
         &fake_host(),
     );
     assert_eq!(e, vec!["test.yaml:4: spec: missing field `levels`"]);
-    let e = errors(
-        "apiVersion: paceline/v1\nkind: Policy\nsepc: {}\n",
-        &fake_host(),
-    );
+    let e = errors("apiVersion: paceline/v1\nkind: Policy\nsepc: {}\n", &fake_host());
     assert_eq!(
         e,
         vec![
@@ -338,17 +305,13 @@ fn structural_errors_come_from_serde_with_their_line() {
     let e = errors("# nothing\n\n", &fake_host());
     assert_eq!(
         e,
-        vec![
-            "test.yaml: is empty; a policy starts with `apiVersion: paceline/v1` and `kind: Policy`"
-        ]
+        vec!["test.yaml: is empty; a policy starts with `apiVersion: paceline/v1` and `kind: Policy`"]
     );
     let two = format!("{SMALL}---\n{SMALL}");
     let e = errors(&two, &fake_host());
     assert_eq!(
         e,
-        [
-            "test.yaml: holds more than one YAML document (a `---` line); a policy file holds exactly one"
-        ]
+        ["test.yaml: holds more than one YAML document (a `---` line); a policy file holds exactly one"]
     );
 }
 
@@ -455,11 +418,7 @@ spec:
   default_class: other
 "#;
     let v = ok(text, &fake_host());
-    assert_eq!(
-        v.interfaces,
-        vec!["eth0"],
-        "auto = the default route's interface"
-    );
+    assert_eq!(v.interfaces, vec!["eth0"], "auto = the default route's interface");
     assert_eq!(
         v.link_rate,
         Some(LinkRate {
@@ -507,10 +466,7 @@ spec:
     assert_eq!(c.table.rules[0], Rule::any(0).with_cgroup(0));
     assert_eq!(c.table.flags, TABLE_NEEDS_CGROUP);
     // On a real host without a default route, auto is an error.
-    let e = errors(
-        text,
-        &FakeHost::new().with_cgroup("/system.slice/x.service", 7),
-    );
+    let e = errors(text, &FakeHost::new().with_cgroup("/system.slice/x.service", 7));
     assert_eq!(
         e,
         [
@@ -528,10 +484,7 @@ fn too_many_rules_without_lists() {
         .collect();
     text = text.replace("  rules:\n", &format!("  rules:\n{extra}"));
     let e = errors(&text, &fake_host());
-    assert_eq!(
-        e,
-        ["test.yaml:9: spec.rules: 66 rules; at most 64 fit the table"]
-    );
+    assert_eq!(e, ["test.yaml:9: spec.rules: 66 rules; at most 64 fit the table"]);
 }
 
 #[test]
@@ -616,15 +569,9 @@ fn small_policy_compiles_to_the_exact_table() {
     t.rules[1] = Rule::any(1)
         .with_proto(6)
         .with_family(true)
-        .with_src(
-            [ne([0xfd, 0, 0, 0]), 0, 0, 0],
-            [ne([0xff, 0, 0, 0]), 0, 0, 0],
-        )
+        .with_src([ne([0xfd, 0, 0, 0]), 0, 0, 0], [ne([0xff, 0, 0, 0]), 0, 0, 0])
         .with_sport(8000, 8100);
-    t.rules[2] = Rule::any(3)
-        .with_dscp(10)
-        .with_mark(0x10, 0xff)
-        .with_cgroup(4242);
+    t.rules[2] = Rule::any(3).with_dscp(10).with_mark(0x10, 0xff).with_cgroup(4242);
     t.n_rules = 3;
     t.n_classes = 4;
     t.default_class = 2;
@@ -698,10 +645,7 @@ fn small_policy_compiles_to_the_exact_table() {
     assert_eq!(c.name.as_deref(), Some("small"));
     assert!(c.htb.is_none());
     assert_eq!(
-        c.rules
-            .iter()
-            .map(|r| r.matches.as_str())
-            .collect::<Vec<_>>(),
+        c.rules.iter().map(|r| r.matches.as_str()).collect::<Vec<_>>(),
         [
             "tcp dst 10.1.0.0/16 dst_port 11211",
             "tcp src fd00::/8 src_port 8000-8100",
@@ -758,14 +702,7 @@ fn htb_plan_and_class_ids() {
             (0x101, 0x001, 125_000_000, 125_000_000, 1, "level/mid"),
             (0x201, 0x101, 62_500_000, 62_500_000, 1, "class/web"),
             (0x301, 0x101, 125_000_000, 125_000_000, 1, "level/mid/other"),
-            (
-                0x302,
-                0x001,
-                1_250_000_000,
-                1_250_000_000,
-                2,
-                "level/low/other"
-            ),
+            (0x302, 0x001, 1_250_000_000, 1_250_000_000, 2, "level/low/other"),
         ]
     );
     let prio: Vec<u32> = (0..4).map(|i| c.table.classes[i].skb_priority).collect();
@@ -1014,22 +951,13 @@ fn qjump_figures_for_the_seed_factors() {
     let c = fq(&ok(SEED_LEVELS, &fake_host()));
     let q = c.qjump.expect("qjump");
     assert!((q.epoch_secs - 0.0144).abs() < 1e-12, "2*n*P/R = 14.4 ms");
-    assert!(
-        (q.worst_case_delay_secs - 0.0072).abs() < 1e-12,
-        "n*P/R = 7.2 ms"
-    );
+    assert!((q.worst_case_delay_secs - 0.0072).abs() < 1e-12, "n*P/R = 7.2 ms");
     // Top level: one 9 KB packet per 14.4 ms = 625 000 B/s = 5 Mbit/s; level f: f times that.
     assert_eq!(c.table.levels[0].rate, 625_000);
-    for (i, f) in [1.0, 1.44, 7.2, 14.4, 28.8, 48.0, 72.0, 144.0]
-        .iter()
-        .enumerate()
-    {
+    for (i, f) in [1.0, 1.44, 7.2, 14.4, 28.8, 48.0, 72.0, 144.0].iter().enumerate() {
         let want = 625_000.0 * f;
         let got = c.table.levels[i].rate as f64;
-        assert!(
-            (got - want).abs() <= 1.0,
-            "factor {f}: {got} B/s, want {want}"
-        );
+        assert!((got - want).abs() <= 1.0, "factor {f}: {got} B/s, want {want}");
         assert!((c.levels[i].epoch_secs.unwrap() - 0.0144 / f).abs() < 1e-12);
         assert_eq!(c.levels[i].factor, Some(*f));
     }
@@ -1059,10 +987,7 @@ fn qjump_example_policy_figures() {
     assert_eq!(units::fmt_secs(c.levels[1].epoch_secs.unwrap()), "76.0 µs");
     assert_eq!(units::fmt_rate(c.levels[1].rate.unwrap()), "947 Mbit/s");
     assert_eq!(c.levels[2].rate, None);
-    assert_eq!(
-        units::fmt_secs(c.qjump.unwrap().worst_case_delay_secs),
-        "1.04 ms"
-    );
+    assert_eq!(units::fmt_secs(c.qjump.unwrap().worst_case_delay_secs), "1.04 ms");
     let memcached = &c.classes[0];
     assert_eq!(
         memcached.tcp,
@@ -1074,9 +999,7 @@ fn qjump_example_policy_figures() {
     assert_eq!(c.table.levels[0].dscp, 46);
     assert_eq!(c.table.default_class, 2);
     assert!(
-        c.warnings
-            .iter()
-            .all(|w| w.contains("spec.interfaces: auto")),
+        c.warnings.iter().all(|w| w.contains("spec.interfaces: auto")),
         "{:?}",
         c.warnings
     );
@@ -1084,11 +1007,7 @@ fn qjump_example_policy_figures() {
 
 #[test]
 fn host_and_flow_pacing_policy() {
-    let v = load(
-        &root().join("policies/host-and-flow-pacing.yaml"),
-        &fake_host(),
-    )
-    .unwrap();
+    let v = load(&root().join("policies/host-and-flow-pacing.yaml"), &fake_host()).unwrap();
     let c = fq(&v);
     assert_eq!(c.interfaces, ["eth0"]);
     let by_name = |n: &str| c.classes.iter().find(|k| k.name == n).unwrap().clone();
@@ -1158,8 +1077,5 @@ fn check_report_layout() {
     ] {
         assert!(r.contains(needle), "missing {needle:?} in:\n{r}");
     }
-    assert!(
-        r.lines()
-            .all(|l| l.chars().count() <= 100 && !l.ends_with(' '))
-    );
+    assert!(r.lines().all(|l| l.chars().count() <= 100 && !l.ends_with(' ')));
 }

@@ -91,9 +91,7 @@ fn scale(d: Decimal, num: u128, den: u128, floor: bool) -> Result<u64, UnitError
         return Err(UnitError::Overflow);
     }
     let p = d.mantissa.checked_mul(num).ok_or(UnitError::Overflow)?;
-    let den = den
-        .checked_mul(10u128.pow(d.scale))
-        .ok_or(UnitError::Overflow)?;
+    let den = den.checked_mul(10u128.pow(d.scale)).ok_or(UnitError::Overflow)?;
     if !floor && p % den != 0 {
         return Err(UnitError::Fraction);
     }
@@ -248,9 +246,7 @@ pub fn parse_rate(text: &str) -> Result<u64, UnitError> {
         }
         "b/s" | "kb/s" | "Kb/s" | "mb/s" | "Mb/s" | "gb/s" | "Gb/s" | "tb/s" | "Tb/s" => {
             let p = unit[..unit.len() - 3].to_uppercase();
-            format!(
-                "write \"{p}bit\" for bits or \"{p}B/s\" for bytes (\"b\" vs \"B\" is an 8x difference)"
-            )
+            format!("write \"{p}bit\" for bits or \"{p}B/s\" for bytes (\"b\" vs \"B\" is an 8x difference)")
         }
         u if u.ends_with("bits") || u.ends_with("bits/s") => {
             format!(
@@ -352,10 +348,7 @@ pub fn fmt_rate(bytes_per_sec: u64) -> String {
 
 /// A duration in seconds: `"14.4 ms"`, `"4.00 µs"`.
 pub fn fmt_secs(secs: f64) -> String {
-    sig3(
-        secs,
-        &[("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)],
-    )
+    sig3(secs, &[("ns", 1e-9), ("µs", 1e-6), ("ms", 1e-3), ("s", 1.0)])
 }
 
 /// A duration in nanoseconds, exact when short: `"100ms"`, `"4us"`, `"1.5ms"` -> `"1.5 ms"`.
@@ -467,10 +460,7 @@ mod tests {
         );
         // Just inside u64 bytes/s, then just outside.
         assert_eq!(parse_rate("18446744073709551615B/s"), Ok(u64::MAX));
-        assert_eq!(
-            parse_rate("18446744073709551616B/s"),
-            Err(UnitError::Overflow)
-        );
+        assert_eq!(parse_rate("18446744073709551616B/s"), Err(UnitError::Overflow));
     }
 
     #[test]
@@ -486,10 +476,7 @@ mod tests {
         assert_eq!(parse_size("9000"), Err(UnitError::NoUnit));
         assert!(matches!(parse_size("9kb"), Err(UnitError::Invalid(h)) if h.contains("\"KB\"")));
         assert!(matches!(parse_size("9 Kbyte"), Err(UnitError::Invalid(_))));
-        assert_eq!(
-            parse_size("99999999999999999999GB"),
-            Err(UnitError::Overflow)
-        );
+        assert_eq!(parse_size("99999999999999999999GB"), Err(UnitError::Overflow));
     }
 
     #[test]
@@ -506,20 +493,13 @@ mod tests {
             Ok(1_500_000_000),
             "humantime fallback"
         );
-        assert_eq!(
-            parse_duration("2min"),
-            Ok(120_000_000_000),
-            "humantime fallback"
-        );
+        assert_eq!(parse_duration("2min"), Ok(120_000_000_000), "humantime fallback");
         assert_eq!(parse_duration("0"), Err(UnitError::NoUnit));
         assert_eq!(parse_duration("100"), Err(UnitError::NoUnit));
         assert_eq!(parse_duration("1.5ns"), Err(UnitError::Fraction));
         assert!(parse_duration("fast").is_err());
         assert!(parse_duration("5 parsecs").is_err());
-        assert_eq!(
-            parse_duration("99999999999999999999s"),
-            Err(UnitError::Overflow)
-        );
+        assert_eq!(parse_duration("99999999999999999999s"), Err(UnitError::Overflow));
     }
 
     #[test]

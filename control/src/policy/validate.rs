@@ -465,8 +465,7 @@ fn check_name(name: &str) -> Result<(), String> {
 }
 
 fn factor(s: &Scalar) -> Result<Option<f64>, String> {
-    let bad =
-        || format!("{s} is not a factor; write a number > 0 (e.g. 1, 1.44, 7.2) or \"unlimited\"");
+    let bad = || format!("{s} is not a factor; write a number > 0 (e.g. 1, 1.44, 7.2) or \"unlimited\"");
     match s {
         Scalar::Str(t) if t.trim() == "unlimited" => Ok(None),
         Scalar::Int(i) => {
@@ -573,9 +572,7 @@ pub fn mark(s: &Scalar) -> Result<(u32, u32), String> {
         };
         match r {
             Ok(v) if v <= u64::from(u32::MAX) => Ok(v),
-            Ok(_) => Err(format!(
-                "{s} is out of range; marks are 32 bits (0..=0xffffffff)"
-            )),
+            Ok(_) => Err(format!("{s} is out of range; marks are 32 bits (0..=0xffffffff)")),
             Err(_) => Err(bad()),
         }
     };
@@ -584,9 +581,7 @@ pub fn mark(s: &Scalar) -> Result<(u32, u32), String> {
             if (0..=i128::from(u32::MAX)).contains(i) {
                 (*i as u64, u64::from(u32::MAX))
             } else {
-                return Err(format!(
-                    "{s} is out of range; marks are 32 bits (0..=0xffffffff)"
-                ));
+                return Err(format!("{s} is out of range; marks are 32 bits (0..=0xffffffff)"));
             }
         }
         Scalar::Str(t) => match t.split_once('/') {
@@ -765,13 +760,13 @@ fn validate_into(
         && r > *ir
     {
         d.warn(
-                "spec.link_rate",
-                format!(
-                    "{} is above the speed {i} reports ({}); guarantees computed against it may not hold",
-                    units::fmt_rate(r),
-                    units::fmt_rate(*ir)
-                ),
-            );
+            "spec.link_rate",
+            format!(
+                "{} is above the speed {i} reports ({}); guarantees computed against it may not hold",
+                units::fmt_rate(r),
+                units::fmt_rate(*ir)
+            ),
+        );
     }
 
     let enforcement = EnforcementRequest::from(spec.enforcement);
@@ -795,7 +790,10 @@ fn validate_into(
     if d3.is_none() {
         for (i, c) in classes.iter().enumerate() {
             if c.d3.is_some() {
-                d.error(format!("spec.classes[{i}].d3"), "needs spec.d3 (add `d3: {}` to spec to turn D3 on for this host)");
+                d.error(
+                    format!("spec.classes[{i}].d3"),
+                    "needs spec.d3 (add `d3: {}` to spec to turn D3 on for this host)",
+                );
             }
         }
     }
@@ -838,49 +836,73 @@ fn d3_spec(d: &mut Diag, spec: &raw::Spec, host: &dyn HostFacts) -> Option<Optio
         None => None,
     };
     let interval_ns = match &s.interval {
-        Some(v) => d.check("spec.d3.interval", duration(&v.0, D3_INTERVAL)).unwrap_or_else(|| {
-            ok = false;
-            0
-        }),
+        Some(v) => d
+            .check("spec.d3.interval", duration(&v.0, D3_INTERVAL))
+            .unwrap_or_else(|| {
+                ok = false;
+                0
+            }),
         None => 1_000_000,
     };
     let mut router = Vec::new();
     for (i, l) in s.router.iter().enumerate() {
         let p = format!("spec.d3.router[{i}]");
         if !host.is_offline() && !host.interface_exists(&l.interface) {
-            d.error(format!("{p}.interface"), format!("no interface named {:?} on this host", l.interface));
+            d.error(
+                format!("{p}.interface"),
+                format!("no interface named {:?} on this host", l.interface),
+            );
             ok = false;
         }
         if router.iter().any(|r: &D3Link| r.interface == l.interface) {
-            d.error(format!("{p}.interface"), format!("{:?} is listed twice", l.interface));
+            d.error(
+                format!("{p}.interface"),
+                format!("{:?} is listed twice", l.interface),
+            );
             ok = false;
         }
         let cap = d.check(&format!("{p}.capacity"), rate(&l.capacity.0, RATE));
-        let base = l.base_rate.as_ref().map(|r| d.check(&format!("{p}.base_rate"), rate(&r.0, RATE)));
-        let fcap = l.flow_cap.as_ref().map(|r| d.check(&format!("{p}.flow_cap"), rate(&r.0, RATE)));
+        let base = l
+            .base_rate
+            .as_ref()
+            .map(|r| d.check(&format!("{p}.base_rate"), rate(&r.0, RATE)));
+        let fcap = l
+            .flow_cap
+            .as_ref()
+            .map(|r| d.check(&format!("{p}.flow_cap"), rate(&r.0, RATE)));
         let (Some(cap), Some(base), Some(fcap)) = (cap, base.transpose_ok(), fcap.transpose_ok()) else {
             ok = false;
             continue;
         };
         let base = base.unwrap_or(cap / 1000);
         if base >= cap {
-            d.error(format!("{p}.base_rate"), format!("{} must be below the capacity {}", units::fmt_rate(base), units::fmt_rate(cap)));
+            d.error(
+                format!("{p}.base_rate"),
+                format!(
+                    "{} must be below the capacity {}",
+                    units::fmt_rate(base),
+                    units::fmt_rate(cap)
+                ),
+            );
             ok = false;
         }
-        router.push(D3Link { interface: l.interface.clone(), capacity: cap, base_rate: base, flow_cap: fcap.unwrap_or(0) });
+        router.push(D3Link {
+            interface: l.interface.clone(),
+            capacity: cap,
+            base_rate: base,
+            flow_cap: fcap.unwrap_or(0),
+        });
     }
-    ok.then_some(Some(D3Spec { receiver: s.receiver, first_rtt_rate: first, interval_ns, router }))
+    ok.then_some(Some(D3Spec {
+        receiver: s.receiver,
+        first_rtt_rate: first,
+        interval_ns,
+        router,
+    }))
 }
 
 /// Index of `name` in `names`, or an error listing the valid names.
-fn lookup(
-    d: &mut Diag,
-    path: &str,
-    name: &str,
-    names: &[&str],
-    what: &str,
-    plural: &str,
-) -> Option<usize> {
+fn lookup(d: &mut Diag, path: &str, name: &str, names: &[&str], what: &str, plural: &str) -> Option<usize> {
     let found = names.iter().position(|n| *n == name);
     if found.is_none() {
         d.error(
@@ -929,7 +951,10 @@ fn interfaces(d: &mut Diag, list: &[String], host: &dyn HostFacts) -> (Vec<Strin
                 .chars()
                 .any(|c| c == '/' || c == ':' || c.is_whitespace() || c == '\0');
         if !valid {
-            d.error(path, format!("{name:?} is not an interface name (1 to 15 characters, no \"/\", \":\" or spaces)"));
+            d.error(
+                path,
+                format!("{name:?} is not an interface name (1 to 15 characters, no \"/\", \":\" or spaces)"),
+            );
         } else if out.contains(name) {
             d.error(path, format!("{name:?} is listed twice"));
         } else if !host.interface_exists(name) {
@@ -941,12 +966,7 @@ fn interfaces(d: &mut Diag, list: &[String], host: &dyn HostFacts) -> (Vec<Strin
     (out, false)
 }
 
-fn levels(
-    d: &mut Diag,
-    raw: &[raw::Level],
-    has_qjump: bool,
-    net: Option<&Network>,
-) -> Option<Vec<Level>> {
+fn levels(d: &mut Diag, raw: &[raw::Level], has_qjump: bool, net: Option<&Network>) -> Option<Vec<Level>> {
     if raw.is_empty() || raw.len() > MAX_LEVELS {
         d.error(
             "spec.levels",
@@ -977,12 +997,8 @@ fn levels(
             good = false;
         }
         let priority = d.check(&format!("{p}.priority"), int_range(l.priority, 0, 7));
-        let dscp = l
-            .dscp
-            .map(|v| d.check(&format!("{p}.dscp"), int_range(v, 0, 63)));
-        let pcp = l
-            .pcp
-            .map(|v| d.check(&format!("{p}.pcp"), int_range(v, 0, 7)));
+        let dscp = l.dscp.map(|v| d.check(&format!("{p}.dscp"), int_range(v, 0, 63)));
+        let pcp = l.pcp.map(|v| d.check(&format!("{p}.pcp"), int_range(v, 0, 7)));
         let limit = match (&l.factor, &l.rate) {
             (Some(_), Some(_)) => {
                 d.error(p.clone(), "set either factor or rate, not both");
@@ -1012,18 +1028,12 @@ fn levels(
                 }
                 None => None,
             },
-            (None, Some(r)) => d
-                .check(&format!("{p}.rate"), rate(&r.0, RATE))
-                .map(Limit::Rate),
+            (None, Some(r)) => d.check(&format!("{p}.rate"), rate(&r.0, RATE)).map(Limit::Rate),
             (None, None) => Some(Limit::Unlimited),
         };
-        let (Some(priority), Some(limit), Some(dscp), Some(pcp), true) = (
-            priority,
-            limit,
-            dscp.transpose_ok(),
-            pcp.transpose_ok(),
-            good,
-        ) else {
+        let (Some(priority), Some(limit), Some(dscp), Some(pcp), true) =
+            (priority, limit, dscp.transpose_ok(), pcp.transpose_ok(), good)
+        else {
             ok = false;
             continue;
         };
@@ -1193,14 +1203,7 @@ fn classes(
             );
             good = false;
         }
-        let level = lookup(
-            d,
-            &format!("{p}.level"),
-            &c.level,
-            level_names,
-            "level",
-            "levels",
-        );
+        let level = lookup(d, &format!("{p}.level"), &c.level, level_names, "level", "levels");
         let flow_rate = c
             .flow_rate
             .as_ref()
@@ -1280,11 +1283,19 @@ fn classes(
         let d3 = match &c.d3 {
             None => None,
             Some(k) => {
-                let dl = k.deadline.as_ref().map(|v| d.check(&format!("{p}.d3.deadline"), duration(&v.0, D3_DEADLINE)));
-                let sz = k.size.as_ref().map(|v| d.check(&format!("{p}.d3.size"), size(&v.0, D3_SIZE)));
+                let dl = k
+                    .deadline
+                    .as_ref()
+                    .map(|v| d.check(&format!("{p}.d3.deadline"), duration(&v.0, D3_DEADLINE)));
+                let sz = k
+                    .size
+                    .as_ref()
+                    .map(|v| d.check(&format!("{p}.d3.size"), size(&v.0, D3_SIZE)));
                 match (dl, sz) {
                     (None, None) => Some(ClassD3 { default: None }),
-                    (Some(Some(dl)), Some(Some(sz))) => Some(ClassD3 { default: Some((dl, sz)) }),
+                    (Some(Some(dl)), Some(Some(sz))) => Some(ClassD3 {
+                        default: Some((dl, sz)),
+                    }),
                     (Some(_), None) | (None, Some(_)) => {
                         d.error(format!("{p}.d3"), "deadline and size go together: a deadline needs the transfer's size to compute the rate it requires");
                         ok = false;
@@ -1453,9 +1464,7 @@ fn rule_parts(
         Some(dscp),
         Some(mark),
         Some(cgroup),
-    ) = (
-        class, protocol, src, dst, src_port, dst_port, dscp, mark, cgroup,
-    )
+    ) = (class, protocol, src, dst, src_port, dst_port, dscp, mark, cgroup)
     else {
         return None;
     };
@@ -1520,10 +1529,7 @@ fn rule_parts(
                 if Family::of(n) != *f {
                     d.error(
                         entry_path(&format!("{p}.{field}"), *idx),
-                        format!(
-                            "{n} is {} but {by}; no packet could match",
-                            Family::of(n).name()
-                        ),
+                        format!("{n} is {} but {by}; no packet could match", Family::of(n).name()),
                     );
                     ok = false;
                 }
@@ -1553,9 +1559,13 @@ fn rule_parts(
                 for (idx, n) in list {
                     if !common.contains(&Family::of(n)) {
                         d.error(
-                                entry_path(&format!("{p}.{field}"), *idx),
-                                format!("{n} is {} but every {other} is {}; no packet could match this entry", Family::of(n).name(), common[0].name()),
-                            );
+                            entry_path(&format!("{p}.{field}"), *idx),
+                            format!(
+                                "{n} is {} but every {other} is {}; no packet could match this entry",
+                                Family::of(n).name(),
+                                common[0].name()
+                            ),
+                        );
                         ok = false;
                     }
                 }
@@ -1582,12 +1592,7 @@ fn list_len(l: &Option<Vec<(Option<usize>, IpNet)>>) -> usize {
 
 /// The same-family (src, dst) pairs of a rule; `None` entries mean "any".
 #[allow(clippy::type_complexity)]
-fn pairs(
-    r: &RuleParts,
-) -> Vec<(
-    Option<(Option<usize>, IpNet)>,
-    Option<(Option<usize>, IpNet)>,
-)> {
+fn pairs(r: &RuleParts) -> Vec<(Option<(Option<usize>, IpNet)>, Option<(Option<usize>, IpNet)>)> {
     let src: Vec<Option<(Option<usize>, IpNet)>> = match &r.src {
         Some(v) => v.iter().map(|x| Some(*x)).collect(),
         None => vec![None],
@@ -1709,10 +1714,7 @@ fn fits(d: &mut Diag, levels: &[Level], link: Option<&LinkRate>) {
         );
         return;
     };
-    let sum: u128 = limited
-        .iter()
-        .map(|l| u128::from(l.rate.unwrap_or(0)))
-        .sum();
+    let sum: u128 = limited.iter().map(|l| u128::from(l.rate.unwrap_or(0))).sum();
     if sum > u128::from(link.rate) {
         let terms: Vec<String> = limited
             .iter()
@@ -1731,13 +1733,7 @@ fn fits(d: &mut Diag, levels: &[Level], link: Option<&LinkRate>) {
     }
 }
 
-fn cross_checks(
-    d: &mut Diag,
-    levels: &[Level],
-    classes: &[Class],
-    rules: &[RuleSpec],
-    default_class: usize,
-) {
+fn cross_checks(d: &mut Diag, levels: &[Level], classes: &[Class], rules: &[RuleSpec], default_class: usize) {
     // Unused classes and levels.
     for (i, c) in classes.iter().enumerate() {
         if i != default_class && !rules.iter().any(|r| r.class == i) {
@@ -1762,10 +1758,7 @@ fn cross_checks(
     for (i, c) in classes.iter().enumerate() {
         let sockops = c.flow_rate.is_some() || c.tcp.is_some();
         let mine: Vec<&RuleSpec> = rules.iter().filter(|r| r.class == i).collect();
-        if sockops
-            && i != default_class
-            && !mine.is_empty()
-            && mine.iter().all(|r| r.invisible_to_sockops())
+        if sockops && i != default_class && !mine.is_empty() && mine.iter().all(|r| r.invisible_to_sockops())
         {
             let what = match (c.tcp.is_some(), c.flow_rate.is_some()) {
                 (true, true) => "tcp settings and flow_rate",
@@ -1829,11 +1822,7 @@ mod tests {
                 .unwrap_err()
                 .contains("is too large")
         );
-        assert!(
-            rate(&s("fast"), RATE)
-                .unwrap_err()
-                .contains("units: bit, kbit")
-        );
+        assert!(rate(&s("fast"), RATE).unwrap_err().contains("units: bit, kbit"));
     }
 
     #[test]
@@ -1918,11 +1907,7 @@ mod tests {
         assert_eq!(factor(&Scalar::Int(1)), Ok(Some(1.0)));
         assert_eq!(factor(&Scalar::Float(1.44)), Ok(Some(1.44)));
         assert_eq!(factor(&s("unlimited")), Ok(None));
-        assert!(
-            factor(&Scalar::Int(0))
-                .unwrap_err()
-                .contains("out of range")
-        );
+        assert!(factor(&Scalar::Int(0)).unwrap_err().contains("out of range"));
         assert!(factor(&Scalar::Float(-2.0)).is_err());
         assert!(factor(&s("1.44")).unwrap_err().contains("is not a factor"));
     }
@@ -1931,11 +1916,7 @@ mod tests {
     fn names() {
         assert!(check_name("memcached-1.a_b").is_ok());
         assert!(check_name("").is_err());
-        assert!(
-            check_name("has space")
-                .unwrap_err()
-                .contains("letters, digits")
-        );
+        assert!(check_name("has space").unwrap_err().contains("letters, digits"));
         assert!(check_name(&"x".repeat(65)).is_err());
     }
 }

@@ -23,9 +23,8 @@ use aya_ebpf::{
 use paceline_common::{
     d3::{self, D3Feedback, D3FlowState, FB_LEN, HostInput, REQ_LEN},
     maps::{
-        CLASS_D3, ClassConfig, D3App, D3ClassStats, D3S_DEADLINE, D3S_DONE, D3S_FB_PENDING,
-        D3S_FIN_DUE, D3S_MISSED, D3S_REQ_DUE, D3S_SENDER, D3Sock, PolicyTable, TABLE_D3_RECEIVER,
-        d3_hist_bucket,
+        CLASS_D3, ClassConfig, D3App, D3ClassStats, D3S_DEADLINE, D3S_DONE, D3S_FB_PENDING, D3S_FIN_DUE,
+        D3S_MISSED, D3S_REQ_DUE, D3S_SENDER, D3Sock, PolicyTable, TABLE_D3_RECEIVER, d3_hist_bucket,
     },
 };
 
@@ -74,8 +73,19 @@ fn state(ctx: &SockOpsContext, create: bool) -> Option<&'static mut D3Sock> {
     }
     let flags = if create { BPF_SK_STORAGE_GET_F_CREATE } else { 0 };
     // SAFETY: the map pointer is the BTF map itself; sk is the context's full socket.
-    let p = unsafe { bpf_sk_storage_get(core::ptr::addr_of!(PL_D3_SOCK) as *mut c_void, sk, core::ptr::null_mut(), flags) };
-    if p.is_null() { None } else { Some(unsafe { &mut *p.cast::<D3Sock>() }) }
+    let p = unsafe {
+        bpf_sk_storage_get(
+            core::ptr::addr_of!(PL_D3_SOCK) as *mut c_void,
+            sk,
+            core::ptr::null_mut(),
+            flags,
+        )
+    };
+    if p.is_null() {
+        None
+    } else {
+        Some(unsafe { &mut *p.cast::<D3Sock>() })
+    }
 }
 
 #[inline(always)]
@@ -85,8 +95,19 @@ fn app(ctx: &SockOpsContext) -> Option<D3App> {
         return None;
     }
     // SAFETY: as above, without creating.
-    let p = unsafe { bpf_sk_storage_get(core::ptr::addr_of!(PL_D3_APP) as *mut c_void, sk, core::ptr::null_mut(), 0) };
-    if p.is_null() { None } else { Some(unsafe { *p.cast::<D3App>() }) }
+    let p = unsafe {
+        bpf_sk_storage_get(
+            core::ptr::addr_of!(PL_D3_APP) as *mut c_void,
+            sk,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    if p.is_null() {
+        None
+    } else {
+        Some(unsafe { *p.cast::<D3App>() })
+    }
 }
 
 #[inline(always)]
@@ -141,9 +162,23 @@ fn pace(ctx: &SockOpsContext, st: &mut D3Sock, wire_rate: u64) {
     // SAFETY: reading the program's own context.
     let (mss, v6) = unsafe { ((*ctx.ops).mss_cache, (*ctx.ops).family == 10) };
     let r = payload_rate(wire_rate, mss, v6);
-    let mut v: u32 = if r > u32::MAX as u64 { u32::MAX } else if r == 0 { 1 } else { r as u32 };
+    let mut v: u32 = if r > u32::MAX as u64 {
+        u32::MAX
+    } else if r == 0 {
+        1
+    } else {
+        r as u32
+    };
     // SAFETY: the context pointer and a live 4-byte value.
-    let ok = unsafe { bpf_setsockopt(ctx.ops.cast(), SOL_SOCKET, SO_MAX_PACING_RATE, (&mut v as *mut u32).cast(), 4) } == 0;
+    let ok = unsafe {
+        bpf_setsockopt(
+            ctx.ops.cast(),
+            SOL_SOCKET,
+            SO_MAX_PACING_RATE,
+            (&mut v as *mut u32).cast(),
+            4,
+        )
+    } == 0;
     if ok {
         st.applied_rate = wire_rate;
     }
@@ -177,12 +212,17 @@ pub fn on_established(ctx: &SockOpsContext, table: &PolicyTable, class_idx: u32,
             st.app_generation = a.generation;
             start_transfer(st, base, a.size, a.deadline_ns);
         }
-        _ if class.d3_deadline_us != 0 => start_transfer(st, base, class.d3_size, t + class.d3_deadline_us as u64 * 1000),
+        _ if class.d3_deadline_us != 0 => {
+            start_transfer(st, base, class.d3_size, t + class.d3_deadline_us as u64 * 1000)
+        }
         _ => start_transfer(st, base, 0, 0),
     }
     // Burst tolerance: the first RTT runs at the first-RTT rate, until the first grant.
     pace(ctx, st, table.d3_first_rate);
-    set_flags(ctx, CB_PARSE_UNKNOWN_HDR_OPT | CB_WRITE_HDR_OPT | CB_RTT | CB_STATE);
+    set_flags(
+        ctx,
+        CB_PARSE_UNKNOWN_HDR_OPT | CB_WRITE_HDR_OPT | CB_RTT | CB_STATE,
+    );
 }
 
 /// HDR_OPT_LEN: reserve room for a request that is due and for feedback that is pending.
@@ -273,7 +313,11 @@ fn build_request(ctx: &SockOpsContext, table: &PolicyTable, st: &mut D3Sock) {
     let sent = acked(ctx).saturating_sub(st.base_acked);
     let has_deadline = st.flags & D3S_DEADLINE != 0 && st.flags & D3S_DONE == 0;
     // The grant takes effect about one RTT from now.
-    let time_left = if has_deadline { st.deadline_ns as i64 - t as i64 - srtt_ns as i64 } else { 0 };
+    let time_left = if has_deadline {
+        st.deadline_ns as i64 - t as i64 - srtt_ns as i64
+    } else {
+        0
+    };
     let inp = HostInput {
         has_deadline,
         bytes_left: st.size.saturating_sub(sent),
@@ -281,7 +325,9 @@ fn build_request(ctx: &SockOpsContext, table: &PolicyTable, st: &mut D3Sock) {
         line_rate: table.d3_line_rate,
         fin,
     };
-    let Some(hr) = st.flow.next_request(&inp) else { return };
+    let Some(hr) = st.flow.next_request(&inp) else {
+        return;
+    };
     st.req = hr.req.encode();
     st.flags |= D3S_REQ_DUE;
     if let Some(s) = stats(st.class) {
@@ -350,14 +396,20 @@ pub fn on_parse_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
             fb_bytes[i] = buf[i];
             i += 1;
         }
-        let (Some(st), Ok(fb)) = (state(ctx, false), D3Feedback::decode(&fb_bytes)) else { return };
+        let (Some(st), Ok(fb)) = (state(ctx, false), D3Feedback::decode(&fb_bytes)) else {
+            return;
+        };
         if st.flags & D3S_SENDER == 0 {
             return;
         }
         match st.flow.apply_feedback(&fb) {
             Some(rate) => {
                 // A grant of 0 means "pause": keep sending requests at the first-RTT rate.
-                let r = if rate < table.d3_first_rate { table.d3_first_rate } else { rate };
+                let r = if rate < table.d3_first_rate {
+                    table.d3_first_rate
+                } else {
+                    rate
+                };
                 pace(ctx, st, r);
                 if let Some(s) = stats(st.class) {
                     s.grants += 1;
@@ -432,7 +484,10 @@ pub fn on_state(ctx: &SockOpsContext) {
         return;
     }
     let Some(st) = state(ctx, false) else { return };
-    if st.flags & D3S_SENDER != 0 && st.flow.state & d3::FLOW_STARTED != 0 && st.flow.state & d3::FLOW_FIN_SENT == 0 {
+    if st.flags & D3S_SENDER != 0
+        && st.flow.state & d3::FLOW_STARTED != 0
+        && st.flow.state & d3::FLOW_FIN_SENT == 0
+    {
         st.flags |= D3S_FIN_DUE;
     }
 }

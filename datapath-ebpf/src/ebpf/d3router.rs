@@ -19,8 +19,8 @@ use core::intrinsics::{AtomicOrdering::Relaxed, atomic_xadd};
 use paceline_common::{
     classify::PacketInfo,
     d3::{
-        self, D3LinkConfig, D3LinkState, D3Request, FLAG_NEW, OUT_BASE_FLOOR, OUT_CLAMPED, OUT_FIN, OUT_HOP_OVERFLOW,
-        OUT_INVALID, OUT_NEW, REQ_LEN, TCP_OPTS_MAX,
+        self, D3LinkConfig, D3LinkState, D3Request, FLAG_NEW, OUT_BASE_FLOOR, OUT_CLAMPED, OUT_FIN,
+        OUT_HOP_OVERFLOW, OUT_INVALID, OUT_NEW, REQ_LEN, TCP_OPTS_MAX,
     },
     maps::{D3LinkCounters, D3LinkCtl, D3Seen, FlowKey},
 };
@@ -81,7 +81,10 @@ fn try_router(ctx: &TcContext) -> Option<()> {
     let ctl = PL_D3_LINK_CTL.get_ptr(&ifindex)?;
     let counters = PL_D3_LINKS.get_ptr_mut(&ifindex)?;
     // SAFETY: map value pointers valid for this program run.
-    add(unsafe { core::ptr::addr_of_mut!((*counters).sent_bytes) }, ctx.len() as u64);
+    add(
+        unsafe { core::ptr::addr_of_mut!((*counters).sent_bytes) },
+        ctx.len() as u64,
+    );
     // SAFETY: per-CPU slot; preemption is disabled while the program runs.
     let sc = unsafe { &mut *PL_D3_SCRATCH.get_ptr_mut(0)? };
 
@@ -119,7 +122,14 @@ fn try_router(ctx: &TcContext) -> Option<()> {
         return None; // feedback travels to the sender untouched
     }
     sc.old = d3::copy_option(&sc.opts, found.offset)?;
-    sc.key = FlowKey { src: sc.pkt.src, dst: sc.pkt.dst, sport: sc.pkt.sport, dport: sc.pkt.dport, proto: 6, _pad: [0; 3] };
+    sc.key = FlowKey {
+        src: sc.pkt.src,
+        dst: sc.pkt.dst,
+        sport: sc.pkt.sport,
+        dport: sc.pkt.dport,
+        proto: 6,
+        _pad: [0; 3],
+    };
     // SAFETY: helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let arriving = D3Request::decode(&sc.old).ok()?;
@@ -172,9 +182,18 @@ fn try_router(ctx: &TcContext) -> Option<()> {
             return None;
         }
         add(core::ptr::addr_of_mut!((*counters).requests), 1);
-        add(core::ptr::addr_of_mut!((*counters).demand), sc.after.demand.wrapping_sub(sc.before.demand));
-        add(core::ptr::addr_of_mut!((*counters).allocated), sc.after.allocated.wrapping_sub(sc.before.allocated));
-        add(core::ptr::addr_of_mut!((*counters).flows), sc.after.flows.wrapping_sub(sc.before.flows));
+        add(
+            core::ptr::addr_of_mut!((*counters).demand),
+            sc.after.demand.wrapping_sub(sc.before.demand),
+        );
+        add(
+            core::ptr::addr_of_mut!((*counters).allocated),
+            sc.after.allocated.wrapping_sub(sc.before.allocated),
+        );
+        add(
+            core::ptr::addr_of_mut!((*counters).flows),
+            sc.after.flows.wrapping_sub(sc.before.flows),
+        );
         if g.outcome & OUT_FIN != 0 {
             add(core::ptr::addr_of_mut!((*counters).fins), 1);
         }
@@ -192,7 +211,11 @@ fn try_router(ctx: &TcContext) -> Option<()> {
     sc.new = sc.old;
     d3::req_set_alloc(&mut sc.new, hop, g.units);
     d3::req_set_hop(&mut sc.new, arriving.hop.saturating_add(1));
-    sc.seen = D3Seen { arrived: sc.old, rewritten: sc.new, at: now };
+    sc.seen = D3Seen {
+        arrived: sc.old,
+        rewritten: sc.new,
+        at: now,
+    };
     let _ = PL_D3_SEEN.insert(&sc.key, &sc.seen, 0);
     write_back(ctx, l4, found.offset, sc)
 }
@@ -216,7 +239,13 @@ fn write_back(ctx: &TcContext, l4: usize, offset: usize, sc: &mut Scratch) -> Op
     ctx.store(off, &sc.new, 0).ok()?;
     // SAFETY: two buffers of REQ_LEN (a multiple of 4) bytes in the scratch map value.
     let diff = unsafe {
-        bpf_csum_diff(sc.old.as_mut_ptr().cast(), REQ_LEN as u32, sc.new.as_mut_ptr().cast(), REQ_LEN as u32, 0)
+        bpf_csum_diff(
+            sc.old.as_mut_ptr().cast(),
+            REQ_LEN as u32,
+            sc.new.as_mut_ptr().cast(),
+            REQ_LEN as u32,
+            0,
+        )
     };
     if diff < 0 {
         return None;

@@ -5,9 +5,10 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray},
 };
-use paceline_common::{classify::PacketInfo, maps::{
-    AGG_SLOTS, AggClock, CpuState, FlowKey, FlowState, PolicyTable,
-}};
+use paceline_common::{
+    classify::PacketInfo,
+    maps::{AGG_SLOTS, AggClock, CpuState, FlowKey, FlowState, PolicyTable},
+};
 
 #[map(name = "PL_ACTIVE")]
 pub static ACTIVE: Array<u32> = Array::with_max_entries(1, 0);

@@ -17,8 +17,8 @@ use aya_ebpf::{
 use paceline_common::{
     classify::{PacketInfo, classify},
     maps::{
-        CLASS_SET_PRIORITY, CpuState, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_LEVELS,
-        TABLE_NEEDS_CGROUP, TABLE_NO_FLOW_CLOCKS, level_slot,
+        CLASS_SET_PRIORITY, CpuState, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_LEVELS, TABLE_NEEDS_CGROUP,
+        TABLE_NO_FLOW_CLOCKS, level_slot,
     },
 };
 
@@ -54,7 +54,9 @@ pub fn pl_tc_floor(_ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
-    let Some(cpu) = maps::cpu() else { return Ok(TC_ACT_UNSPEC) };
+    let Some(cpu) = maps::cpu() else {
+        return Ok(TC_ACT_UNSPEC);
+    };
     let Some(table) = maps::active_table() else {
         cpu.global.no_policy += 1;
         return Ok(TC_ACT_UNSPEC);
@@ -93,7 +95,11 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     }
 
     let mut delay = 0;
-    let flow_rate = if table.flags & TABLE_NO_FLOW_CLOCKS != 0 { 0 } else { class.flow_rate };
+    let flow_rate = if table.flags & TABLE_NO_FLOW_CLOCKS != 0 {
+        0
+    } else {
+        class.flow_rate
+    };
     // Only packets that some clock applies to pay for reading the time.
     if flow_rate | class.class_rate | level.rate != 0 {
         // SAFETY: reading __sk_buff fields allowed for tc programs.

@@ -54,13 +54,23 @@ pub struct Pacing {
 pub enum Outcome {
     /// No clock applies: leave the timestamp alone.
     Untouched,
-    Send { depart: u64, added_delay: u64 },
+    Send {
+        depart: u64,
+        added_delay: u64,
+    },
     Drop,
 }
 
 #[inline(always)]
 fn flow_key(p: &PacketInfo) -> FlowKey {
-    FlowKey { src: p.src, dst: p.dst, sport: p.sport, dport: p.dport, proto: p.proto, _pad: [0; 3] }
+    FlowKey {
+        src: p.src,
+        dst: p.dst,
+        sport: p.sport,
+        dport: p.dport,
+        proto: p.proto,
+        _pad: [0; 3],
+    }
 }
 
 /// Decides the departure of a `len`-byte packet, advancing the clocks that apply.
@@ -80,7 +90,14 @@ pub fn pace(pkt: &PacketInfo, len: u64, now: u64, stack_ts: u64, cfg: &Pacing) -
             }
         }
     } else {
-        key = FlowKey { src: [0; 4], dst: [0; 4], sport: 0, dport: 0, proto: 0, _pad: [0; 3] };
+        key = FlowKey {
+            src: [0; 4],
+            dst: [0; 4],
+            sport: 0,
+            dport: 0,
+            proto: 0,
+            _pad: [0; 3],
+        };
     }
     let class_clock = if cfg.class_rate != 0 {
         AGG_CLOCKS.get_ptr_mut(cfg.class_slot).map(|c| c.cast::<u64>())
@@ -135,9 +152,19 @@ pub fn pace(pkt: &PacketInfo, len: u64, now: u64, stack_ts: u64, cfg: &Pacing) -
             Some(f) => unsafe { (*f).t_next = t_next },
             None => {
                 // A flood of new flows evicts the least recently used state (LRU map).
-                let _ = FLOWS.insert(&key, &FlowState { t_next, rate_override: 0 }, 0);
+                let _ = FLOWS.insert(
+                    &key,
+                    &FlowState {
+                        t_next,
+                        rate_override: 0,
+                    },
+                    0,
+                );
             }
         }
     }
-    Outcome::Send { depart, added_delay: depart - floor }
+    Outcome::Send {
+        depart,
+        added_delay: depart - floor,
+    }
 }

@@ -48,7 +48,9 @@ fn be16_at(ctx: &TcContext, off: usize) -> Option<u16> {
 
 #[inline(always)]
 fn load_be16(ctx: &TcContext, off: usize) -> Result<u16, Unparsed> {
-    ctx.load::<[u8; 2]>(off).map(u16::from_be_bytes).map_err(|_| Unparsed::Truncated)
+    ctx.load::<[u8; 2]>(off)
+        .map(u16::from_be_bytes)
+        .map_err(|_| Unparsed::Truncated)
 }
 
 /// Parses the packet into `pkt` (addresses, ports, protocol, DSCP, family).
@@ -161,5 +163,9 @@ pub fn parse(ctx: &TcContext, pkt: &mut PacketInfo) -> Result<Layout, Unparsed> 
             _ => {}
         }
     }
-    Ok(Layout { vlan_tci_off, l3_off: l3, l4_off: l4 })
+    Ok(Layout {
+        vlan_tci_off,
+        l3_off: l3,
+        l4_off: l4,
+    })
 }

@@ -10,9 +10,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    bindings::{
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, bpf_sock_ops,
-    },
+    bindings::{BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, bpf_sock_ops},
     helpers::{bpf_get_netns_cookie, bpf_setsockopt},
     macros::sock_ops,
     programs::SockOpsContext,
@@ -46,11 +44,18 @@ const OP_WRITE_HDR_OPT_CB: u32 = 15;
 pub fn pl_sock_ops(ctx: SockOpsContext) -> u32 {
     let op = ctx.op();
     // SAFETY: helper on the program's own context; volatile read of a load-time constant.
-    let (mine, ours) = unsafe { (bpf_get_netns_cookie(ctx.ops.cast()), core::ptr::read_volatile(&PL_NETNS_COOKIE)) };
+    let (mine, ours) = unsafe {
+        (
+            bpf_get_netns_cookie(ctx.ops.cast()),
+            core::ptr::read_volatile(&PL_NETNS_COOKIE),
+        )
+    };
     if mine != ours {
         return 1;
     }
-    let Some(table) = maps::active_table() else { return 1 };
+    let Some(table) = maps::active_table() else {
+        return 1;
+    };
     match op {
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB | BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => configure(&ctx, table),
         OP_HDR_OPT_LEN_CB => d3host::on_hdr_opt_len(&ctx, table),
@@ -105,7 +110,11 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable) {
 /// whichever half is set.
 #[inline(always)]
 fn remote_port(raw: u32) -> u16 {
-    let be = if raw >> 16 != 0 { (raw >> 16) as u16 } else { raw as u16 };
+    let be = if raw >> 16 != 0 {
+        (raw >> 16) as u16
+    } else {
+        raw as u16
+    };
     u16::from_be(be)
 }
 
@@ -116,7 +125,14 @@ fn remote_port(raw: u32) -> u16 {
 unsafe fn ip6(a: *const [u32; 4]) -> [u32; 4] {
     let w = a.cast::<u32>();
     // SAFETY: caller passes a pointer into the context; each read is a fixed-offset u32 load.
-    unsafe { [w.read_volatile(), w.add(1).read_volatile(), w.add(2).read_volatile(), w.add(3).read_volatile()] }
+    unsafe {
+        [
+            w.read_volatile(),
+            w.add(1).read_volatile(),
+            w.add(2).read_volatile(),
+            w.add(3).read_volatile(),
+        ]
+    }
 }
 
 /// The payload rate TCP must pace at for its frames to leave at `wire_rate` (bytes/s): TCP's
@@ -126,7 +142,11 @@ unsafe fn ip6(a: *const [u32; 4]) -> [u32; 4] {
 pub fn payload_rate(wire_rate: u64, mss: u32, v6: bool) -> u64 {
     let hdr: u64 = if v6 { 86 } else { 66 };
     let mss = mss as u64;
-    if mss == 0 { wire_rate } else { wire_rate * mss / (mss + hdr) }
+    if mss == 0 {
+        wire_rate
+    } else {
+        wire_rate * mss / (mss + hdr)
+    }
 }
 
 /// Applies the class's settings; returns (settings applied, settings refused).

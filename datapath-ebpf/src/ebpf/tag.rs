@@ -33,7 +33,8 @@ pub fn set_dscp(ctx: &TcContext, l3: usize, v6: bool, dscp: u8) -> Result<bool, 
         let w2 = u16::from_ne_bytes([b[0], new_tos]);
         ctx.store(l3 + 1, &new_tos, 0).map_err(|_| ())?;
         // Incremental checksum update over the 16-bit word that holds the TOS byte.
-        ctx.l3_csum_replace(l3 + 10, w as u64, w2 as u64, 2).map_err(|_| ())?;
+        ctx.l3_csum_replace(l3 + 10, w as u64, w2 as u64, 2)
+            .map_err(|_| ())?;
         Ok(true)
     }
 }

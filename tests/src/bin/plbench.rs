@@ -62,9 +62,17 @@ struct Report {
 /// Mean ns per run over `repeat` runs in the kernel. `stack_ts`: the EDT timestamp TCP would
 /// have set (0 for UDP or forwarded traffic).
 fn measure(prog: &aya::programs::SchedClassifier, frame: &[u8], stack_ts: u64, repeat: u32) -> Result<f64> {
-    let ctx = SkBuff { tstamp: stack_ts, ..SkBuff::default() };
+    let ctx = SkBuff {
+        tstamp: stack_ts,
+        ..SkBuff::default()
+    };
     let r = prog
-        .test_run(TestRunOptions { data_in: Some(frame), ctx_in: Some(ctx.as_bytes()), repeat, ..TestRunOptions::default() })
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            ctx_in: Some(ctx.as_bytes()),
+            repeat,
+            ..TestRunOptions::default()
+        })
         .context("BPF_PROG_TEST_RUN")?;
     Ok(r.duration.as_nanos() as f64)
 }
@@ -82,12 +90,29 @@ fn full_policy() -> PolicyTable {
     t.n_classes = 3;
     t.default_class = 0;
     for (i, level) in [(0u32, 2u32), (1, 0), (2, 1)] {
-        t.classes[i as usize] = ClassConfig { level, skb_priority: 7 - level, flags: CLASS_SET_PRIORITY, ..ClassConfig::zeroed() };
+        t.classes[i as usize] = ClassConfig {
+            level,
+            skb_priority: 7 - level,
+            flags: CLASS_SET_PRIORITY,
+            ..ClassConfig::zeroed()
+        };
     }
     t.classes[1].flow_rate = 5_000_000_000; // 40 Gbit/s
     t.classes[1].class_rate = 10_000_000_000; // 80 Gbit/s
-    t.levels[0] = LevelConfig { rate: 12_500_000_000, flags: LEVEL_SET_DSCP, dscp: 46, pcp: 0, _pad: [0; 2] };
-    t.levels[1] = LevelConfig { rate: 0, flags: LEVEL_SET_DSCP, dscp: 26, pcp: 0, _pad: [0; 2] };
+    t.levels[0] = LevelConfig {
+        rate: 12_500_000_000,
+        flags: LEVEL_SET_DSCP,
+        dscp: 46,
+        pcp: 0,
+        _pad: [0; 2],
+    };
+    t.levels[1] = LevelConfig {
+        rate: 0,
+        flags: LEVEL_SET_DSCP,
+        dscp: 26,
+        pcp: 0,
+        _pad: [0; 2],
+    };
     t
 }
 
@@ -115,10 +140,45 @@ fn worst_case_policy() -> PolicyTable {
 
 fn main() -> Result<()> {
     let Bench::Datapath { repeat, trials, out } = Cli::parse().bench;
-    let tcp4 = packet::ipv4([10, 0, 0, 1], [10, 0, 0, 2], L4::Tcp { sport: 40000, dport: 11211 }, 0, 0, &[], None, 64);
-    let tcp4_vlan = packet::ipv4([10, 0, 0, 1], [10, 0, 0, 2], L4::Tcp { sport: 40000, dport: 11211 }, 0, 0, &[], Some((100, 0)), 64);
+    let tcp4 = packet::ipv4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        L4::Tcp {
+            sport: 40000,
+            dport: 11211,
+        },
+        0,
+        0,
+        &[],
+        None,
+        64,
+    );
+    let tcp4_vlan = packet::ipv4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        L4::Tcp {
+            sport: 40000,
+            dport: 11211,
+        },
+        0,
+        0,
+        &[],
+        Some((100, 0)),
+        64,
+    );
     let src6 = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
-    let udp6 = packet::ipv6(src6, src6, L4::Udp { sport: 40000, dport: 11211 }, 0, 0, false, 64);
+    let udp6 = packet::ipv6(
+        src6,
+        src6,
+        L4::Udp {
+            sport: 40000,
+            dport: 11211,
+        },
+        0,
+        0,
+        false,
+        64,
+    );
     let mut arp = vec![0xffu8; 6];
     arp.extend_from_slice(&packet::MAC_A);
     arp.extend_from_slice(&[0x08, 0x06]);
@@ -135,19 +195,82 @@ fn main() -> Result<()> {
     let tcp_ts = paceline_tests::skb::mono_now_ns();
     type Case<'a> = (&'a str, Prog, PolicyTable, &'a [u8], u64);
     let cases: Vec<Case> = vec![
-        ("floor: empty classifier, IPv4/TCP frame", Prog::Floor, full_policy(), &tcp4, 0),
-        ("reference: a classifier that only calls bpf_ktime_get_ns", Prog::Clock, full_policy(), &tcp4, 0),
-        ("IPv4/TCP full: classify, flow+class+level EDT, DSCP, priority", Prog::Full, full_policy(), &tcp4, tcp_ts),
-        ("IPv4/TCP in 802.1Q, full path", Prog::Full, full_policy(), &tcp4_vlan, tcp_ts),
-        ("IPv4/TCP full path, no stack timestamp (reads the clock)", Prog::Full, full_policy(), &tcp4, 0),
-        ("IPv6/UDP full path (no stack timestamp: reads the clock)", Prog::Full, full_policy(), &udp6, 0),
-        ("IPv4/TCP classify + priority only (no pacing, no rewrite)", Prog::Full, classify_only_policy(), &tcp4, tcp_ts),
-        ("IPv4/TCP, 64 rules, none matches", Prog::Full, worst_case_policy(), &tcp4, tcp_ts),
-        ("non-IP frame (ARP): parse, count, pass", Prog::Full, classify_only_policy(), &arp, 0),
-        ("IPv4/TCP count-only build (parse, classify, count)", Prog::CountOnly, full_policy(), &tcp4, tcp_ts),
+        (
+            "floor: empty classifier, IPv4/TCP frame",
+            Prog::Floor,
+            full_policy(),
+            &tcp4,
+            0,
+        ),
+        (
+            "reference: a classifier that only calls bpf_ktime_get_ns",
+            Prog::Clock,
+            full_policy(),
+            &tcp4,
+            0,
+        ),
+        (
+            "IPv4/TCP full: classify, flow+class+level EDT, DSCP, priority",
+            Prog::Full,
+            full_policy(),
+            &tcp4,
+            tcp_ts,
+        ),
+        (
+            "IPv4/TCP in 802.1Q, full path",
+            Prog::Full,
+            full_policy(),
+            &tcp4_vlan,
+            tcp_ts,
+        ),
+        (
+            "IPv4/TCP full path, no stack timestamp (reads the clock)",
+            Prog::Full,
+            full_policy(),
+            &tcp4,
+            0,
+        ),
+        (
+            "IPv6/UDP full path (no stack timestamp: reads the clock)",
+            Prog::Full,
+            full_policy(),
+            &udp6,
+            0,
+        ),
+        (
+            "IPv4/TCP classify + priority only (no pacing, no rewrite)",
+            Prog::Full,
+            classify_only_policy(),
+            &tcp4,
+            tcp_ts,
+        ),
+        (
+            "IPv4/TCP, 64 rules, none matches",
+            Prog::Full,
+            worst_case_policy(),
+            &tcp4,
+            tcp_ts,
+        ),
+        (
+            "non-IP frame (ARP): parse, count, pass",
+            Prog::Full,
+            classify_only_policy(),
+            &arp,
+            0,
+        ),
+        (
+            "IPv4/TCP count-only build (parse, classify, count)",
+            Prog::CountOnly,
+            full_policy(),
+            &tcp4,
+            tcp_ts,
+        ),
     ];
     let mut dp = Datapath::load(&LoadOptions::default())?;
-    let mut count_only = Datapath::load(&LoadOptions { count_only: true, ..LoadOptions::default() })?;
+    let mut count_only = Datapath::load(&LoadOptions {
+        count_only: true,
+        ..LoadOptions::default()
+    })?;
     dp.bench_program(paceline::datapath::TC_FLOOR)?;
     dp.bench_program(paceline::datapath::TC_CLOCK)?;
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
@@ -177,12 +300,24 @@ fn main() -> Result<()> {
         .collect();
     let floor = rows[0].1;
     let floor_ns = floor.0;
-    println!("{:<64} {:>8} {:>11} {:>8} {:>8}", "path", "ns/pkt", "over floor", "min", "max");
+    println!(
+        "{:<64} {:>8} {:>11} {:>8} {:>8}",
+        "path", "ns/pkt", "over floor", "min", "max"
+    );
     let rows: Vec<Row> = rows
         .into_iter()
         .map(|(path, (med, min, max))| {
-            println!("{path:<64} {med:>8.1} {:>11.1} {min:>8.1} {max:>8.1}", med - floor_ns);
-            Row { path, ns_per_packet: med, over_floor: med - floor_ns, min, max }
+            println!(
+                "{path:<64} {med:>8.1} {:>11.1} {min:>8.1} {max:>8.1}",
+                med - floor_ns
+            );
+            Row {
+                path,
+                ns_per_packet: med,
+                over_floor: med - floor_ns,
+                min,
+                max,
+            }
         })
         .collect();
     let report = Report {
@@ -204,12 +339,18 @@ fn main() -> Result<()> {
 }
 
 fn nix_uname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default()
 }

@@ -20,8 +20,12 @@ const PLLOAD: &str = env!("CARGO_BIN_EXE_plload");
 
 /// What tc shows on an interface: the root qdisc, clsact and egress filters.
 fn tc_snapshot(host: &Host, ifname: &str) -> String {
-    let q = host.run(&["tc", "qdisc", "show", "dev", ifname]).expect("tc qdisc");
-    let f = host.run(&["tc", "filter", "show", "dev", ifname, "egress"]).unwrap_or_default();
+    let q = host
+        .run(&["tc", "qdisc", "show", "dev", ifname])
+        .expect("tc qdisc");
+    let f = host
+        .run(&["tc", "filter", "show", "dev", ifname, "egress"])
+        .unwrap_or_default();
     // qdisc handles of the kernel's default root are stable; strip counters-free text only.
     format!("{q}{f}")
 }
@@ -34,7 +38,16 @@ fn two_hosts(name: &str) -> (Testbed, Host, Host, String) {
     let tb = Testbed::new(name).expect("testbed");
     let a = tb.add_host("a").expect("host a");
     let b = tb.add_host("b").expect("host b");
-    let link = tb.link_with(&a, &b, &LinkOpts { mtu: 1500, ..LinkOpts::default() }).expect("link");
+    let link = tb
+        .link_with(
+            &a,
+            &b,
+            &LinkOpts {
+                mtu: 1500,
+                ..LinkOpts::default()
+            },
+        )
+        .expect("link");
     let ifname = a.iface_to(&b).expect("a's interface").ifname;
     let _ = link;
     (tb, a, b, ifname)
@@ -101,9 +114,16 @@ fn agent_counts_tags_real_traffic_and_leaves_nothing_behind() {
     let status = agent.status().expect("status");
     let iface = &status["interfaces"][0];
     assert_eq!(iface["name"], ifname.as_str());
-    let expected_attach = if paceline::features::Features::probe().tcx { "tcx" } else { "clsact" };
+    let expected_attach = if paceline::features::Features::probe().tcx {
+        "tcx"
+    } else {
+        "clsact"
+    };
     assert_eq!(iface["attach"], expected_attach, "attach mode follows the kernel");
-    assert_eq!(status["enforcement"]["mode"], if sch_fq_available() { "fq" } else { "htb" });
+    assert_eq!(
+        status["enforcement"]["mode"],
+        if sch_fq_available() { "fq" } else { "htb" }
+    );
 
     // Capture on b to check the DSCP the datapath wrote (level "high" rewrites to 46).
     let got_tos = b
@@ -173,7 +193,10 @@ fn http_get(host: &Host, path: &str) -> String {
         write!(c, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
         let mut body = String::new();
         c.read_to_string(&mut body).unwrap();
-        assert!(body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"), "{body}");
+        assert!(
+            body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
+            "{body}"
+        );
         body
     })
     .expect("in netns")
@@ -183,7 +206,10 @@ fn recv_tos(s: &std::net::UdpSocket) -> Option<u8> {
     use std::os::fd::AsRawFd;
     let mut buf = [0u8; 2048];
     let mut cbuf = [0u64; 16];
-    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
     // SAFETY: msghdr pointing at live buffers.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -229,25 +255,37 @@ fn tcp_flow_paced_at_its_class_rate() {
     let rules = "    - class: paced\n      protocol: tcp\n      dst_port: 5201\n";
     write(&scratch.path("p.yaml"), &policy(&ifname, "auto", &classes, rules));
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
-    let mode = agent.status().expect("status")["enforcement"]["mode"].as_str().unwrap_or("").to_string();
+    let mode = agent.status().expect("status")["enforcement"]["mode"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
 
     let _server = b.spawn(&[PLLOAD, "serve", "--port", "5201"]).expect("server");
     std::thread::sleep(Duration::from_millis(500));
     let to = format!("{}:5201", b.ipv4());
-    let client = a.spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "8"]).expect("client");
+    let client = a
+        .spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "8"])
+        .expect("client");
     // Skip the start (slow start, the first RTTs), then measure 4 s of steady state.
     std::thread::sleep(Duration::from_secs(2));
     let measured = tx_rate(&a, &ifname, Duration::from_secs(4)) * 8.0 / 1e6;
     drop(client);
     let configured = agent.class_counter("paced", "tcp_sockets_configured");
     let errors = agent.class_counter("paced", "tcp_sockopt_errors");
-    assert!(configured >= 1, "sock_ops configured no socket of the class; status: {:#}", agent.status().unwrap());
+    assert!(
+        configured >= 1,
+        "sock_ops configured no socket of the class; status: {:#}",
+        agent.status().unwrap()
+    );
     assert_eq!(errors, 0, "the kernel refused a socket option");
     let ratio = measured / rate_mbit as f64;
     eprintln!("mode {mode}: {measured:.2} Mbit/s on the wire for a {rate_mbit} Mbit/s class ({ratio:.3})");
     // Unpaced, a flow on a veth runs at Gbit/s. Paced, its frames leave at the class rate:
     // rates are wire rates, whether fq holds EDT timestamps or TCP paces its payload.
-    assert!((0.97..=1.03).contains(&ratio), "paced rate {measured:.2} Mbit/s vs {rate_mbit} Mbit/s in mode {mode}");
+    assert!(
+        (0.97..=1.03).contains(&ratio),
+        "paced rate {measured:.2} Mbit/s vs {rate_mbit} Mbit/s in mode {mode}"
+    );
     agent.stop();
 }
 
@@ -263,23 +301,42 @@ fn class_aggregate_rate_enforced_for_udp() {
     let rules = "    - class: capped\n      protocol: udp\n      dst_port: 5301-5304\n";
     write(&scratch.path("p.yaml"), &policy(&ifname, "auto", classes, rules));
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
-    let mode = agent.status().expect("status")["enforcement"]["mode"].as_str().unwrap_or("").to_string();
+    let mode = agent.status().expect("status")["enforcement"]["mode"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     // Four UDP flows at 20 Mbit/s each (80 Mbit/s offered) into a 20 Mbit/s class.
     let _server = b.spawn(&[PLLOAD, "serve", "--port", "5301"]).expect("server");
     let mut clients = Vec::new();
     for port in 5301..=5304 {
         let to = format!("{}:{port}", b.ipv4());
         clients.push(
-            a.spawn(&[PLLOAD, "bulk", "--udp", "--to", &to, "--rate-bps", "20000000", "--duration", "6"]).expect("client"),
+            a.spawn(&[
+                PLLOAD,
+                "bulk",
+                "--udp",
+                "--to",
+                &to,
+                "--rate-bps",
+                "20000000",
+                "--duration",
+                "6",
+            ])
+            .expect("client"),
         );
     }
     std::thread::sleep(Duration::from_secs(2));
     let measured = tx_rate(&a, &ifname, Duration::from_secs(3)) * 8.0 / 1e6;
     drop(clients);
     let ratio = measured / cap_mbit;
-    eprintln!("mode {mode}: 4 UDP flows, {measured:.2} Mbit/s on the wire for a {cap_mbit} Mbit/s class ({ratio:.3})");
+    eprintln!(
+        "mode {mode}: 4 UDP flows, {measured:.2} Mbit/s on the wire for a {cap_mbit} Mbit/s class ({ratio:.3})"
+    );
     // HTB (no fq) or the class's EDT clock with fq holds the aggregate at its rate.
-    assert!((0.95..=1.03).contains(&ratio), "aggregate {measured:.2} Mbit/s vs {cap_mbit} Mbit/s in mode {mode}");
+    assert!(
+        (0.95..=1.03).contains(&ratio),
+        "aggregate {measured:.2} Mbit/s vs {cap_mbit} Mbit/s in mode {mode}"
+    );
     agent.stop();
 }
 
@@ -290,14 +347,17 @@ fn class_tcp_settings_reach_the_socket() {
     }
     let (_tb, a, b, ifname) = two_hosts("agent_tcpopts");
     let scratch = Scratch::new("tcpopts");
-    let classes = "    - name: rpc\n      level: high\n      tcp:\n        rto_min: 5ms\n        delack_max: 5ms\n";
+    let classes =
+        "    - name: rpc\n      level: high\n      tcp:\n        rto_min: 5ms\n        delack_max: 5ms\n";
     let rules = "    - class: rpc\n      protocol: tcp\n      dst_port: 5401\n";
     write(&scratch.path("p.yaml"), &policy(&ifname, "auto", classes, rules));
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
     let _server = b.spawn(&[PLLOAD, "serve", "--port", "5401"]).expect("server");
     std::thread::sleep(Duration::from_millis(500));
     let to = format!("{}:5401", b.ipv4());
-    let client = a.spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "4"]).expect("client");
+    let client = a
+        .spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "4"])
+        .expect("client");
     std::thread::sleep(Duration::from_secs(2));
     // The kernel's view of the socket: ss reports the current RTO in ms. On a veth the RTT is
     // tens of microseconds, so the RTO sits at its minimum: 200 ms by default, 5 ms here.
@@ -308,9 +368,16 @@ fn class_tcp_settings_reach_the_socket() {
         .find_map(|w| w.strip_prefix("rto:"))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no rto in ss output: {ss}"));
-    assert!(rto < 50.0, "rto {rto} ms: rto_min 5ms did not reach the socket\n{ss}");
+    assert!(
+        rto < 50.0,
+        "rto {rto} ms: rto_min 5ms did not reach the socket\n{ss}"
+    );
     assert!(agent.class_counter("rpc", "tcp_sockets_configured") >= 1);
-    assert_eq!(agent.class_counter("rpc", "tcp_sockopt_errors"), 0, "the kernel refused an option");
+    assert_eq!(
+        agent.class_counter("rpc", "tcp_sockopt_errors"),
+        0,
+        "the kernel refused an option"
+    );
     agent.stop();
 }
 
@@ -330,7 +397,15 @@ fn reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one() {
 
     // A good change: a new class. Written by rename, as editors do.
     let tmp = scratch.path("p.yaml.new");
-    write(&tmp, &policy(&ifname, "none", "    - name: web\n      level: high\n", "    - class: web\n      protocol: tcp\n      dst_port: 443\n"));
+    write(
+        &tmp,
+        &policy(
+            &ifname,
+            "none",
+            "    - name: web\n      level: high\n",
+            "    - class: web\n      protocol: tcp\n      dst_port: 443\n",
+        ),
+    );
     std::fs::rename(&tmp, &p).unwrap();
     let s = agent.wait_for("the reload", |s| s["reloads"]["applied"] == 1);
     assert_eq!(s["policy"]["generation"], 2);
@@ -344,19 +419,47 @@ fn reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one() {
         };
         c.output().expect("policy diff")
     };
-    assert_eq!(diff(None).status.code(), Some(0), "{}", String::from_utf8_lossy(&diff(None).stdout));
+    assert_eq!(
+        diff(None).status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&diff(None).stdout)
+    );
     write(&scratch.path("first.yaml"), &policy(&ifname, "none", "", ""));
     let d = diff(Some(&scratch.path("first.yaml")));
     assert_eq!(d.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&d.stdout).contains("classes["), "{}", String::from_utf8_lossy(&d.stdout));
-    assert!(s["policy"]["classes"].as_array().unwrap().iter().any(|c| c["name"] == "web"));
+    assert!(
+        String::from_utf8_lossy(&d.stdout).contains("classes["),
+        "{}",
+        String::from_utf8_lossy(&d.stdout)
+    );
+    assert!(
+        s["policy"]["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "web")
+    );
     let hash2 = s["policy"]["hash"].as_str().unwrap().to_string();
     assert_ne!(hash1, hash2);
 
     // A bad change: an unknown field and a bad unit. Rejected, the running policy stays.
-    write(&p, &policy(&ifname, "none", "    - name: web\n      level: high\n      flow_rate: 10 Gbits\n", "").replace("link_rate", "lnk_rate"));
+    write(
+        &p,
+        &policy(
+            &ifname,
+            "none",
+            "    - name: web\n      level: high\n      flow_rate: 10 Gbits\n",
+            "",
+        )
+        .replace("link_rate", "lnk_rate"),
+    );
     let s = agent.wait_for("the rejection", |s| s["reloads"]["rejected"] == 1);
-    assert_eq!(s["policy"]["hash"], hash2.as_str(), "the running policy stays in force");
+    assert_eq!(
+        s["policy"]["hash"],
+        hash2.as_str(),
+        "the running policy stays in force"
+    );
     assert_eq!(s["policy"]["generation"], 2);
     let errors = s["reloads"]["last"]["errors"].to_string();
     assert!(errors.contains("p.yaml"), "errors name the file: {errors}");
@@ -364,12 +467,25 @@ fn reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one() {
 
     // SIGHUP re-applies the file even when it did not change (here: still bad -> rejected again).
     let pid = agent.pid();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
     agent.wait_for("the SIGHUP reload", |s| s["reloads"]["rejected"] == 2);
     // A restart-only change is refused with a message saying so.
-    write(&p, &policy(&ifname, "none", "", "").replace("  link_rate: 1Gbit\n", "  link_rate: 1Gbit\n  flow_table_size: 4096\n"));
+    write(
+        &p,
+        &policy(&ifname, "none", "", "").replace(
+            "  link_rate: 1Gbit\n",
+            "  link_rate: 1Gbit\n  flow_table_size: 4096\n",
+        ),
+    );
     let s = agent.wait_for("the refusal", |s| s["reloads"]["rejected"] == 3);
-    assert!(s["reloads"]["last"]["errors"].to_string().contains("restart"), "{s:#}");
+    assert!(
+        s["reloads"]["last"]["errors"].to_string().contains("restart"),
+        "{s:#}"
+    );
     agent.stop();
 }
 
@@ -386,16 +502,28 @@ fn restart_after_kill9_removes_what_the_dead_agent_left() {
     write(&scratch.path("p.yaml"), &policy(&ifname, mode, "", ""));
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
     // fq as root on a single-queue device, mq with an fq per queue on a multi-queue one.
-    let root = |snap: &str| ["fq", "mq", "htb"].iter().any(|k| snap.contains(&format!("qdisc {k} 1: root")));
+    let root = |snap: &str| {
+        ["fq", "mq", "htb"]
+            .iter()
+            .any(|k| snap.contains(&format!("qdisc {k} 1: root")))
+    };
     let installed = tc_snapshot(&a, &ifname);
     assert!(root(&installed), "root qdisc installed: {installed}");
-    assert!(installed.contains(&format!("qdisc {mode} ")), "a {mode} qdisc: {installed}");
+    assert!(
+        installed.contains(&format!("qdisc {mode} ")),
+        "a {mode} qdisc: {installed}"
+    );
     agent.kill9();
     assert!(root(&tc_snapshot(&a, &ifname)), "kill -9 leaves the qdisc");
     assert!(scratch.path("state/state.json").exists());
 
     // `paceline cleanup` removes it...
-    let out = a.command(AGENT).args(["cleanup", "--state-dir"]).arg(scratch.path("state")).output().unwrap();
+    let out = a
+        .command(AGENT)
+        .args(["cleanup", "--state-dir"])
+        .arg(scratch.path("state"))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(tc_snapshot(&a, &ifname), before, "cleanup restored the interface");
 
@@ -404,7 +532,10 @@ fn restart_after_kill9_removes_what_the_dead_agent_left() {
     agent.kill9();
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
     let log = agent.stop();
-    assert!(log.contains("did not exit cleanly"), "the restart reports the crash: {log}");
+    assert!(
+        log.contains("did not exit cleanly"),
+        "the restart reports the crash: {log}"
+    );
     assert!(log.contains("removed root"), "and what it removed: {log}");
     assert_eq!(tc_snapshot(&a, &ifname), before);
 }
@@ -439,7 +570,10 @@ fn invalid_policy_refuses_to_start_and_changes_nothing() {
     let (_tb, a, _b, ifname) = two_hosts("agent_badstart");
     let scratch = Scratch::new("badstart");
     let before = tc_snapshot(&a, &ifname);
-    write(&scratch.path("p.yaml"), &policy(&ifname, "auto", "", "").replace("dst_port: 7001", "dst_port: 70001"));
+    write(
+        &scratch.path("p.yaml"),
+        &policy(&ifname, "auto", "", "").replace("dst_port: 7001", "dst_port: 70001"),
+    );
     let out = a
         .command(AGENT)
         .args(["agent", "--policy"])

@@ -101,15 +101,27 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
     }
     let tb = Testbed::new("d3_e2e").expect("testbed");
     let star = tb
-        .add_star(&StarSpec { senders: 2, bottleneck: Some(BottleneckSpec::htb(100_000_000, 150_000)), ..StarSpec::default() })
+        .add_star(&StarSpec {
+            senders: 2,
+            bottleneck: Some(BottleneckSpec::htb(100_000_000, 150_000)),
+            ..StarSpec::default()
+        })
         .expect("star");
     let scratch = Scratch::new("d3e2e");
     let to_rx = star.bottleneck_iface().ifname.clone();
     let rx_if = star.receiver.iface_to(&star.router).expect("rx iface").ifname;
     std::fs::write(scratch.path("router.yaml"), router_policy(&to_rx)).unwrap();
     std::fs::write(scratch.path("rx.yaml"), receiver_policy(&rx_if)).unwrap();
-    let router = Agent::start(&star.router, &scratch.path("router.yaml"), &scratch.path("router-state"));
-    let receiver = Agent::start(&star.receiver, &scratch.path("rx.yaml"), &scratch.path("rx-state"));
+    let router = Agent::start(
+        &star.router,
+        &scratch.path("router.yaml"),
+        &scratch.path("router-state"),
+    );
+    let receiver = Agent::start(
+        &star.receiver,
+        &scratch.path("rx.yaml"),
+        &scratch.path("rx-state"),
+    );
     let mut senders = Vec::new();
     for (i, s) in star.senders.iter().enumerate() {
         let ifname = s.iface_to(&star.router).expect("sender iface").ifname;
@@ -118,14 +130,20 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
         senders.push(Agent::start(s, &p, &scratch.path(&format!("s{i}-state"))));
     }
 
-    let _server = star.receiver.spawn(&[PLLOAD, "serve", "--port", "5600"]).expect("server");
+    let _server = star
+        .receiver
+        .spawn(&[PLLOAD, "serve", "--port", "5600"])
+        .expect("server");
     std::thread::sleep(Duration::from_millis(500));
     let to = format!("{}:5600", star.receiver.ipv4());
     let started = Instant::now();
     let clients: Vec<_> = star
         .senders
         .iter()
-        .map(|s| s.spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--bytes", "400000"]).expect("client"))
+        .map(|s| {
+            s.spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--bytes", "400000"])
+                .expect("client")
+        })
         .collect();
     for c in clients {
         let out = c.wait_output(Duration::from_secs(30)).expect("client finished");
@@ -159,7 +177,10 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
         });
         let c = d3_class(&s, "rpc");
         eprintln!("sender {i}: {c}");
-        assert!(c["requests"].as_u64().unwrap() >= 1, "sender {i} sent no request: {c}");
+        assert!(
+            c["requests"].as_u64().unwrap() >= 1,
+            "sender {i} sent no request: {c}"
+        );
         assert!(c["grants"].as_u64().unwrap() >= 1, "sender {i} got no grant: {c}");
         assert_eq!(c["deadline_flows"], 1, "{c}");
         assert_eq!(c["deadlines_met"], 1, "sender {i} missed its deadline: {c}");
@@ -171,9 +192,15 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
     });
     let l = &s["counters"]["d3_router_links"][0];
     eprintln!("router link: {l}");
-    assert!(l["requests"].as_u64().unwrap() >= 4, "requests seen by the router: {l}");
+    assert!(
+        l["requests"].as_u64().unwrap() >= 4,
+        "requests seen by the router: {l}"
+    );
     assert!(l["new_flows"].as_u64().unwrap() >= 2, "{l}");
-    assert!(l["fins"].as_u64().unwrap() >= 2, "both flows returned their allocation: {l}");
+    assert!(
+        l["fins"].as_u64().unwrap() >= 2,
+        "both flows returned their allocation: {l}"
+    );
     drop(senders);
     drop(receiver);
     router.stop();

@@ -20,7 +20,8 @@ const LINE: u64 = 125_000_000;
 fn router() -> Datapath {
     let mut dp = Datapath::load(&LoadOptions::default()).expect("load");
     let cfg = D3LinkConfig::for_line_rate(LINE);
-    dp.set_d3_link_ctl(LO, &D3LinkCtl { cfg, capacity: LINE }).unwrap();
+    dp.set_d3_link_ctl(LO, &D3LinkCtl { cfg, capacity: LINE })
+        .unwrap();
     dp.set_d3_link_counters(LO, &D3LinkCounters::default()).unwrap();
     dp
 }
@@ -28,9 +29,17 @@ fn router() -> Datapath {
 fn run(dp: &mut Datapath, frame: &[u8]) -> Vec<u8> {
     let prog = dp.d3_router_program().unwrap();
     let mut out = vec![0u8; frame.len() + 64];
-    let ctx = SkBuff { ifindex: LO, ..SkBuff::default() };
+    let ctx = SkBuff {
+        ifindex: LO,
+        ..SkBuff::default()
+    };
     let r = prog
-        .test_run(TestRunOptions { data_in: Some(frame), data_out: Some(&mut out), ctx_in: Some(ctx.as_bytes()), ..TestRunOptions::default() })
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(ctx.as_bytes()),
+            ..TestRunOptions::default()
+        })
         .expect("test run");
     assert_eq!(r.return_value as i32, -1, "the router never drops");
     out.truncate(r.data_size_out as usize);
@@ -54,7 +63,12 @@ fn request_of(frame: &[u8]) -> (D3Request, bool) {
 
 /// A new flow asking for `desired` units at `scale`.
 fn new_request(desired: u8, scale: u8) -> D3Request {
-    D3Request { flags: FLAG_NEW, scale, desired, ..D3Request::EMPTY }
+    D3Request {
+        flags: FLAG_NEW,
+        scale,
+        desired,
+        ..D3Request::EMPTY
+    }
 }
 
 #[test]
@@ -92,16 +106,32 @@ fn next_request_returns_the_previous_allocation_and_fin_returns_everything() {
     let first = request_of(&run(&mut dp, &segment(&new_request(39, 5)))).0;
     let granted = first.alloc[0];
     // One RTT later: same desired rate, returning what this hop granted.
-    let mut again = D3Request { scale: 5, desired: 39, prev_scale: 5, prev_desired: 39, ..D3Request::EMPTY };
+    let mut again = D3Request {
+        scale: 5,
+        desired: 39,
+        prev_scale: 5,
+        prev_desired: 39,
+        ..D3Request::EMPTY
+    };
     again.prev_alloc[0] = granted;
     let second = request_of(&run(&mut dp, &segment(&again))).0;
     let c = dp.d3_link_counters(LO).unwrap();
     let unit = d3::unit_rate(5);
     assert_eq!(c.flows, 1, "not a new flow");
     assert_eq!(c.demand, 39 * unit, "demand replaced, not added");
-    assert_eq!(c.allocated, second.alloc[0] as u64 * unit, "A holds only the latest grant");
+    assert_eq!(
+        c.allocated,
+        second.alloc[0] as u64 * unit,
+        "A holds only the latest grant"
+    );
     // FIN: everything back.
-    let mut fin = D3Request { flags: FLAG_FIN, scale: 5, prev_scale: 5, prev_desired: 39, ..D3Request::EMPTY };
+    let mut fin = D3Request {
+        flags: FLAG_FIN,
+        scale: 5,
+        prev_scale: 5,
+        prev_desired: 39,
+        ..D3Request::EMPTY
+    };
     fin.prev_alloc[0] = second.alloc[0];
     let out = request_of(&run(&mut dp, &segment(&fin))).0;
     assert_eq!(out.alloc[0], 0);
@@ -119,7 +149,10 @@ fn absurd_request_is_capped_and_counted() {
     let out = request_of(&run(&mut dp, &segment(&new_request(255, 15)))).0;
     let c = dp.d3_link_counters(LO).unwrap();
     assert_eq!(c.clamped, 1);
-    assert!(out.alloc[0] as u64 * d3::unit_rate(15) <= LINE, "never more than the link");
+    assert!(
+        out.alloc[0] as u64 * d3::unit_rate(15) <= LINE,
+        "never more than the link"
+    );
     assert!(c.demand <= LINE, "demand clamped to the link");
 }
 
@@ -135,7 +168,11 @@ fn never_grants_more_than_a_previous_hop() {
     let out = request_of(&run(&mut dp, &segment(&req))).0;
     assert_eq!(out.hop, 2);
     assert_eq!(out.alloc[0], 3, "slot 0 untouched");
-    assert!(out.alloc[1] <= 3, "slot 1 {} above the upstream grant", out.alloc[1]);
+    assert!(
+        out.alloc[1] <= 3,
+        "slot 1 {} above the upstream grant",
+        out.alloc[1]
+    );
 }
 
 #[test]
@@ -145,7 +182,14 @@ fn other_packets_pass_untouched() {
     }
     let mut dp = router();
     // Plain TCP, timestamps only.
-    let plain = packet::tcp4_with_options([10, 0, 0, 1], [10, 0, 0, 2], 1, 2, &[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2], 100);
+    let plain = packet::tcp4_with_options(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        1,
+        2,
+        &[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2],
+        100,
+    );
     assert_eq!(run(&mut dp, &plain), plain);
     // Feedback travels back to the sender untouched.
     let fb = d3::D3Feedback::from_request(&new_request(39, 5)).encode();
@@ -154,11 +198,23 @@ fn other_packets_pass_untouched() {
     let f = packet::tcp4_with_options([10, 0, 0, 2], [10, 0, 0, 1], 5600, 40000, &opts, 0);
     assert_eq!(run(&mut dp, &f), f);
     // UDP.
-    let u = packet::ipv4([10, 0, 0, 1], [10, 0, 0, 2], packet::L4::Udp { sport: 1, dport: 2 }, 0, 0, &[], None, 50);
+    let u = packet::ipv4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        packet::L4::Udp { sport: 1, dport: 2 },
+        0,
+        0,
+        &[],
+        None,
+        50,
+    );
     assert_eq!(run(&mut dp, &u), u);
     let c = dp.d3_link_counters(LO).unwrap();
     assert_eq!(c.requests, 0);
-    assert!(c.sent_bytes >= (plain.len() + f.len() + u.len()) as u64, "every byte counted for the controller");
+    assert!(
+        c.sent_bytes >= (plain.len() + f.len() + u.len()) as u64,
+        "every byte counted for the controller"
+    );
 }
 
 #[test]

@@ -7,8 +7,8 @@ use paceline::datapath::{Datapath, LoadOptions};
 use paceline_common::{
     edt::tx_time_ns,
     maps::{
-        CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable,
-        Rule, level_slot, v4_mapped,
+        CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, Rule,
+        level_slot, v4_mapped,
     },
 };
 use paceline_tests::{
@@ -45,11 +45,24 @@ fn run(dp: &mut Datapath, frame: &[u8], ctx_in: SkBuff) -> Out {
         })
         .expect("BPF_PROG_TEST_RUN");
     data.truncate(r.data_size_out as usize);
-    Out { ret: r.return_value as i32, ctx, data }
+    Out {
+        ret: r.return_value as i32,
+        ctx,
+        data,
+    }
 }
 
 fn tcp4(sport: u16, dport: u16, payload: usize) -> Vec<u8> {
-    packet::ipv4([10, 0, 0, 1], [10, 0, 0, 2], L4::Tcp { sport, dport }, 0, 0, &[], None, payload)
+    packet::ipv4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        L4::Tcp { sport, dport },
+        0,
+        0,
+        &[],
+        None,
+        payload,
+    )
 }
 
 /// A table with classes 0..n, all at level 0 unless changed, no rules.
@@ -88,8 +101,17 @@ fn ipv4_tcp_classified_by_port_sets_priority_and_counts() {
     let mut t = table();
     t.rules[0] = port_rule(11211, 1);
     t.n_rules = 1;
-    t.classes[1] = ClassConfig { skb_priority: 6, flags: CLASS_SET_PRIORITY, level: 2, ..ClassConfig::zeroed() };
-    t.classes[0] = ClassConfig { skb_priority: 1, flags: CLASS_SET_PRIORITY, ..ClassConfig::zeroed() };
+    t.classes[1] = ClassConfig {
+        skb_priority: 6,
+        flags: CLASS_SET_PRIORITY,
+        level: 2,
+        ..ClassConfig::zeroed()
+    };
+    t.classes[0] = ClassConfig {
+        skb_priority: 1,
+        flags: CLASS_SET_PRIORITY,
+        ..ClassConfig::zeroed()
+    };
     dp.write_policy(&t).unwrap();
 
     let hit = tcp4(40000, 11211, 64);
@@ -117,18 +139,61 @@ fn ipv6_udp_behind_hop_by_hop_is_classified() {
     let mut t = table();
     t.rules[0] = port_rule(53, 2).with_proto(17).with_family(true);
     t.n_rules = 1;
-    t.classes[2] = ClassConfig { skb_priority: 4, flags: CLASS_SET_PRIORITY, ..ClassConfig::zeroed() };
+    t.classes[2] = ClassConfig {
+        skb_priority: 4,
+        flags: CLASS_SET_PRIORITY,
+        ..ClassConfig::zeroed()
+    };
     dp.write_policy(&t).unwrap();
     let src = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
     let dst = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
     for hbh in [false, true] {
-        let f = packet::ipv6(src, dst, L4::Udp { sport: 5353, dport: 53 }, 0, 0, hbh, 32);
-        assert_eq!(run(&mut dp, &f, SkBuff::default()).ctx.priority, 4, "hop-by-hop: {hbh}");
-        let tcp = packet::ipv6(src, dst, L4::Tcp { sport: 5353, dport: 53 }, 0, 0, hbh, 32);
-        assert_eq!(run(&mut dp, &tcp, SkBuff::default()).ctx.priority, 0, "TCP is not the UDP rule");
+        let f = packet::ipv6(
+            src,
+            dst,
+            L4::Udp {
+                sport: 5353,
+                dport: 53,
+            },
+            0,
+            0,
+            hbh,
+            32,
+        );
+        assert_eq!(
+            run(&mut dp, &f, SkBuff::default()).ctx.priority,
+            4,
+            "hop-by-hop: {hbh}"
+        );
+        let tcp = packet::ipv6(
+            src,
+            dst,
+            L4::Tcp {
+                sport: 5353,
+                dport: 53,
+            },
+            0,
+            0,
+            hbh,
+            32,
+        );
+        assert_eq!(
+            run(&mut dp, &tcp, SkBuff::default()).ctx.priority,
+            0,
+            "TCP is not the UDP rule"
+        );
     }
     // The same rule never matches IPv4.
-    let v4 = packet::ipv4([1, 1, 1, 1], [2, 2, 2, 2], L4::Udp { sport: 1, dport: 53 }, 0, 0, &[], None, 8);
+    let v4 = packet::ipv4(
+        [1, 1, 1, 1],
+        [2, 2, 2, 2],
+        L4::Udp { sport: 1, dport: 53 },
+        0,
+        0,
+        &[],
+        None,
+        8,
+    );
     assert_eq!(run(&mut dp, &v4, SkBuff::default()).ctx.priority, 0);
 }
 
@@ -143,10 +208,32 @@ fn ipv4_cidr_rule_matches_mapped_addresses() {
     let mask = [u32::MAX, u32::MAX, u32::MAX, u32::from_ne_bytes([0xff, 0, 0, 0])];
     t.rules[0] = Rule::any(3).with_dst(v4_mapped(u32::from_ne_bytes([10, 0, 0, 0])), mask);
     t.n_rules = 1;
-    t.classes[3] = ClassConfig { skb_priority: 3, flags: CLASS_SET_PRIORITY, ..ClassConfig::zeroed() };
+    t.classes[3] = ClassConfig {
+        skb_priority: 3,
+        flags: CLASS_SET_PRIORITY,
+        ..ClassConfig::zeroed()
+    };
     dp.write_policy(&t).unwrap();
-    let inside = packet::ipv4([192, 168, 0, 1], [10, 9, 8, 7], L4::Tcp { sport: 1, dport: 2 }, 0, 0, &[], None, 8);
-    let outside = packet::ipv4([192, 168, 0, 1], [11, 9, 8, 7], L4::Tcp { sport: 1, dport: 2 }, 0, 0, &[], None, 8);
+    let inside = packet::ipv4(
+        [192, 168, 0, 1],
+        [10, 9, 8, 7],
+        L4::Tcp { sport: 1, dport: 2 },
+        0,
+        0,
+        &[],
+        None,
+        8,
+    );
+    let outside = packet::ipv4(
+        [192, 168, 0, 1],
+        [11, 9, 8, 7],
+        L4::Tcp { sport: 1, dport: 2 },
+        0,
+        0,
+        &[],
+        None,
+        8,
+    );
     assert_eq!(run(&mut dp, &inside, SkBuff::default()).ctx.priority, 3);
     assert_eq!(run(&mut dp, &outside, SkBuff::default()).ctx.priority, 0);
 }
@@ -160,7 +247,13 @@ fn tagging_table(dscp: Option<u8>, pcp: Option<u8>) -> PolicyTable {
     if pcp.is_some() {
         flags |= LEVEL_SET_PCP;
     }
-    t.levels[1] = LevelConfig { rate: 0, flags, dscp: dscp.unwrap_or(0), pcp: pcp.unwrap_or(0), _pad: [0; 2] };
+    t.levels[1] = LevelConfig {
+        rate: 0,
+        flags,
+        dscp: dscp.unwrap_or(0),
+        pcp: pcp.unwrap_or(0),
+        _pad: [0; 2],
+    };
     t.classes[0].level = 1;
     t
 }
@@ -175,16 +268,31 @@ fn dscp_rewrite_ipv4_with_options_keeps_ecn_and_checksum() {
     // Router-alert option (4 bytes) so the transport header is not at offset 20.
     let opts = [0x94, 0x04, 0x00, 0x00];
     for ecn in 0..4 {
-        let f = packet::ipv4([10, 0, 0, 1], [10, 0, 0, 2], L4::Tcp { sport: 1, dport: 2 }, 10, ecn, &opts, None, 40);
+        let f = packet::ipv4(
+            [10, 0, 0, 1],
+            [10, 0, 0, 2],
+            L4::Tcp { sport: 1, dport: 2 },
+            10,
+            ecn,
+            &opts,
+            None,
+            40,
+        );
         assert!(packet::inspect(&f).ip_csum_ok);
         let o = run(&mut dp, &f, SkBuff::default());
         let seen = packet::inspect(&o.data);
         assert_eq!(seen.dscp, 46);
         assert_eq!(seen.ecn, ecn, "ECN bits must survive the rewrite");
-        assert!(seen.ip_csum_ok, "IPv4 header checksum must be valid after the rewrite");
+        assert!(
+            seen.ip_csum_ok,
+            "IPv4 header checksum must be valid after the rewrite"
+        );
         // Only the TOS byte and the header checksum changed.
         let diff: Vec<usize> = (0..f.len()).filter(|&i| f[i] != o.data[i]).collect();
-        assert!(diff.iter().all(|&i| i == 15 || i == 24 || i == 25), "changed bytes {diff:?}");
+        assert!(
+            diff.iter().all(|&i| i == 15 || i == 24 || i == 25),
+            "changed bytes {diff:?}"
+        );
     }
     assert_eq!(dp.snapshot().unwrap().classes[0].tagged_packets, 4);
 }
@@ -208,7 +316,11 @@ fn dscp_rewrite_ipv6_keeps_ecn_and_flow_label() {
     assert_eq!((seen.dscp, seen.ecn), (34, 1));
     assert_eq!(o.data[15] & 0x0f, 0x0a);
     assert_eq!(&o.data[16..18], &[0xbc, 0xde]);
-    assert_eq!(&o.data[18..], &f[18..], "nothing after the first word changes (no IPv6 checksum)");
+    assert_eq!(
+        &o.data[18..],
+        &f[18..],
+        "nothing after the first word changes (no IPv6 checksum)"
+    );
 }
 
 #[test]
@@ -220,10 +332,25 @@ fn vlan_tagged_frame_gets_pcp_and_dscp() {
     let mut t = tagging_table(Some(26), Some(5));
     t.rules[0] = port_rule(443, 1);
     t.n_rules = 1;
-    t.classes[1] = ClassConfig { level: 1, ..ClassConfig::zeroed() };
+    t.classes[1] = ClassConfig {
+        level: 1,
+        ..ClassConfig::zeroed()
+    };
     t.classes[0].level = 0;
     dp.write_policy(&t).unwrap();
-    let f = packet::ipv4([10, 0, 0, 1], [10, 0, 0, 2], L4::Tcp { sport: 999, dport: 443 }, 0, 2, &[], Some((100, 1)), 60);
+    let f = packet::ipv4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        L4::Tcp {
+            sport: 999,
+            dport: 443,
+        },
+        0,
+        2,
+        &[],
+        Some((100, 1)),
+        60,
+    );
     let o = run(&mut dp, &f, SkBuff::default());
     let seen = packet::inspect(&o.data);
     assert_eq!(seen.pcp, Some(5));
@@ -232,7 +359,19 @@ fn vlan_tagged_frame_gets_pcp_and_dscp() {
     // VLAN id untouched.
     assert_eq!(u16::from_be_bytes([o.data[14], o.data[15]]) & 0x0fff, 100);
     // Not port 443: class 0 at level 0, no tagging.
-    let g = packet::ipv4([10, 0, 0, 1], [10, 0, 0, 2], L4::Tcp { sport: 999, dport: 80 }, 0, 2, &[], Some((100, 1)), 60);
+    let g = packet::ipv4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        L4::Tcp {
+            sport: 999,
+            dport: 80,
+        },
+        0,
+        2,
+        &[],
+        Some((100, 1)),
+        60,
+    );
     assert_eq!(run(&mut dp, &g, SkBuff::default()).data, g);
 }
 
@@ -260,7 +399,16 @@ fn truncated_and_unknown_frames_pass_untouched_and_count() {
     bad_ihl[14] = 0x44;
     truncated.push(bad_ihl);
     // A VLAN tag whose inner IPv4 header is cut short.
-    let tagged = packet::ipv4([10, 0, 0, 1], [10, 0, 0, 2], L4::Tcp { sport: 1, dport: 2 }, 0, 0, &[], Some((7, 0)), 0);
+    let tagged = packet::ipv4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        L4::Tcp { sport: 1, dport: 2 },
+        0,
+        0,
+        &[],
+        Some((7, 0)),
+        0,
+    );
     truncated.push(tagged[..14 + 4 + 10].to_vec());
     // IPv6 whose hop-by-hop header claims more bytes than there are.
     let src = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
@@ -269,7 +417,11 @@ fn truncated_and_unknown_frames_pass_untouched_and_count() {
     truncated.push(v6);
     for f in &truncated {
         let o = run(&mut dp, f, SkBuff::default());
-        assert_eq!((o.ret, &o.data, o.ctx.tstamp), (TC_ACT_UNSPEC, f, 0), "frame {f:02x?}");
+        assert_eq!(
+            (o.ret, &o.data, o.ctx.tstamp),
+            (TC_ACT_UNSPEC, f, 0),
+            "frame {f:02x?}"
+        );
     }
     // ARP.
     let mut arp = vec![0xffu8; 6];
@@ -287,7 +439,12 @@ fn truncated_and_unknown_frames_pass_untouched_and_count() {
 
 fn paced_table(flow_rate: u64, class_rate: u64, level_rate: u64, horizon_ns: u64) -> PolicyTable {
     let mut t = table();
-    t.classes[0] = ClassConfig { flow_rate, class_rate, level: 1, ..ClassConfig::zeroed() };
+    t.classes[0] = ClassConfig {
+        flow_rate,
+        class_rate,
+        level: 1,
+        ..ClassConfig::zeroed()
+    };
     t.levels[1].rate = level_rate;
     t.horizon_ns = horizon_ns;
     t
@@ -310,16 +467,25 @@ fn flow_departures_are_spaced_len_over_rate_exactly() {
     let after = mono_now_ns();
     let b = run(&mut dp, &f, SkBuff::default());
     let c = run(&mut dp, &f, SkBuff::default());
-    assert!(a.ctx.tstamp >= before && a.ctx.tstamp <= after, "an idle flow leaves now");
+    assert!(
+        a.ctx.tstamp >= before && a.ctx.tstamp <= after,
+        "an idle flow leaves now"
+    );
     assert_eq!(b.ctx.tstamp - a.ctx.tstamp, tx_time_ns(len, rate));
     assert_eq!(c.ctx.tstamp - b.ctx.tstamp, len * 1_000_000_000 / rate);
     // A different flow has its own clock.
     let other = tcp4(5001, 6000, 1000);
     let d = run(&mut dp, &other, SkBuff::default());
-    assert!(d.ctx.tstamp < b.ctx.tstamp, "another flow is not held by this flow's clock");
+    assert!(
+        d.ctx.tstamp < b.ctx.tstamp,
+        "another flow is not held by this flow's clock"
+    );
     let s = dp.snapshot().unwrap();
     assert_eq!(s.classes[0].delayed_packets, 2);
-    assert!(s.classes[0].delay_ns >= tx_time_ns(len, rate), "added delay is accounted");
+    assert!(
+        s.classes[0].delay_ns >= tx_time_ns(len, rate),
+        "added delay is accounted"
+    );
 }
 
 #[test]
@@ -335,11 +501,18 @@ fn class_clock_spaces_packets_of_different_flows() {
         let f = tcp4(7000 + i, 80, 500);
         let o = run(&mut dp, &f, SkBuff::default());
         if i > 0 {
-            assert_eq!(o.ctx.tstamp - last, tx_time_ns(f.len() as u64, class_rate), "packet {i}");
+            assert_eq!(
+                o.ctx.tstamp - last,
+                tx_time_ns(f.len() as u64, class_rate),
+                "packet {i}"
+            );
         }
         last = o.ctx.tstamp;
     }
-    assert_eq!(dp.agg_clock(0).unwrap(), last + tx_time_ns(tcp4(0, 0, 500).len() as u64, class_rate));
+    assert_eq!(
+        dp.agg_clock(0).unwrap(),
+        last + tx_time_ns(tcp4(0, 0, 500).len() as u64, class_rate)
+    );
 }
 
 #[test]
@@ -357,8 +530,14 @@ fn composed_clocks_take_the_latest() {
     assert_eq!(b.ctx.tstamp - a.ctx.tstamp, tx_time_ns(len, 10_000));
     // The flow clock restarts from the real departure; the class clock advanced by its own
     // reservations only (two slots from the first departure).
-    assert_eq!(dp.agg_clock(level_slot(1)).unwrap(), b.ctx.tstamp + tx_time_ns(len, 10_000));
-    assert_eq!(dp.agg_clock(0).unwrap(), a.ctx.tstamp + 2 * tx_time_ns(len, 50_000));
+    assert_eq!(
+        dp.agg_clock(level_slot(1)).unwrap(),
+        b.ctx.tstamp + tx_time_ns(len, 10_000)
+    );
+    assert_eq!(
+        dp.agg_clock(0).unwrap(),
+        a.ctx.tstamp + 2 * tx_time_ns(len, 50_000)
+    );
 
     // Now the flow binds: flow 10 kB/s, aggregates faster.
     let mut dp = load();
@@ -377,9 +556,20 @@ fn departure_never_earlier_than_stack_timestamp() {
     dp.write_policy(&paced_table(1_000_000_000, 0, 0, 0)).unwrap();
     let f = tcp4(1, 2, 100);
     let stack = mono_now_ns() + 50_000_000; // TCP asked for 50 ms from now
-    let o = run(&mut dp, &f, SkBuff { tstamp: stack, ..SkBuff::default() });
+    let o = run(
+        &mut dp,
+        &f,
+        SkBuff {
+            tstamp: stack,
+            ..SkBuff::default()
+        },
+    );
     assert_eq!(o.ctx.tstamp, stack);
-    assert_eq!(dp.snapshot().unwrap().classes[0].delayed_packets, 0, "the stack's own delay is not ours");
+    assert_eq!(
+        dp.snapshot().unwrap().classes[0].delayed_packets,
+        0,
+        "the stack's own delay is not ours"
+    );
 }
 
 #[test]
@@ -388,15 +578,29 @@ fn realtime_stack_timestamp_is_ignored_not_honoured() {
         return;
     }
     let mut dp = load();
-    dp.write_policy(&paced_table(1_000_000_000, 0, 0, 100_000_000)).unwrap();
+    dp.write_policy(&paced_table(1_000_000_000, 0, 0, 100_000_000))
+        .unwrap();
     let f = tcp4(1, 2, 100);
     // SO_TXTIME with CLOCK_REALTIME: ~1.7e18 ns, decades ahead of CLOCK_MONOTONIC.
-    let realtime = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    let realtime = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
     let before = mono_now_ns();
-    let o = run(&mut dp, &f, SkBuff { tstamp: realtime, ..SkBuff::default() });
+    let o = run(
+        &mut dp,
+        &f,
+        SkBuff {
+            tstamp: realtime,
+            ..SkBuff::default()
+        },
+    );
     let after = mono_now_ns();
     assert_eq!(o.ret, TC_ACT_UNSPEC, "not dropped as 'beyond the horizon'");
-    assert!(o.ctx.tstamp >= before && o.ctx.tstamp <= after, "departs now on the monotonic clock");
+    assert!(
+        o.ctx.tstamp >= before && o.ctx.tstamp <= after,
+        "departs now on the monotonic clock"
+    );
     assert_eq!(dp.snapshot().unwrap().global.foreign_tstamp, 1);
 }
 
@@ -408,10 +612,18 @@ fn stack_timestamp_serves_as_time_base() {
     let mut dp = load();
     // Horizon 1 ms; TCP stamped the segment 2 ms ahead (its own pacing). Measured from the
     // stack's departure, paceline adds nothing, so the packet is sent, not dropped.
-    dp.write_policy(&paced_table(1_000_000_000, 0, 0, 1_000_000)).unwrap();
+    dp.write_policy(&paced_table(1_000_000_000, 0, 0, 1_000_000))
+        .unwrap();
     let f = tcp4(1, 2, 100);
     let ts = mono_now_ns() + 2_000_000;
-    let o = run(&mut dp, &f, SkBuff { tstamp: ts, ..SkBuff::default() });
+    let o = run(
+        &mut dp,
+        &f,
+        SkBuff {
+            tstamp: ts,
+            ..SkBuff::default()
+        },
+    );
     assert_eq!((o.ret, o.ctx.tstamp), (TC_ACT_UNSPEC, ts));
     let s = dp.snapshot().unwrap();
     assert_eq!((s.global.foreign_tstamp, s.classes[0].delayed_packets), (0, 0));
@@ -435,7 +647,11 @@ fn beyond_horizon_drops_and_advances_no_clock() {
         rets.push(run(&mut dp, &f, SkBuff::default()).ret);
     }
     assert_eq!(rets, [TC_ACT_UNSPEC, TC_ACT_UNSPEC, TC_ACT_UNSPEC, TC_ACT_SHOT]);
-    assert_eq!(dp.agg_clock(0).unwrap(), clock_before_drop, "a dropped packet advances no clock");
+    assert_eq!(
+        dp.agg_clock(0).unwrap(),
+        clock_before_drop,
+        "a dropped packet advances no clock"
+    );
     let s = dp.snapshot().unwrap();
     assert_eq!(s.classes[0].drops_horizon, 1);
     assert_eq!(s.classes[0].packets, 4);
@@ -459,5 +675,9 @@ fn policy_swap_keeps_flow_clocks() {
     assert_eq!(dp.live_policy().unwrap().generation, g);
     let b = run(&mut dp, &f, SkBuff::default());
     assert_eq!(b.ctx.priority, 7, "the new policy is live");
-    assert_eq!(b.ctx.tstamp - a.ctx.tstamp, tx_time_ns(f.len() as u64, rate), "the flow kept its clock");
+    assert_eq!(
+        b.ctx.tstamp - a.ctx.tstamp,
+        tx_time_ns(f.len() as u64, rate),
+        "the flow kept its clock"
+    );
 }

@@ -8,13 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// Modules loaded by `/init` before the host root can be mounted (with their dependencies).
-const EARLY_MODULES: &[&str] = &[
-    "virtio_pci",
-    "virtio_console",
-    "9pnet_virtio",
-    "9p",
-    "overlay",
-];
+const EARLY_MODULES: &[&str] = &["virtio_pci", "virtio_console", "9pnet_virtio", "9p", "overlay"];
 
 /// PID 1 in the VM. The host passes `paceline.run=<dir>` on the kernel command line; `<dir>`
 /// (a host directory, seen under /host) holds `vm-run.sh` (settings) and `cmd.sh` (the command).

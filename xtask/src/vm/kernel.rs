@@ -33,8 +33,7 @@ pub struct Kernel {
 pub fn cache_root() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("PACELINE_VM_CACHE") {
         let p = PathBuf::from(p);
-        fs::create_dir_all(&p)
-            .with_context(|| format!("creating PACELINE_VM_CACHE {}", p.display()))?;
+        fs::create_dir_all(&p).with_context(|| format!("creating PACELINE_VM_CACHE {}", p.display()))?;
         return Ok(p);
     }
     let sys = PathBuf::from("/var/cache/paceline/vm");
@@ -72,16 +71,12 @@ pub fn ensure() -> Result<Kernel> {
             if p.is_dir() {
                 return from_dir(&p, &root);
             }
-            let abi = v
-                .trim_end_matches("-amd64")
-                .trim_start_matches("linux-image-");
+            let abi = v.trim_end_matches("-amd64").trim_start_matches("linux-image-");
             let nn = abi
                 .strip_prefix("6.1.0-")
                 .and_then(|n| n.parse::<u32>().ok())
                 .ok_or_else(|| {
-                    anyhow!(
-                        "PACELINE_VM_KERNEL={v}: neither a directory nor a Debian ABI like 6.1.0-55"
-                    )
+                    anyhow!("PACELINE_VM_KERNEL={v}: neither a directory nor a Debian ABI like 6.1.0-55")
                 })?;
             ensure_debian(&root, Some(nn))
         }
@@ -123,9 +118,9 @@ fn ensure_debian(root: &Path, want: Option<u32>) -> Result<Kernel> {
     loop {
         let (abi, pkg) = pick(&known).ok_or_else(|| match want {
             Some(n) => anyhow!("apt has no linux-image-6.1.0-{n}-amd64[-unsigned] package"),
-            None => anyhow!(
-                "apt has no linux-image-6.1.0-*-amd64 package (Debian 12 'bookworm' sources needed)"
-            ),
+            None => {
+                anyhow!("apt has no linux-image-6.1.0-*-amd64 package (Debian 12 'bookworm' sources needed)")
+            }
         })?;
         let release = format!("6.1.0-{abi}-amd64");
         let dir = root.join(&release);
@@ -363,8 +358,7 @@ fn fetch_and_prepare(root: &Path, pkg: &str, release: &str, dir: &Path) -> Resul
     fs::write(out_dir.join(READY_MARKER), format!("{CACHE_FORMAT}\n"))?;
     fs::write(out_dir.join("SOURCE"), format!("{pkg}\n"))?;
     let _ = fs::remove_dir_all(dir); // an unfinished/older-format entry
-    fs::rename(&out_dir, dir)
-        .with_context(|| format!("moving the prepared kernel to {}", dir.display()))?;
+    fs::rename(&out_dir, dir).with_context(|| format!("moving the prepared kernel to {}", dir.display()))?;
     drop(guard);
     Ok(())
 }
@@ -478,13 +472,9 @@ fn prepare_modules(moddir: &Path) -> Result<()> {
             let mut data = fs::read(&p)?;
             if let Some(n) = signed_len(&data) {
                 data.truncate(n);
-                fs::OpenOptions::new()
-                    .write(true)
-                    .open(&p)?
-                    .set_len(n as u64)?;
+                fs::OpenOptions::new().write(true).open(&p)?.set_len(n as u64)?;
             }
-            let info =
-                modinfo(&data).with_context(|| format!("reading .modinfo of {}", p.display()))?;
+            let info = modinfo(&data).with_context(|| format!("reading .modinfo of {}", p.display()))?;
             let name = info
                 .iter()
                 .find_map(|(k, v)| (*k == "name").then(|| v.to_string()))
@@ -568,25 +558,13 @@ pub fn signed_len(d: &[u8]) -> Option<usize> {
 /// `key=value` pairs of an ELF64 module's `.modinfo` section.
 fn modinfo(d: &[u8]) -> Result<Vec<(&str, &str)>> {
     let rd16 = |o: usize| -> Result<usize> {
-        Ok(u16::from_le_bytes(
-            d.get(o..o + 2)
-                .ok_or_else(|| anyhow!("short ELF"))?
-                .try_into()?,
-        ) as usize)
+        Ok(u16::from_le_bytes(d.get(o..o + 2).ok_or_else(|| anyhow!("short ELF"))?.try_into()?) as usize)
     };
     let rd32 = |o: usize| -> Result<usize> {
-        Ok(u32::from_le_bytes(
-            d.get(o..o + 4)
-                .ok_or_else(|| anyhow!("short ELF"))?
-                .try_into()?,
-        ) as usize)
+        Ok(u32::from_le_bytes(d.get(o..o + 4).ok_or_else(|| anyhow!("short ELF"))?.try_into()?) as usize)
     };
     let rd64 = |o: usize| -> Result<usize> {
-        Ok(u64::from_le_bytes(
-            d.get(o..o + 8)
-                .ok_or_else(|| anyhow!("short ELF"))?
-                .try_into()?,
-        ) as usize)
+        Ok(u64::from_le_bytes(d.get(o..o + 8).ok_or_else(|| anyhow!("short ELF"))?.try_into()?) as usize)
     };
     if !d.starts_with(b"\x7fELF\x02\x01") {
         bail!("not a little-endian ELF64 file");
@@ -607,9 +585,7 @@ fn modinfo(d: &[u8]) -> Result<Vec<(&str, &str)>> {
             .and_then(|s| s.split(|&c| c == 0).next())
             .unwrap_or_default();
         if n == b".modinfo" {
-            let sec = d
-                .get(off..off + size)
-                .ok_or_else(|| anyhow!("bad .modinfo"))?;
+            let sec = d.get(off..off + size).ok_or_else(|| anyhow!("bad .modinfo"))?;
             return Ok(sec
                 .split(|&c| c == 0)
                 .filter_map(|kv| std::str::from_utf8(kv).ok())
@@ -874,11 +850,7 @@ impl Flock {
                 path.display()
             );
             if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-                bail!(
-                    "flock {}: {}",
-                    path.display(),
-                    std::io::Error::last_os_error()
-                );
+                bail!("flock {}: {}", path.display(), std::io::Error::last_os_error());
             }
         }
         Ok(Flock(f))

@@ -256,16 +256,12 @@ pub fn run(b: &Boot) -> Result<Outcome> {
         let verbose = b.verbose;
         forward(l_console, stop, move |r| {
             for line in BufReader::new(r).split(b'\n').map_while(|l| l.ok()) {
-                let s = String::from_utf8_lossy(&line)
-                    .trim_end_matches('\r')
-                    .to_string();
+                let s = String::from_utf8_lossy(&line).trim_end_matches('\r').to_string();
                 if s.is_empty() {
                     continue;
                 }
                 // the kernel announces every reboot at emergency level; that is our normal exit
-                if !verbose
-                    && (s.ends_with("reboot: Restarting system")
-                        || s.ends_with("reboot: Power down"))
+                if !verbose && (s.ends_with("reboot: Restarting system") || s.ends_with("reboot: Power down"))
                 {
                     continue;
                 }
@@ -390,10 +386,9 @@ pub fn run(b: &Boot) -> Result<Outcome> {
     if let Some(e) = status.iter().find_map(|l| l.strip_prefix("init-error ")) {
         bail!("VM init failed: {e}");
     }
-    let code = status.iter().find_map(|l| {
-        l.strip_prefix("exit ")
-            .and_then(|c| c.trim().parse::<i32>().ok())
-    });
+    let code = status
+        .iter()
+        .find_map(|l| l.strip_prefix("exit ").and_then(|c| c.trim().parse::<i32>().ok()));
     match code {
         Some(status) => Ok(Outcome {
             status,
@@ -489,11 +484,7 @@ where
 /// /dev/kvm is usable, one quick boot under KVM (the guest prints a marker and reboots)
 /// tells whether KVM really runs a guest here (nested virtualisation often does not: the guest
 /// hangs). The result is cached per host boot in `<cache>/accel-<boot id>`.
-pub fn detect_accel(
-    kernel: &Kernel,
-    initramfs: &Path,
-    cache_root: &Path,
-) -> Result<(Accel, String)> {
+pub fn detect_accel(kernel: &Kernel, initramfs: &Path, cache_root: &Path) -> Result<(Accel, String)> {
     match std::env::var("PACELINE_VM_ACCEL").as_deref() {
         Ok("kvm") => return Ok((Accel::Kvm, "forced by PACELINE_VM_ACCEL".into())),
         Ok("tcg") => return Ok((Accel::Tcg, "forced by PACELINE_VM_ACCEL".into())),
@@ -514,11 +505,7 @@ pub fn detect_accel(
         .to_string();
     let cache = cache_root.join(format!(
         "accel-{}",
-        if boot_id.is_empty() {
-            "unknown"
-        } else {
-            &boot_id
-        }
+        if boot_id.is_empty() { "unknown" } else { &boot_id }
     ));
     if let Ok(s) = fs::read_to_string(&cache) {
         match s.trim() {
@@ -538,10 +525,7 @@ pub fn detect_accel(
     Ok(if ok {
         (Accel::Kvm, "KVM boots guests here (probed)".into())
     } else {
-        (
-            Accel::Tcg,
-            "/dev/kvm cannot boot a guest here (probed)".into(),
-        )
+        (Accel::Tcg, "/dev/kvm cannot boot a guest here (probed)".into())
     })
 }
 
