@@ -605,7 +605,13 @@ pub struct FoundOption {
 }
 
 /// Finds the first D3 option (kind 253, our ExID, length 20 or 12) in the first `opts_len`
-/// bytes of a TCP option area. Stops at EOL or at a malformed length. At most 40 iterations.
+/// bytes of a TCP option area. Stops at EOL or at a malformed length.
+///
+/// Written for the verifier: the walk visits every position with a constant index and keeps
+/// only where the next option starts as data. An index that follows the option lengths is an
+/// unknown the verifier must track precisely (it indexes memory), so older kernels (6.1) walk
+/// every combination of lengths and give up at a million instructions; here the unknown is
+/// only compared, never used as an index, and the paths through one position prune together.
 #[inline]
 pub fn find_d3_option(opts: &[u8; TCP_OPTS_MAX], opts_len: usize) -> Option<FoundOption> {
     let end = if opts_len < TCP_OPTS_MAX {
@@ -613,35 +619,39 @@ pub fn find_d3_option(opts: &[u8; TCP_OPTS_MAX], opts_len: usize) -> Option<Foun
     } else {
         TCP_OPTS_MAX
     };
-    // `i < 40` and `len <= 255`: the wrapping adds below never wrap (and, unlike `+`, leave no
-    // overflow-panic path in a bpf build with overflow checks).
-    let mut i = 0usize;
-    let mut n = 0usize;
-    while n < TCP_OPTS_MAX {
-        n += 1;
-        if i >= end {
+    // `pos < 40` and `len <= 255`: the wrapping adds below never wrap (and, unlike `+`, leave
+    // no overflow-panic path in a bpf build with overflow checks).
+    let mut next = 0usize;
+    let mut pos = 0usize;
+    while pos < TCP_OPTS_MAX {
+        let here = pos;
+        pos += 1;
+        if here >= end {
             return None;
         }
-        let kind = *opts.get(i)?;
+        if here != next {
+            continue; // inside an option
+        }
+        let kind = *opts.get(here)?;
         if kind == 0 {
             return None;
         }
         if kind == 1 {
-            i = i.wrapping_add(1);
+            next = here.wrapping_add(1);
             continue;
         }
-        let len = *opts.get(i.wrapping_add(1))? as usize;
-        if len < 2 || i.wrapping_add(len) > end {
+        let len = *opts.get(here.wrapping_add(1))? as usize;
+        if len < 2 || here.wrapping_add(len) > end {
             return None;
         }
         if kind == TCPOPT_EXP
             && (len == REQ_LEN || len == FB_LEN)
-            && opts.get(i.wrapping_add(2)) == Some(&EXID_HI)
-            && opts.get(i.wrapping_add(3)) == Some(&EXID_LO)
+            && opts.get(here.wrapping_add(2)) == Some(&EXID_HI)
+            && opts.get(here.wrapping_add(3)) == Some(&EXID_LO)
         {
-            return Some(FoundOption { offset: i, len });
+            return Some(FoundOption { offset: here, len });
         }
-        i = i.wrapping_add(len);
+        next = here.wrapping_add(len);
     }
     None
 }

@@ -56,7 +56,8 @@ pub struct Scratch {
     old: [u8; REQ_LEN],
     new: [u8; REQ_LEN],
     calc: [u8; REQ_LEN],
-    _pad: [u8; 4],
+    /// The option's offset, passed through map memory (see `try_router`).
+    off: u32,
     key: FlowKey,
     seen: D3Seen,
     cfg: D3LinkConfig,
@@ -117,11 +118,36 @@ fn try_router(ctx: &TcContext) -> Option<()> {
         }
     };
     let n = if opts_len < loaded { opts_len } else { loaded };
-    let found = d3::find_d3_option(&sc.opts, n)?;
+    // Bytes past the option area read as EOL, so the scan runs over a constant length: an
+    // unknown end bound in every comparison of the walk multiplies the states older
+    // verifiers (6.1) explore past their limit. Constant indices; volatile so that LLVM does
+    // not turn the loop into a variable-length memset.
+    for k in REQ_LEN..TCP_OPTS_MAX {
+        if k >= n {
+            if let Some(b) = sc.opts.get_mut(k) {
+                // SAFETY: an element of the per-CPU scratch value.
+                unsafe { core::ptr::write_volatile(b, 0) };
+            }
+        }
+    }
+    let found = d3::find_d3_option(&sc.opts, TCP_OPTS_MAX)?;
     if found.len != REQ_LEN {
         return None; // feedback travels to the sender untouched
     }
-    sc.old = d3::copy_option(&sc.opts, found.offset)?;
+    // The scan leaves the offset as an exact constant on each of its ~40 exits, so the
+    // verifier would walk the rest of the program once per offset (6.1 gives up at 1M
+    // instructions). A round trip through map memory turns it into one bounded unknown.
+    // The mask bounds the value itself (a later check on one register does not bound a copy
+    // LLVM spilled before it, on 6.1); offsets past 20 are then refused below.
+    // SAFETY: a field of the per-CPU scratch value.
+    let offset = unsafe {
+        core::ptr::write_volatile(&mut sc.off, found.offset as u32);
+        (core::ptr::read_volatile(&sc.off) & 0x3f) as usize
+    };
+    if offset > TCP_OPTS_MAX - REQ_LEN || offset + REQ_LEN > n {
+        return None; // past the end, or running past the option area
+    }
+    sc.old = d3::copy_option(&sc.opts, offset)?;
     sc.key = FlowKey {
         src: sc.pkt.src,
         dst: sc.pkt.dst,
@@ -143,20 +169,20 @@ fn try_router(ctx: &TcContext) -> Option<()> {
             // SAFETY: as above.
             add(unsafe { core::ptr::addr_of_mut!((*counters).duplicates) }, 1);
             sc.new = sc.seen.rewritten;
-            return write_back(ctx, l4, found.offset, sc);
+            return write_back(ctx, l4, offset, sc);
         }
         // The request as this router computes it: the previous desired rate and this hop's
         // previous allocation are what the router itself recorded for the flow (exact even
-        // when feedback was lost). A new flow, or one it forgot, is taken at its word.
-        if let Ok(m) = D3Request::decode(&sc.seen.rewritten) {
-            if arriving.flags & FLAG_NEW == 0 && m.hop as usize == hop + 1 {
-                let mut calc = arriving;
-                calc.prev_desired = m.desired;
-                calc.prev_scale = m.scale;
-                if let (Some(dst), Some(v)) = (calc.prev_alloc.get_mut(hop), m.alloc.get(hop)) {
-                    *dst = *v;
-                }
-                sc.calc = calc.encode();
+        // when feedback was lost). A new flow, or one it forgot, is taken at its word. The
+        // bytes are patched in the scratch map value: a variable-offset write to the stack
+        // is refused by older verifiers (6.1: "invalid size of register fill").
+        let m_hop = (sc.seen.rewritten[d3::OFF_FLAGS_HOP] & d3::HOP_MASK) as usize;
+        if arriving.flags & FLAG_NEW == 0 && m_hop == hop + 1 && hop < d3::HOPS {
+            sc.calc[d3::OFF_PREV_DESIRED] = sc.seen.rewritten[d3::OFF_DESIRED];
+            sc.calc[d3::OFF_SCALES] = (sc.calc[d3::OFF_SCALES] & 0xf0) | (sc.seen.rewritten[d3::OFF_SCALES] >> 4);
+            let a = sc.seen.rewritten.get(d3::OFF_ALLOC + hop).copied();
+            if let (Some(dst), Some(v)) = (sc.calc.get_mut(d3::OFF_PREV_ALLOC + hop), a) {
+                *dst = v;
             }
         }
     }
@@ -217,7 +243,7 @@ fn try_router(ctx: &TcContext) -> Option<()> {
         at: now,
     };
     let _ = PL_D3_SEEN.insert(&sc.key, &sc.seen, 0);
-    write_back(ctx, l4, found.offset, sc)
+    write_back(ctx, l4, offset, sc)
 }
 
 #[inline(always)]
