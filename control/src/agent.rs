@@ -570,6 +570,9 @@ async fn event_loop(
     } = signals;
     let (tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
     let _watcher = watch_file(&opts.policy, tx)?;
+    // Raw bytes last looked at: unrelated churn in the directory, or a rejected file that
+    // has not changed since, must not trigger another parse (or another rejection).
+    let mut last_bytes = file_digest(&opts.policy);
     let interval_ns = shared.lock().router.as_ref().map(|r| r.interval_ns);
     let mut d3_timer = tokio::time::interval(Duration::from_nanos(interval_ns.unwrap_or(3_600_000_000_000)));
     d3_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -591,37 +594,56 @@ async fn event_loop(
                 // Editors write in several steps: wait for the file to settle.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 while changes.try_recv().is_ok() {}
-                reload(opts, shared, dir, host, "file change", false);
+                let now = file_digest(&opts.policy);
+                if now != last_bytes {
+                    last_bytes = now;
+                    reload(opts, shared, dir, host, "file change", false);
+                }
             }
         }
     }
 }
 
-/// Watches the policy's directory (editors replace files by rename) for events on the file.
+/// A digest of the policy file's bytes (`None` while it cannot be read).
+fn file_digest(path: &Path) -> Option<u64> {
+    use std::hash::{Hash as _, Hasher as _};
+    let bytes = std::fs::read(path).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    Some(h.finish())
+}
+
+/// Watches the directory that holds the policy, and the directory its symlinks resolve to.
+///
+/// Editors replace files by rename, and Kubernetes ConfigMap volumes swap a `..data` symlink
+/// without touching the policy's own name, so any change in those directories wakes the
+/// reload path; `try_reload` then compares the file's hash and ignores unrelated churn.
 fn watch_file(path: &Path, tx: tokio::sync::mpsc::UnboundedSender<()>) -> Result<notify::RecommendedWatcher> {
     use notify::Watcher as _;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
-    let name = path.file_name().map(|n| n.to_os_string());
+    let parent = |p: &Path| {
+        p.parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf()
+    };
+    let mut dirs = vec![parent(path)];
+    if let Ok(real) = std::fs::canonicalize(path) {
+        let real_dir = parent(&real);
+        if std::fs::canonicalize(&dirs[0]).ok().as_ref() != Some(&real_dir) {
+            dirs.push(real_dir);
+        }
+    }
     let mut w = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         if let Ok(ev) = ev {
-            if ev.kind.is_access() {
-                return;
-            }
-            if ev
-                .paths
-                .iter()
-                .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
-            {
+            if !ev.kind.is_access() {
                 let _ = tx.send(());
             }
         }
     })?;
-    w.watch(&dir, notify::RecursiveMode::NonRecursive)
-        .with_context(|| format!("watching {} for policy changes", dir.display()))?;
+    for dir in &dirs {
+        w.watch(dir, notify::RecursiveMode::NonRecursive)
+            .with_context(|| format!("watching {} for policy changes", dir.display()))?;
+    }
     Ok(w)
 }
 

@@ -43,6 +43,15 @@ impl Scratch {
         Scratch(dir)
     }
 
+    /// A scratch directory in the machine's own temporary directory (tmpfs in the VM), for a
+    /// test whose files must behave like a local filesystem's (the VM's share is 9p).
+    pub fn local(name: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("pl-agent-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+
     pub fn path(&self, name: &str) -> PathBuf {
         self.0.join(name)
     }

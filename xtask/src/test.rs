@@ -238,6 +238,12 @@ fn vm_part(a: &Args, root: &Path, rows: &mut Vec<Row>) -> Result<()> {
                     b.manifest_dir.to_string_lossy().into_owned(),
                 ),
                 ("CARGO_PKG_NAME".into(), "paceline-tests".into()),
+                // One test at a time: two emulated CPUs under TCG are too few for two rate
+                // measurements (or a D3 deadline) to share without stalling each other.
+                (
+                    "RUST_TEST_THREADS".into(),
+                    std::env::var("RUST_TEST_THREADS").unwrap_or_else(|_| "1".into()),
+                ),
             ],
             modules: vec![],
             capture_stdout: true,

@@ -299,7 +299,11 @@ fn class_aggregate_rate_enforced_for_udp() {
     let cap_mbit = 20.0;
     let classes = "    - name: capped\n      level: low\n      class_rate: 20Mbit\n";
     let rules = "    - class: capped\n      protocol: udp\n      dst_port: 5301-5304\n";
-    write(&scratch.path("p.yaml"), &policy(&ifname, "auto", classes, rules));
+    // A horizon of 1 s: the class clock may run that far ahead of the present, so a pause of
+    // the sender (or of an emulated machine: TCG stalls for hundreds of ms) shorter than that
+    // leaves packets queued and costs the class no time.
+    let p = policy(&ifname, "auto", classes, rules).replace("  link_rate: 1Gbit\n", "  link_rate: 1Gbit\n  horizon: 1s\n");
+    write(&scratch.path("p.yaml"), &p);
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
     let mode = agent.status().expect("status")["enforcement"]["mode"]
         .as_str()
@@ -330,7 +334,8 @@ fn class_aggregate_rate_enforced_for_udp() {
     drop(clients);
     let ratio = measured / cap_mbit;
     eprintln!(
-        "mode {mode}: 4 UDP flows, {measured:.2} Mbit/s on the wire for a {cap_mbit} Mbit/s class ({ratio:.3})"
+        "mode {mode}: 4 UDP flows, {measured:.2} Mbit/s on the wire for a {cap_mbit} Mbit/s class ({ratio:.3}); horizon drops {}",
+        agent.class_counter("capped", "dropped_horizon")
     );
     // HTB (no fq) or the class's EDT clock with fq holds the aggregate at its rate.
     assert!(
@@ -484,6 +489,60 @@ fn reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one() {
     let s = agent.wait_for("the refusal", |s| s["reloads"]["rejected"] == 3);
     assert!(
         s["reloads"]["last"]["errors"].to_string().contains("restart"),
+        "{s:#}"
+    );
+    agent.stop();
+}
+
+#[test]
+fn reload_follows_a_configmap_style_symlink_swap() {
+    if !privileged("reload_follows_a_configmap_style_symlink_swap") {
+        return;
+    }
+    let (_tb, a, _b, ifname) = two_hosts("agent_cmswap");
+    // A ConfigMap volume is a tmpfs; the VM's share (9p) is not where kubelet would put one.
+    let scratch = Scratch::local("cmswap");
+    // The layout kubelet gives a ConfigMap volume: policy.yaml -> ..data/policy.yaml,
+    // ..data -> ..<timestamp>/; an update writes a new timestamp dir and renames ..data.
+    let vol = scratch.path("vol");
+    let v1 = vol.join("..2026_11_29_v1");
+    std::fs::create_dir_all(&v1).unwrap();
+    write(&v1.join("policy.yaml"), &policy(&ifname, "none", "", ""));
+    std::os::unix::fs::symlink("..2026_11_29_v1", vol.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/policy.yaml", vol.join("policy.yaml")).unwrap();
+    let p = vol.join("policy.yaml");
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    assert_eq!(agent.status().expect("status")["policy"]["generation"], 1);
+
+    // Unrelated churn in the directory does not count as a reload of any kind.
+    write(&vol.join("unrelated.txt"), "noise");
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = agent.status().expect("status");
+    assert_eq!(s["reloads"]["applied"], 0, "{s:#}");
+    assert_eq!(s["reloads"]["rejected"], 0, "{s:#}");
+
+    let v2 = vol.join("..2026_11_29_v2");
+    std::fs::create_dir_all(&v2).unwrap();
+    write(
+        &v2.join("policy.yaml"),
+        &policy(
+            &ifname,
+            "none",
+            "    - name: web\n      level: high\n",
+            "    - class: web\n      protocol: tcp\n      dst_port: 443\n",
+        ),
+    );
+    std::os::unix::fs::symlink("..2026_11_29_v2", vol.join("..data_tmp")).unwrap();
+    std::fs::rename(vol.join("..data_tmp"), vol.join("..data")).unwrap();
+    std::fs::remove_dir_all(&v1).unwrap();
+    let s = agent.wait_for("the reload after the ..data swap", |s| s["reloads"]["applied"] == 1);
+    assert_eq!(s["policy"]["generation"], 2);
+    assert!(
+        s["policy"]["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "web"),
         "{s:#}"
     );
     agent.stop();
