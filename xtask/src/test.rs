@@ -238,6 +238,8 @@ fn vm_part(a: &Args, root: &Path, rows: &mut Vec<Row>) -> Result<()> {
                     b.manifest_dir.to_string_lossy().into_owned(),
                 ),
                 ("CARGO_PKG_NAME".into(), "paceline-tests".into()),
+                // Tests bound by wall-clock deadlines skip themselves under emulation.
+                ("PACELINE_VM_ACCEL".into(), machine.accel.to_string()),
                 // One test at a time: two emulated CPUs under TCG are too few for two rate
                 // measurements (or a D3 deadline) to share without stalling each other.
                 (

@@ -118,18 +118,10 @@ fn try_router(ctx: &TcContext) -> Option<()> {
         }
     };
     let n = if opts_len < loaded { opts_len } else { loaded };
-    // Bytes past the option area read as EOL, so the scan runs over a constant length: an
-    // unknown end bound in every comparison of the walk multiplies the states older
-    // verifiers (6.1) explore past their limit. Constant indices; volatile so that LLVM does
-    // not turn the loop into a variable-length memset.
-    for k in REQ_LEN..TCP_OPTS_MAX {
-        if k >= n {
-            if let Some(b) = sc.opts.get_mut(k) {
-                // SAFETY: an element of the per-CPU scratch value.
-                unsafe { core::ptr::write_volatile(b, 0) };
-            }
-        }
-    }
+    // The walk runs over all 40 bytes loaded, a constant length: an unknown end bound in
+    // every comparison of the walk multiplies the states older verifiers (6.1) explore past
+    // their limit. Within the option area the walk is exact, so a request found there is the
+    // first one; one that starts or ends past the area (payload) is refused below.
     let found = d3::find_d3_option(&sc.opts, TCP_OPTS_MAX)?;
     if found.len != REQ_LEN {
         return None; // feedback travels to the sender untouched
