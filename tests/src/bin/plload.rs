@@ -2,12 +2,15 @@
 //!
 //! ```text
 //! plload serve  --port 5001 [--flows N] [--duration S] [--hook sockopt:LEVEL:OPT] [--samples]
+//!               [--hook d3:/sys/fs/bpf/paceline/d3_app]      (D3: size + deadline per response)
+//!               [--hook deadline-mark:THRESHOLD_US:MARK]     (SO_MARK for urgent responses)
 //! plload bulk   --to 10.0.2.2:5001 --flows 4 --duration 10 [--bytes N] [--udp --rate-bps R]
 //!               [--cc cubic] [--pacing-rate-bps R] [--mark M] [--dscp D|--tos T] [--priority P]
 //! plload rpc    --to 10.0.2.2:5001 [--rate 1000 [--poisson]] [--req-size 64] [--resp-size 64]
 //! plload pa     --workers A:P,B:P [--queries 100] [--deadline-mean-ms 30] [--seed 1]
 //! plload incast --servers A:P,B:P [--fragment 262144] [--blocks 100]
 //! ```
+//! `--hook` is parsed by `workload::hook::parse_hook` (see its module docs for every hook).
 //! Every subcommand takes `--tag key=value` (repeatable, copied into the report) and
 //! `--out FILE` (default: JSON on stdout). `serve` writes its report when its flow count or
 //! duration is reached, or on SIGTERM/SIGINT.

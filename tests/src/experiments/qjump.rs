@@ -1,6 +1,1055 @@
-//! placeholder: written by its owner.
+//! `plexp qjump`: seed 004 (QJump, "Queues don't matter when you can JUMP them!"). A
+//! latency-sensitive RPC flow at the top QJump level shares a switch port with bulk flows at the
+//! lowest level: its latency idle, next to bulk traffic without levels, and with levels.
+//!
+//! # Setup
+//! ```text
+//!   s0 (RPC client) ─┐
+//!   s1 (bulk)      ──┤                  ┌── rx   (RPC server, bulk sink)   <- the bottleneck
+//!   s2 (bulk)      ──┼── sw (switch) ───┤
+//!   s3 (bulk)      ──┘                  └── rx2  (bulk sink of the control run)
+//! ```
+//! `sw` is a router namespace whose ports toward `rx` and `rx2` are strict-priority switch ports
+//! ([`crate::testbed::Shaper::StrictPriority`]): `RATE` bit/s, 8 queues of `BUFFER` bytes each,
+//! a packet's queue chosen by its DSCP class selector (`DSCP >> 3`). Every sender runs the
+//! agent. Two policies, switched by reloading the agents:
+//!
+//! - `flat`: one level, no rates, no DSCP rewrite: everything best effort, in queue 0;
+//! - `qjump`: the RPC class (TCP to port 5001) at the top level (factor 1, DSCP 46 = EF, so
+//!   queue 5 of the switch), everything else at the lowest level (factor `unlimited`, DSCP 0,
+//!   queue 0). QJump parameters: n = 4 senders, P = 1514 B (one full frame), R = the port's
+//!   rate, eps = 10 us; the agent computes the epoch `2nP/R + eps` and the top level's
+//!   per-host rate `P / epoch` from them.
+//!
+//! The RPC client sends 64-byte requests for 64-byte responses over one TCP connection,
+//! open loop at a fixed `RPC_RATE` per second (latency from the intended send time, so a
+//! stalled connection shows up as latency). Bulk flows are long-lived TCP (cubic) uploads from
+//! s1..s3 (round robin), started two seconds before the RPCs so the switch queue is full when
+//! they begin.
+//!
+//! # Conditions
+//! - `idle`: RPCs alone, `flat` policy: (a) of the issue, the reference.
+//! - `no-levels`: RPCs and `k` bulk flows, `flat` policy: (b).
+//! - `levels`: RPCs and `k` bulk flows, `qjump` policy: (c).
+//! - `idle-levels`: RPCs alone with the `qjump` policy: what the top level's rate limit alone
+//!   costs.
+//! - `levels-bulk-elsewhere`: `qjump` policy, the same `k` bulk flows sent to `rx2` through the
+//!   switch's other port, so they load the (emulated) CPUs exactly as in `levels` but share no
+//!   queue with the RPCs. Comparing it with `idle` separates what the machine adds to RPC
+//!   latency under load (CPU contention, softirq work of the bulk packets) from what queueing
+//!   at the switch adds.
+//!
+//! # Output
+//! `qjump.json` (per condition: latency summary over all repetitions, per-repetition p99, bulk
+//! goodput over the RPC window, switch queue counters, the agents' counters), `qjump-samples.json`
+//! (every latency sample, compact), `qjump.md` (the table, the p99 ratio levels / idle and
+//! whether the aim, within 1.5x, holds), `qjump.svg` (latency CDFs of idle, no-levels and
+//! levels at the largest bulk load, log x), `qjump-controls.svg` (the CDFs of the controls) and
+//! `qjump-p99.svg` (p99 against the number of bulk flows).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use super::Common;
+use super::pacing::{
+    Heartbeat, agent_counters, counter_delta, kernel_release, selected, status_of, stop_agent, write_out,
+};
+use crate::agent::{Agent, Scratch};
+use crate::report::{self, PlotOpts, Series, XySeries};
+use crate::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Testbed};
+use crate::workload::bulk::{self, BulkOpts, BulkReport};
+use crate::workload::rpc::{self, RpcOpts, RpcReport};
+use crate::workload::serve::{ServeOpts, ServeReport, Server};
+use crate::workload::stats::{self, LatencySummary};
+use crate::workload::{self, Tags};
+
+/// The switch port's rate (bit/s): well below what the emulated VM forwards through two hops
+/// with everything else running (a 50 Mbit/s port ran at a third of its rate under TCG, the
+/// CPUs being the bottleneck), so that the port, not the CPU, is the bottleneck and its queue
+/// fills.
+const RATE: u64 = 20_000_000;
+/// Each switch queue's buffer (bytes): a shallow switch-like buffer of 33 full frames, 20 ms
+/// at 20 Mbit/s.
+const BUFFER: u32 = 50_000;
+/// RPCs per second (open loop, fixed interval): light enough to leave the emulated CPUs idle
+/// most of the time.
+const RPC_RATE: f64 = 200.0;
+/// Request and response sizes (bytes).
+const RPC_SIZE: u32 = 64;
+/// Sender hosts (s0 runs the RPC client, the others bulk flows): QJump's n.
+const SENDERS: usize = 4;
+/// QJump's P: one full frame (paceline's rates count whole frames).
+const MAX_PACKET: &str = "1514B";
+/// QJump's eps: one software switch hop.
+const SWITCH_DELAY: &str = "10us";
+const RPC_PORT: u16 = 5001;
+const BULK_PORT: u16 = 5002;
+/// The aim: p99 with levels within this factor of p99 idle.
+const AIM: f64 = 1.5;
+
+/// Which policy the senders run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Policy {
+    Flat,
+    QJump,
+}
+
+/// One experimental condition.
+#[derive(Clone, Debug)]
+struct Cond {
+    name: &'static str,
+    policy: Policy,
+    /// Bulk flows.
+    bulk: u32,
+    /// Bulk flows go to `rx2` (another switch port) instead of `rx`.
+    elsewhere: bool,
+}
+
+impl Cond {
+    fn key(&self) -> String {
+        format!("{}/{}", self.name, self.bulk)
+    }
+}
+
+fn conditions(bulk_counts: &[u32]) -> Vec<Cond> {
+    let mut v = vec![Cond {
+        name: "idle",
+        policy: Policy::Flat,
+        bulk: 0,
+        elsewhere: false,
+    }];
+    for &k in bulk_counts {
+        v.push(Cond {
+            name: "no-levels",
+            policy: Policy::Flat,
+            bulk: k,
+            elsewhere: false,
+        });
+    }
+    v.push(Cond {
+        name: "idle-levels",
+        policy: Policy::QJump,
+        bulk: 0,
+        elsewhere: false,
+    });
+    for &k in bulk_counts {
+        v.push(Cond {
+            name: "levels",
+            policy: Policy::QJump,
+            bulk: k,
+            elsewhere: false,
+        });
+        v.push(Cond {
+            name: "levels-bulk-elsewhere",
+            policy: Policy::QJump,
+            bulk: k,
+            elsewhere: true,
+        });
+    }
+    v
+}
+
+/// The policy text for one sender.
+fn policy_text(p: Policy, ifname: &str) -> String {
+    let head = format!(
+        "apiVersion: paceline/v1\nkind: Policy\nmetadata:\n  name: plexp-qjump-{}\nspec:\n  \
+         interfaces: [{ifname}]\n  enforcement: auto\n  link_rate: 10Gbit\n",
+        match p {
+            Policy::Flat => "flat",
+            Policy::QJump => "levels",
+        }
+    );
+    let body = match p {
+        Policy::Flat => "  levels:\n    - name: best-effort\n      priority: 0\n  classes:\n    \
+             - name: rpc\n      level: best-effort\n    - name: bulk\n      level: best-effort\n"
+            .to_string(),
+        Policy::QJump => format!(
+            "  qjump:\n    hosts: {SENDERS}\n    max_packet: {MAX_PACKET}\n    link_rate: {RATE}bit\n    \
+             switch_delay: {SWITCH_DELAY}\n  levels:\n    - name: latency\n      priority: 5\n      \
+             factor: 1\n      dscp: 46\n    - name: bulk\n      priority: 0\n      factor: unlimited\n      \
+             dscp: 0\n  classes:\n    - name: rpc\n      level: latency\n    - name: bulk\n      \
+             level: bulk\n"
+        ),
+    };
+    format!(
+        "{head}{body}  rules:\n    - class: rpc\n      protocol: tcp\n      dst_port: {RPC_PORT}\n  \
+         default_class: bulk\n"
+    )
+}
+
+struct Sender<'a> {
+    host: &'a Host,
+    ifname: String,
+    policy_path: PathBuf,
+    agent: Agent<'a>,
+}
+
+/// Writes `p` for every sender (by rename) and waits until each agent runs it (file watch;
+/// SIGHUP when the watch is slow).
+fn switch_policy(senders: &[Sender], p: Policy) -> Result<()> {
+    for s in senders {
+        let text = policy_text(p, &s.ifname);
+        let want = paceline::policy::hash(text.as_bytes());
+        let tmp = s.policy_path.with_extension("yaml.new");
+        std::fs::write(&tmp, &text).context("write policy")?;
+        std::fs::rename(&tmp, &s.policy_path).context("rename policy")?;
+        let start = Instant::now();
+        let mut hupped = false;
+        loop {
+            let st = status_of(&s.agent)?;
+            if st["policy"]["hash"] == want.as_str() {
+                break;
+            }
+            if let Some(errs) = st["reloads"]["last"]["errors"].as_array()
+                && !errs.is_empty()
+                && st["reloads"]["last"]["applied"] == false
+            {
+                bail!("{}: the agent rejected the policy: {errs:?}", s.host.name());
+            }
+            if !hupped && start.elapsed() > Duration::from_secs(3) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(s.agent.pid() as i32),
+                    nix::sys::signal::Signal::SIGHUP,
+                );
+                hupped = true;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("{}: the agent did not load the new policy", s.host.name());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    Ok(())
+}
+
+/// Durations of one condition.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    /// Bulk flows start this long before the RPCs.
+    lead_s: f64,
+    /// RPC run (its first `warmup_s` not sampled).
+    rpc_s: f64,
+    warmup_s: f64,
+    /// Bulk flows go on this long after the RPCs end.
+    tail_s: f64,
+}
+
+/// Sum of the counters of a list of qdisc stats.
+fn queue_delta(a: &[QdiscStats], b: &[QdiscStats]) -> Vec<Value> {
+    a.iter()
+        .zip(b)
+        .enumerate()
+        .map(|(p, (x, y))| {
+            json!({
+                "queue": p,
+                "packets": y.packets.saturating_sub(x.packets),
+                "bytes": y.bytes.saturating_sub(x.bytes),
+                "drops": y.drops.saturating_sub(x.drops),
+            })
+        })
+        .collect()
+}
+
+fn bulk_bytes(r: &ServeReport) -> u64 {
+    r.tcp_flows.iter().map(|f| f.bytes).sum()
+}
+
+/// Runs one condition once.
+#[allow(clippy::too_many_arguments)]
+fn run_cond(
+    senders: &[Sender],
+    rx: &Host,
+    rx2: &Host,
+    ports: (&Bottleneck, &Bottleneck),
+    cond: &Cond,
+    t: Timing,
+    seed: u64,
+) -> Result<(Value, Vec<f64>, Vec<f64>)> {
+    let sink = if cond.elsewhere { rx2 } else { rx };
+    let port = if cond.elsewhere { ports.1 } else { ports.0 };
+    let bulk_server = sink.in_netns(|| {
+        Server::start_plain(&ServeOpts {
+            port: BULK_PORT,
+            ..ServeOpts::default()
+        })
+    })??;
+    let statuses0: Vec<Value> = senders
+        .iter()
+        .map(|s| status_of(&s.agent))
+        .collect::<Result<_>>()?;
+    // Bulk flows, round robin over s1..: (host index, flows).
+    let mut per_host = vec![0u32; senders.len()];
+    for i in 0..cond.bulk as usize {
+        per_host[1 + i % (senders.len() - 1)] += 1;
+    }
+    let bulk_dur = t.lead_s + t.rpc_s + t.tail_s;
+    let dst = SocketAddr::new(sink.ipv4().into(), BULK_PORT);
+    let mut clients = Vec::new();
+    let mut first_id = 0;
+    for (i, &n) in per_host.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let mut o = BulkOpts::tcp(dst, n, bulk_dur);
+        o.first_flow_id = first_id;
+        first_id += n;
+        let host = senders[i].host.clone();
+        let tags: Tags = [("cond".to_string(), cond.key())].into_iter().collect();
+        clients.push(std::thread::spawn(move || -> Result<BulkReport> {
+            host.in_netns(|| bulk::run(&o, &tags))?
+        }));
+    }
+    if cond.bulk > 0 {
+        std::thread::sleep(Duration::from_secs_f64(t.lead_s));
+    }
+    let q0 = (ports.0.queue_stats()?, ports.1.queue_stats()?);
+    let p0 = port.stats()?;
+    let b0 = bulk_bytes(&bulk_server.report(&Default::default()));
+    let hb = Heartbeat::start();
+    let t0 = Instant::now();
+    let opts = RpcOpts {
+        rate: Some(RPC_RATE),
+        req_size: RPC_SIZE,
+        resp_size: RPC_SIZE as u64,
+        duration: t.rpc_s,
+        warmup: t.warmup_s,
+        samples: true,
+        seed,
+        ..RpcOpts::closed_loop(SocketAddr::new(rx.ipv4().into(), RPC_PORT), t.rpc_s)
+    };
+    let tags: Tags = [("cond".to_string(), cond.key())].into_iter().collect();
+    // rpc::run starts its clock 1 ms after it is called; requests then leave at fixed
+    // intervals from there, and the samples come in request order (one connection).
+    let rpc_start_ns = workload::mono_ns() + 1_000_000;
+    let rpc_report: Result<RpcReport> = senders[0].host.in_netns(|| rpc::run(&opts, &tags))?;
+    let dt = t0.elapsed().as_secs_f64();
+    let stalls = hb.stop();
+    let b1 = bulk_bytes(&bulk_server.report(&Default::default()));
+    let p1 = port.stats()?;
+    let q1 = (ports.0.queue_stats()?, ports.1.queue_stats()?);
+    let mut bulk_reports = Vec::new();
+    for c in clients {
+        bulk_reports.push(
+            c.join()
+                .map_err(|_| anyhow::anyhow!("bulk client thread panicked"))??,
+        );
+    }
+    drop(bulk_server);
+    let statuses1: Vec<Value> = senders
+        .iter()
+        .map(|s| status_of(&s.agent))
+        .collect::<Result<_>>()?;
+    let rpc_report = rpc_report?;
+    let samples = rpc_report.samples_us.clone().unwrap_or_default();
+    // The RPCs during which the machine did not stall: request j of the samples was sent at
+    // start + (k0 + j) / rate, k0 being the requests of the warm-up; keep it when no stall
+    // overlaps its send-to-response interval (with a millisecond of slack on both sides).
+    let interval_ns = 1e9 / RPC_RATE;
+    let k0 = (t.warmup_s * RPC_RATE).ceil() as u64;
+    let clean: Vec<f64> = samples
+        .iter()
+        .enumerate()
+        .filter(|(j, lat)| {
+            let send = rpc_start_ns + ((k0 + *j as u64) as f64 * interval_ns) as u64;
+            let end = send + (**lat * 1e3) as u64;
+            !stalls.overlaps(send.saturating_sub(1_000_000), end + 1_000_000)
+        })
+        .map(|(_, l)| *l)
+        .collect();
+    let clean_lat = LatencySummary::from_us(clean.clone());
+    // The agents' counters: the RPC class on s0, the bulk class summed over the others.
+    let rpc_agent = counter_delta(
+        &agent_counters(&statuses0[0], "classes", "rpc"),
+        &agent_counters(&statuses1[0], "classes", "rpc"),
+    );
+    let mut bulk_agent: BTreeMap<String, f64> = BTreeMap::new();
+    for (a, b) in statuses0.iter().zip(&statuses1).skip(1) {
+        for (k, v) in counter_delta(
+            &agent_counters(a, "classes", "bulk"),
+            &agent_counters(b, "classes", "bulk"),
+        ) {
+            *bulk_agent.entry(k).or_default() += v;
+        }
+    }
+    let rec = json!({
+        "rpc": rpc_report.summary,
+        "bulk_goodput_bps": (b1.saturating_sub(b0)) as f64 * 8.0 / dt,
+        "bulk_retrans": bulk_reports.iter().map(|r| r.summary.total_retrans).sum::<u64>(),
+        "port": {
+            "sent_bytes": p1.bytes.saturating_sub(p0.bytes),
+            "drops": p1.drops.saturating_sub(p0.drops),
+            "utilisation": (p1.bytes.saturating_sub(p0.bytes)) as f64 * 8.0 / dt / RATE as f64,
+        },
+        "queues_rx": queue_delta(&q0.0, &q1.0),
+        "queues_rx2": queue_delta(&q0.1, &q1.1),
+        "agent_rpc": rpc_agent,
+        "agent_bulk": bulk_agent,
+        "stalls": stalls,
+        "stall_free": {
+            "count": clean_lat.count,
+            "share": if samples.is_empty() { 0.0 } else { clean.len() as f64 / samples.len() as f64 },
+            "p50_us": clean_lat.p50_us,
+            "p99_us": clean_lat.p99_us,
+            "p999_us": clean_lat.p999_us,
+        },
+    });
+    Ok((rec, samples, clean))
+}
 
 /// Runs the experiment.
-pub fn run(_c: &super::Common) -> anyhow::Result<()> {
-    anyhow::bail!("not written yet")
+pub fn run(c: &Common) -> Result<()> {
+    std::fs::create_dir_all(&c.out).with_context(|| format!("create {}", c.out.display()))?;
+    let (bulk_counts, reps, t): (&[u32], u32, Timing) = if c.quick {
+        (
+            &[4],
+            1,
+            Timing {
+                lead_s: 2.0,
+                rpc_s: 5.0,
+                warmup_s: 0.5,
+                tail_s: 0.5,
+            },
+        )
+    } else {
+        (
+            &[4, 8],
+            2,
+            Timing {
+                lead_s: 2.0,
+                rpc_s: 12.0,
+                warmup_s: 1.0,
+                tail_s: 0.5,
+            },
+        )
+    };
+    let started = Instant::now();
+    let mut conds = conditions(bulk_counts);
+    conds.retain(|c| c.bulk == 0 && c.name == "idle" || selected(&c.key()));
+    eprintln!(
+        "qjump: {} conditions x {reps} reps, RPCs for {} s each; kernel {}",
+        conds.len(),
+        t.rpc_s,
+        kernel_release()
+    );
+
+    // Topology.
+    let tb = Testbed::new("plexp_qjump")?;
+    let sw = tb.add_router("sw")?;
+    let rx = tb.add_host("rx")?;
+    let rx2 = tb.add_host("rx2")?;
+    let mut hosts = Vec::new();
+    for i in 0..SENDERS {
+        let h = tb.add_host(&format!("s{i}"))?;
+        tb.link(&h, &sw)?;
+        hosts.push(h);
+    }
+    let l_rx = tb.link(&sw, &rx)?;
+    let l_rx2 = tb.link(&sw, &rx2)?;
+    tb.route_all()?;
+    let spec = BottleneckSpec::strict_priority(RATE, BUFFER);
+    let port_rx = l_rx.bottleneck_a_to_b(&spec)?;
+    let port_rx2 = l_rx2.bottleneck_a_to_b(&spec)?;
+    for h in &hosts {
+        h.ping_ok(rx.ipv4().into(), 5)?;
+        h.ping_ok(rx2.ipv4().into(), 5)?;
+    }
+
+    // Agents, flat policy first.
+    let scratch = Scratch::new("plexp-qjump");
+    let mut senders = Vec::new();
+    for h in &hosts {
+        let ifname = h.iface_to(&sw).context("sender interface")?.ifname;
+        let dir = scratch.path(h.name());
+        std::fs::create_dir_all(&dir)?;
+        let policy_path = dir.join("policy.yaml");
+        std::fs::write(&policy_path, policy_text(Policy::Flat, &ifname))?;
+        let agent = Agent::start(h, &policy_path, &dir.join("state"));
+        senders.push(Sender {
+            host: h,
+            ifname,
+            policy_path,
+            agent,
+        });
+    }
+    for p in [Policy::Flat, Policy::QJump] {
+        write_out(
+            &c.out,
+            &format!(
+                "qjump-policy-{}.yaml",
+                if p == Policy::Flat { "flat" } else { "levels" }
+            ),
+            &policy_text(p, "<sender interface>"),
+        )?;
+    }
+    let enforcement = status_of(&senders[0].agent)?["enforcement"].clone();
+    eprintln!("qjump: agent enforcement {enforcement}");
+
+    // The RPC server stays up for the whole run.
+    let rpc_server = rx.in_netns(|| {
+        Server::start_plain(&ServeOpts {
+            port: RPC_PORT,
+            ..ServeOpts::default()
+        })
+    })??;
+
+    let mut records: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut clean_samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut levels_status = Value::Null;
+    let mut current = Policy::Flat;
+    for rep in 0..reps {
+        // Odd repetitions run the levels policy's conditions first, so that slow drifts of the
+        // emulator's speed (other load on the host) do not always hit the same conditions.
+        let mut order: Vec<&Cond> = conds.iter().collect();
+        if rep % 2 == 1 {
+            order.sort_by_key(|c| c.policy == Policy::Flat);
+        }
+        for cond in order {
+            if cond.policy != current {
+                switch_policy(&senders, cond.policy)?;
+                current = cond.policy;
+                if current == Policy::QJump && levels_status.is_null() {
+                    levels_status = status_of(&senders[0].agent)?["policy"]["levels"].clone();
+                }
+            }
+            let seed = c.seed + rep as u64;
+            let (rec, s, clean) = run_cond(&senders, &rx, &rx2, (&port_rx, &port_rx2), cond, t, seed)
+                .with_context(|| format!("condition {} (rep {rep})", cond.key()))?;
+            let r = &rec["rpc"];
+            eprintln!(
+                "qjump: rep {rep} {:<26} p50 {:>8.0} us  p99 {:>8.0} us  p99.9 {:>8.0} us  lost {}  bulk {:>6.2} Mbit/s  port drops {}",
+                cond.key(),
+                r["p50_us"].as_f64().unwrap_or(0.0),
+                r["p99_us"].as_f64().unwrap_or(0.0),
+                r["p999_us"].as_f64().unwrap_or(0.0),
+                r["lost"],
+                rec["bulk_goodput_bps"].as_f64().unwrap_or(0.0) / 1e6,
+                rec["port"]["drops"],
+            );
+            eprintln!(
+                "qjump:       stalls {:.0} ms (max {:.1} ms, timer p99 late {:.0} us)",
+                rec["stalls"]["stalled_ms"].as_f64().unwrap_or(0.0),
+                rec["stalls"]["max_late_ms"].as_f64().unwrap_or(0.0),
+                rec["stalls"]["p99_late_us"].as_f64().unwrap_or(0.0),
+            );
+            records.entry(cond.key()).or_default().push(rec);
+            samples.entry(cond.key()).or_default().extend(s);
+            clean_samples.entry(cond.key()).or_default().extend(clean);
+        }
+    }
+    drop(rpc_server);
+    for s in senders {
+        if !stop_agent(s.agent) {
+            eprintln!(
+                "qjump: the agent of {} did not exit within a minute of SIGTERM",
+                s.host.name()
+            );
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+
+    // Summaries per condition (samples of all repetitions together).
+    let idle_p99 = LatencySummary::from_us(samples.get("idle/0").cloned().unwrap_or_default()).p99_us;
+    let idle_clean_p99 =
+        LatencySummary::from_us(clean_samples.get("idle/0").cloned().unwrap_or_default()).p99_us;
+    let mut out_conds = Vec::new();
+    for cond in &conds {
+        let key = cond.key();
+        let recs = &records[&key];
+        let lat = LatencySummary::from_us(samples[&key].clone());
+        let clean = LatencySummary::from_us(clean_samples[&key].clone());
+        let clean_share = if lat.count > 0 {
+            clean.count as f64 / lat.count as f64
+        } else {
+            0.0
+        };
+        let per_rep_p99: Vec<f64> = recs.iter().filter_map(|r| r["rpc"]["p99_us"].as_f64()).collect();
+        let mean_of =
+            |f: &dyn Fn(&Value) -> Option<f64>| stats::mean(&recs.iter().filter_map(f).collect::<Vec<_>>());
+        // (+ 0.0: an empty float sum is -0.0.)
+        let sum_of = |f: &dyn Fn(&Value) -> Option<f64>| recs.iter().filter_map(f).sum::<f64>() + 0.0;
+        let queues: Vec<Value> = (0..8)
+            .map(|q| {
+                let side = if cond.elsewhere { "queues_rx2" } else { "queues_rx" };
+                json!({
+                    "queue": q,
+                    "packets": sum_of(&|r| r[side][q]["packets"].as_f64()),
+                    "drops": sum_of(&|r| r[side][q]["drops"].as_f64()),
+                })
+            })
+            .collect();
+        let bulk_to = if cond.bulk == 0 {
+            "-"
+        } else if cond.elsewhere {
+            "rx2"
+        } else {
+            "rx"
+        };
+        let delayed = sum_of(&|r| r["agent_rpc"]["delayed_packets"].as_f64());
+        let added_delay_us = if delayed > 0.0 {
+            sum_of(&|r| r["agent_rpc"]["added_delay_seconds"].as_f64()) / delayed * 1e6
+        } else {
+            0.0
+        };
+        let policy = if cond.policy == Policy::Flat {
+            "flat"
+        } else {
+            "levels"
+        };
+        let p99_vs_idle = if idle_p99 > 0.0 {
+            lat.p99_us / idle_p99
+        } else {
+            0.0
+        };
+        out_conds.push(json!({
+            "kind": "qjump-condition",
+            "version": workload::SCHEMA_VERSION,
+            "tags": {
+                "condition": cond.name,
+                "bulk_flows": cond.bulk.to_string(),
+                "policy": policy,
+                "bulk_to": bulk_to,
+            },
+            "summary": {
+                "count": lat.count,
+                "p50_us": lat.p50_us,
+                "p90_us": lat.p90_us,
+                "p99_us": lat.p99_us,
+                "p999_us": lat.p999_us,
+                "max_us": lat.max_us,
+                "mean_us": lat.mean_us,
+                "p99_rep_min_us": per_rep_p99.iter().copied().reduce(f64::min),
+                "p99_rep_max_us": per_rep_p99.iter().copied().reduce(f64::max),
+                "p99_vs_idle": p99_vs_idle,
+                "rpc_sent": sum_of(&|r| r["rpc"]["sent"].as_f64()),
+                "rpc_lost": sum_of(&|r| r["rpc"]["lost"].as_f64()),
+                "bulk_goodput_bps": mean_of(&|r| r["bulk_goodput_bps"].as_f64()),
+                "bulk_retrans": sum_of(&|r| r["bulk_retrans"].as_f64()),
+                "port_utilisation": mean_of(&|r| r["port"]["utilisation"].as_f64()),
+                "port_drops": sum_of(&|r| r["port"]["drops"].as_f64()),
+                "rpc_delayed_packets": delayed,
+                "rpc_agent_packets": sum_of(&|r| r["agent_rpc"]["packets"].as_f64()),
+                "rpc_added_delay_us": added_delay_us,
+                "rpc_horizon_drops": sum_of(&|r| r["agent_rpc"]["dropped_horizon"].as_f64()),
+                "rpc_tagged_packets": sum_of(&|r| r["agent_rpc"]["tagged_packets"].as_f64()),
+                "stalled_ms": sum_of(&|r| r["stalls"]["stalled_ms"].as_f64()),
+                "max_stall_ms": recs.iter().filter_map(|r| r["stalls"]["max_late_ms"].as_f64()).reduce(f64::max),
+                "p99_timer_late_us": mean_of(&|r| r["stalls"]["p99_late_us"].as_f64()),
+                "stall_free_count": clean.count,
+                "stall_free_share": clean_share,
+                "stall_free_p50_us": clean.p50_us,
+                "stall_free_p90_us": clean.p90_us,
+                "stall_free_p99_us": clean.p99_us,
+                "stall_free_p999_us": clean.p999_us,
+                "stall_free_max_us": clean.max_us,
+            },
+            "queues": queues,
+            "reps": recs,
+        }));
+    }
+    // The aim, per bulk load.
+    let get = |name: &str, k: u32| {
+        out_conds
+            .iter()
+            .find(|v| v["tags"]["condition"] == name && v["tags"]["bulk_flows"] == k.to_string().as_str())
+            .map(|v| v["summary"].clone())
+    };
+    let mut aims = Vec::new();
+    for &k in bulk_counts {
+        let (Some(l), Some(n), Some(e)) = (
+            get("levels", k),
+            get("no-levels", k),
+            get("levels-bulk-elsewhere", k),
+        ) else {
+            continue;
+        };
+        let ratio = l["p99_us"].as_f64().unwrap_or(0.0) / idle_p99;
+        let clean_ratio = l["stall_free_p99_us"].as_f64().unwrap_or(0.0) / idle_clean_p99;
+        aims.push(json!({
+            "bulk_flows": k,
+            "idle_p99_us": idle_p99,
+            "levels_p99_us": l["p99_us"],
+            "no_levels_p99_us": n["p99_us"],
+            "bulk_elsewhere_p99_us": e["p99_us"],
+            "levels_vs_idle": ratio,
+            "no_levels_vs_idle": n["p99_us"].as_f64().unwrap_or(0.0) / idle_p99,
+            "levels_vs_bulk_elsewhere": l["p99_us"].as_f64().unwrap_or(0.0) / e["p99_us"].as_f64().unwrap_or(f64::NAN),
+            "aim_holds": ratio <= AIM,
+            "idle_stall_free_p99_us": idle_clean_p99,
+            "levels_stall_free_p99_us": l["stall_free_p99_us"],
+            "no_levels_stall_free_p99_us": n["stall_free_p99_us"],
+            "levels_vs_idle_stall_free": clean_ratio,
+            "aim_holds_stall_free": clean_ratio <= AIM,
+        }));
+    }
+    let doc = json!({
+        "kind": "qjump",
+        "version": workload::SCHEMA_VERSION,
+        "tags": {
+            "kernel": kernel_release(),
+            "in_vm": std::env::var_os("PACELINE_IN_VM").is_some(),
+            "enforcement": enforcement["mode"],
+            "quick": c.quick,
+        },
+        "params": {
+            "seed": c.seed,
+            "reps": reps,
+            "rate_bps": RATE,
+            "buffer_bytes_per_queue": BUFFER,
+            "rpc_rate": RPC_RATE,
+            "rpc_bytes": RPC_SIZE,
+            "senders": SENDERS,
+            "max_packet": MAX_PACKET,
+            "switch_delay": SWITCH_DELAY,
+            "lead_s": t.lead_s,
+            "rpc_s": t.rpc_s,
+            "warmup_s": t.warmup_s,
+            "aim": AIM,
+            "enforcement": enforcement,
+            "levels": levels_status,
+        },
+        "summary": {
+            "aims": aims,
+            "elapsed_s": elapsed,
+        },
+        "conditions": out_conds,
+    });
+    workload::write_json(&doc, Some(&c.out.join("qjump.json")))?;
+    let compact: BTreeMap<&String, Vec<f64>> = samples
+        .iter()
+        .map(|(k, v)| (k, v.iter().map(|x| (x * 10.0).round() / 10.0).collect()))
+        .collect();
+    write_out(
+        &c.out,
+        "qjump-samples.json",
+        &serde_json::to_string(&json!({"unit": "us", "samples": compact}))?,
+    )?;
+    let md = markdown(&doc);
+    write_out(&c.out, "qjump.md", &md)?;
+    plots(&c.out, &samples, &clean_samples, bulk_counts, &out_conds)?;
+    print!("{md}");
+    Ok(())
+}
+
+fn us(v: &Value) -> String {
+    v.as_f64()
+        .map(|x| format!("{x:.0}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn markdown(doc: &Value) -> String {
+    let headers: Vec<String> = [
+        "condition",
+        "bulk flows",
+        "RPCs",
+        "p50 us",
+        "p90 us",
+        "p99 us",
+        "p99.9 us",
+        "max us",
+        "p99 / idle",
+        "p99 per rep us",
+        "lost",
+        "bulk Mbit/s",
+        "port util.",
+        "port drops",
+        "RPC pkts delayed by pacer",
+        "stalls ms",
+        "timer p99 late us",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut rows = Vec::new();
+    for v in doc["conditions"].as_array().into_iter().flatten() {
+        let s = &v["summary"];
+        let pkts = s["rpc_agent_packets"].as_f64().unwrap_or(0.0);
+        rows.push(vec![
+            v["tags"]["condition"].as_str().unwrap_or("").to_string(),
+            v["tags"]["bulk_flows"].as_str().unwrap_or("").to_string(),
+            s["count"].to_string(),
+            us(&s["p50_us"]),
+            us(&s["p90_us"]),
+            us(&s["p99_us"]),
+            us(&s["p999_us"]),
+            us(&s["max_us"]),
+            s["p99_vs_idle"]
+                .as_f64()
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or_default(),
+            format!("{}-{}", us(&s["p99_rep_min_us"]), us(&s["p99_rep_max_us"])),
+            format!("{:.0}", s["rpc_lost"].as_f64().unwrap_or(0.0)),
+            format!("{:.2}", s["bulk_goodput_bps"].as_f64().unwrap_or(0.0) / 1e6),
+            format!("{:.0}%", s["port_utilisation"].as_f64().unwrap_or(0.0) * 100.0),
+            format!("{:.0}", s["port_drops"].as_f64().unwrap_or(0.0)),
+            if pkts > 0.0 {
+                format!(
+                    "{:.1}% (mean {:.0} us)",
+                    s["rpc_delayed_packets"].as_f64().unwrap_or(0.0) / pkts * 100.0,
+                    s["rpc_added_delay_us"].as_f64().unwrap_or(0.0)
+                )
+            } else {
+                "-".into()
+            },
+            format!(
+                "{:.0} (max {:.0})",
+                s["stalled_ms"].as_f64().unwrap_or(0.0),
+                s["max_stall_ms"].as_f64().unwrap_or(0.0)
+            ),
+            format!("{:.0}", s["p99_timer_late_us"].as_f64().unwrap_or(0.0)),
+        ]);
+    }
+    let t = &doc["tags"];
+    let p = &doc["params"];
+    let mut md = String::new();
+    let _ = writeln!(md, "# QJump: RPC latency next to bulk traffic\n");
+    let top = p["levels"]
+        .as_array()
+        .and_then(|l| l.first())
+        .cloned()
+        .unwrap_or(Value::Null);
+    let _ = writeln!(
+        md,
+        "Kernel {} ({}), enforcement `{}`. Switch port: {:.0} Mbit/s, strict priority over 8 queues by DSCP \
+         class selector, {} bytes per queue. RPCs: {} B requests/responses, TCP, open loop at {}/s from s0; \
+         bulk: TCP uploads from s1-s3. QJump policy: n = {}, P = {}, R = {:.0} Mbit/s, eps = {}; top level \
+         epoch {}, rate {} Mbit/s per host. {} repetition(s), {} s of RPCs each; percentiles over all repetitions.\n",
+        t["kernel"].as_str().unwrap_or("?"),
+        if t["in_vm"] == true { "VM" } else { "host" },
+        t["enforcement"].as_str().unwrap_or("?"),
+        p["rate_bps"].as_f64().unwrap_or(0.0) / 1e6,
+        p["buffer_bytes_per_queue"],
+        p["rpc_bytes"],
+        p["rpc_rate"],
+        p["senders"],
+        p["max_packet"].as_str().unwrap_or(""),
+        p["rate_bps"].as_f64().unwrap_or(0.0) / 1e6,
+        p["switch_delay"].as_str().unwrap_or(""),
+        top["epoch_seconds"]
+            .as_f64()
+            .map(|e| format!("{:.0} us", e * 1e6))
+            .unwrap_or_else(|| "?".into()),
+        top["rate_bytes_per_second"]
+            .as_f64()
+            .map(|r| format!("{:.2}", r * 8.0 / 1e6))
+            .unwrap_or_else(|| "?".into()),
+        p["reps"],
+        p["rpc_s"],
+    );
+    md.push_str(&report::markdown_table(&headers, &rows));
+    let _ = writeln!(md, "\n## The aim: p99 with levels within {AIM}x of idle\n");
+    let ah: Vec<String> = [
+        "bulk flows",
+        "idle p99 us",
+        "no levels p99 us",
+        "levels p99 us",
+        "levels / idle",
+        "no levels / idle",
+        "levels, bulk elsewhere p99 us",
+        "levels / bulk elsewhere",
+        "aim holds",
+        "stall-free: idle p99 us",
+        "stall-free: levels p99 us",
+        "stall-free: levels / idle",
+        "stall-free: aim holds",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let arows: Vec<Vec<String>> = doc["summary"]["aims"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            vec![
+                a["bulk_flows"].to_string(),
+                us(&a["idle_p99_us"]),
+                us(&a["no_levels_p99_us"]),
+                us(&a["levels_p99_us"]),
+                format!("{:.2}", a["levels_vs_idle"].as_f64().unwrap_or(0.0)),
+                format!("{:.1}", a["no_levels_vs_idle"].as_f64().unwrap_or(0.0)),
+                us(&a["bulk_elsewhere_p99_us"]),
+                format!("{:.2}", a["levels_vs_bulk_elsewhere"].as_f64().unwrap_or(0.0)),
+                if a["aim_holds"] == true {
+                    "yes".into()
+                } else {
+                    "**no**".into()
+                },
+                us(&a["idle_stall_free_p99_us"]),
+                us(&a["levels_stall_free_p99_us"]),
+                format!("{:.2}", a["levels_vs_idle_stall_free"].as_f64().unwrap_or(0.0)),
+                if a["aim_holds_stall_free"] == true {
+                    "yes".into()
+                } else {
+                    "**no**".into()
+                },
+            ]
+        })
+        .collect();
+    md.push_str(&report::markdown_table(&ah, &arows));
+    let _ = writeln!(
+        md,
+        "\n## Stall-free view\n\nThe same RPCs without those during which the machine stalled (the probe \
+         thread woke more than 2 ms late at some point between the request's send and its response, with \
+         1 ms of slack on both sides): what the network did while the emulator ran.\n"
+    );
+    let sh: Vec<String> = [
+        "condition",
+        "bulk flows",
+        "RPCs kept",
+        "p50 us",
+        "p90 us",
+        "p99 us",
+        "p99.9 us",
+        "max us",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let srows: Vec<Vec<String>> = doc["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| {
+            let s = &v["summary"];
+            vec![
+                v["tags"]["condition"].as_str().unwrap_or("").to_string(),
+                v["tags"]["bulk_flows"].as_str().unwrap_or("").to_string(),
+                format!(
+                    "{} ({:.0}%)",
+                    s["stall_free_count"],
+                    s["stall_free_share"].as_f64().unwrap_or(0.0) * 100.0
+                ),
+                us(&s["stall_free_p50_us"]),
+                us(&s["stall_free_p90_us"]),
+                us(&s["stall_free_p99_us"]),
+                us(&s["stall_free_p999_us"]),
+                us(&s["stall_free_max_us"]),
+            ]
+        })
+        .collect();
+    md.push_str(&report::markdown_table(&sh, &srows));
+    let _ = writeln!(
+        md,
+        "\n`levels, bulk elsewhere`: the same bulk flows through the switch's other port (same CPU load, \
+         no shared queue). `RPC pkts delayed by pacer`: share of s0's RPC-class packets the top level's \
+         rate limit gave a later departure. `stalls`: how long the machine stood still during the RPC \
+         windows (a probe thread sleeping 5 ms at a time; wake-ups more than 10 ms late, summed over the \
+         repetitions) and the longest stall; `timer p99 late`: the probe's 99th percentile wake-up \
+         lateness, a measure of how late any thread (the RPC client and server included) runs. Run time {:.0} s.",
+        doc["summary"]["elapsed_s"].as_f64().unwrap_or(0.0)
+    );
+    md
+}
+
+fn plots(
+    out: &Path,
+    samples: &BTreeMap<String, Vec<f64>>,
+    clean_samples: &BTreeMap<String, Vec<f64>>,
+    bulk_counts: &[u32],
+    conds: &[Value],
+) -> Result<()> {
+    let k = *bulk_counts.iter().max().unwrap_or(&0);
+    let series_of = |samples: &BTreeMap<String, Vec<f64>>, names: &[(&str, u32)]| -> Vec<Series> {
+        names
+            .iter()
+            .filter_map(|(n, b)| {
+                samples.get(&format!("{n}/{b}")).map(|v| Series {
+                    name: if *b == 0 {
+                        n.to_string()
+                    } else {
+                        format!("{n} ({b} bulk flows)")
+                    },
+                    values: v.clone(),
+                })
+            })
+            .collect()
+    };
+    let series = |names: &[(&str, u32)]| series_of(samples, names);
+    report::cdf_plot(
+        &out.join("qjump-stall-free.svg"),
+        &PlotOpts::new(
+            "RPC latency without the RPCs the emulator stalled",
+            "RPC latency (us, log)",
+            "CDF",
+        )
+        .log_x(true),
+        &series_of(clean_samples, &[("idle", 0), ("no-levels", k), ("levels", k)]),
+    )?;
+    report::cdf_plot(
+        &out.join("qjump.svg"),
+        &PlotOpts::new(
+            "RPC latency: idle, next to bulk without levels, with QJump levels",
+            "RPC latency (us, log)",
+            "CDF",
+        )
+        .log_x(true),
+        &series(&[("idle", 0), ("no-levels", k), ("levels", k)]),
+    )?;
+    report::cdf_plot(
+        &out.join("qjump-controls.svg"),
+        &PlotOpts::new(
+            "RPC latency: controls (rate limit alone, CPU load alone)",
+            "RPC latency (us, log)",
+            "CDF",
+        )
+        .log_x(true),
+        &series(&[
+            ("idle", 0),
+            ("idle-levels", 0),
+            ("levels", k),
+            ("levels-bulk-elsewhere", k),
+        ]),
+    )?;
+    let mut xy: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for v in conds {
+        let name = v["tags"]["condition"].as_str().unwrap_or("").to_string();
+        let b: f64 = v["tags"]["bulk_flows"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0.0);
+        if b == 0.0 {
+            continue;
+        }
+        if let Some(p) = v["summary"]["p99_us"].as_f64() {
+            xy.entry(name).or_default().push((b, p));
+        }
+    }
+    let idle = conds
+        .iter()
+        .find(|v| v["tags"]["condition"] == "idle")
+        .and_then(|v| v["summary"]["p99_us"].as_f64());
+    let mut s: Vec<XySeries> = xy
+        .into_iter()
+        .map(|(name, mut points)| {
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            XySeries { name, points }
+        })
+        .collect();
+    if let (Some(i), Some(lo), Some(hi)) = (idle, bulk_counts.iter().min(), bulk_counts.iter().max()) {
+        s.push(XySeries {
+            name: "idle".into(),
+            points: vec![(*lo as f64, i), (*hi as f64, i)],
+        });
+        s.push(XySeries {
+            name: format!("{AIM} x idle (the aim)"),
+            points: vec![(*lo as f64, i * AIM), (*hi as f64, i * AIM)],
+        });
+    }
+    report::xy_plot(
+        &out.join("qjump-p99.svg"),
+        &PlotOpts::new(
+            "RPC p99 latency against bulk load",
+            "bulk flows",
+            "p99 latency (us)",
+        ),
+        &s,
+    )?;
+    Ok(())
 }
