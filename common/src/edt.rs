@@ -24,6 +24,16 @@ pub fn tx_time_ns(len: u64, rate: u64) -> u64 {
     (len * NSEC_PER_SEC).checked_div(rate).unwrap_or(0)
 }
 
+/// Bytes a packet occupies on the wire: a GSO packet of `len` bytes (one set of headers of
+/// `hdr_len` bytes, the payload of `segs` segments) leaves as `segs` frames, each with its own
+/// headers. Charging `len` alone would let a paced TCP flow at MTU 1500 leave 4.6% faster than
+/// its rate (66 header bytes per 1448 of payload), which is what the pacing experiment showed
+/// before this was counted. `segs` of 0 or 1 is a plain packet.
+#[inline(always)]
+pub fn wire_len(len: u64, segs: u64, hdr_len: u64) -> u64 {
+    if segs > 1 { len + (segs - 1) * hdr_len } else { len }
+}
+
 /// The start of the slot a packet would take on `clock` given the `floor`.
 #[inline(always)]
 pub fn slot_start(clock: u64, floor: u64) -> u64 {
@@ -79,6 +89,16 @@ pub fn agg_clock_after(clock: u64, floor: u64, len: u64, rate: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gso_packets_are_charged_every_segments_headers() {
+        // 3 segments of 1448 bytes of payload behind 66 bytes of Ethernet/IPv4/TCP headers:
+        // skb->len counts the headers once, the wire carries them three times.
+        let len = 66 + 3 * 1448;
+        assert_eq!(wire_len(len, 3, 66), 3 * (66 + 1448));
+        assert_eq!(wire_len(1514, 1, 66), 1514);
+        assert_eq!(wire_len(1514, 0, 66), 1514);
+    }
 
     #[test]
     fn tx_time_is_len_times_1e9_over_rate() {

@@ -85,7 +85,15 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let class = &table.classes[class_idx as usize];
     let level_idx = class.level & (MAX_LEVELS as u32 - 1);
     let level = &table.levels[level_idx as usize];
-    let len = ctx.len() as u64;
+    // What the packet occupies on the wire: a GSO packet leaves as gso_segs frames, each with
+    // the headers skb->len counts once.
+    // SAFETY: reading __sk_buff fields allowed for tc programs.
+    let segs = unsafe { (*skb).gso_segs } as u64;
+    let len = if segs > 1 {
+        gso_wire_len(ctx, &layout, pkt.proto, segs)
+    } else {
+        ctx.len() as u64
+    };
     let level_slot = level_slot(level_idx);
 
     // SAFETY: volatile read of a load-time constant.
@@ -173,6 +181,22 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
 /// stamps (SO_TXTIME for the etf qdisc), which are neither a time base nor a departure this
 /// datapath can honour: they are ignored (and counted). Packets without a stamp (UDP,
 /// forwarded traffic) read the clock.
+/// Wire bytes of a GSO packet: its headers (through the TCP or UDP header) once per segment.
+#[inline(always)]
+fn gso_wire_len(ctx: &TcContext, layout: &parse::Layout, proto: u8, segs: u64) -> u64 {
+    let len = ctx.len() as u64;
+    let Some(l4) = layout.l4_off else { return len };
+    let l4_hdr = match proto {
+        6 => match ctx.load::<u8>(l4 + 12) {
+            Ok(doff) => ((doff >> 4) as u64) * 4,
+            Err(_) => return len,
+        },
+        17 => 8,
+        _ => return len,
+    };
+    paceline_common::edt::wire_len(len, segs, l4 as u64 + l4_hdr)
+}
+
 #[inline(always)]
 fn time_base(stack_ts: u64) -> (u64, u64) {
     const WINDOW_NS: u64 = 10_000_000_000;

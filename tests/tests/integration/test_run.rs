@@ -489,6 +489,35 @@ fn flow_departures_are_spaced_len_over_rate_exactly() {
 }
 
 #[test]
+fn gso_packet_is_charged_every_segments_headers() {
+    if !privileged("gso_packet_is_charged_every_segments_headers") {
+        return;
+    }
+    let mut dp = load();
+    let rate = 10_000;
+    dp.write_policy(&paced_table(rate, 0, 0, 0)).unwrap();
+    // A TSO packet of two 1448-byte segments (BPF_PROG_TEST_RUN takes at most about 3.5 KB
+    // of data): one set of headers in the skb, two on the wire.
+    let payload = 2 * 1448;
+    let f = tcp4(5000, 6000, payload);
+    let hdr = (f.len() - payload) as u64;
+    let gso = SkBuff {
+        gso_segs: 2,
+        gso_size: 1448,
+        ..SkBuff::default()
+    };
+    let a = run(&mut dp, &f, gso);
+    let b = run(&mut dp, &f, gso);
+    assert_eq!(
+        b.ctx.tstamp - a.ctx.tstamp,
+        tx_time_ns(f.len() as u64 + hdr, rate),
+        "spaced by the two frames' bytes, not skb->len"
+    );
+    let s = dp.snapshot().unwrap();
+    assert_eq!(s.classes[0].bytes, 2 * (f.len() as u64 + hdr), "bytes counted as on the wire");
+}
+
+#[test]
 fn class_clock_spaces_packets_of_different_flows() {
     if !privileged("class_clock_spaces_packets_of_different_flows") {
         return;
