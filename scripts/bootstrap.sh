@@ -24,6 +24,9 @@ if [ "$want_test" = 1 ]; then
   # The VM harness: qemu under TCG, qboot firmware, a static busybox for the initramfs,
   # cpio to pack it, ethtool for the tests that read offloads.
   pkgs+=(qemu-system-x86 qemu-system-data busybox-static cpio ethtool)
+  # promtool and amtool: the deployment tests check and unit-test the alerting rules and the
+  # Alertmanager example with them.
+  pkgs+=(prometheus prometheus-alertmanager)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
