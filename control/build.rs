@@ -16,7 +16,11 @@ fn main() -> anyhow::Result<()> {
         .parent()
         .ok_or_else(|| anyhow!("no parent for {}", ebpf.manifest_path))?;
     aya_build::build_ebpf(
-        [aya_build::Package { name: ebpf.name.as_str(), root_dir: root.as_str(), ..Default::default() }],
+        [aya_build::Package {
+            name: ebpf.name.as_str(),
+            root_dir: root.as_str(),
+            ..Default::default()
+        }],
         aya_build::Toolchain::default(),
     )
 }

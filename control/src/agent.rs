@@ -634,10 +634,10 @@ fn watch_file(path: &Path, tx: tokio::sync::mpsc::UnboundedSender<()>) -> Result
         }
     }
     let mut w = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if let Ok(ev) = ev {
-            if !ev.kind.is_access() {
-                let _ = tx.send(());
-            }
+        if let Ok(ev) = ev
+            && !ev.kind.is_access()
+        {
+            let _ = tx.send(());
         }
     })?;
     for dir in &dirs {

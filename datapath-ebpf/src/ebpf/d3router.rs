@@ -171,7 +171,8 @@ fn try_router(ctx: &TcContext) -> Option<()> {
         let m_hop = (sc.seen.rewritten[d3::OFF_FLAGS_HOP] & d3::HOP_MASK) as usize;
         if arriving.flags & FLAG_NEW == 0 && m_hop == hop + 1 && hop < d3::HOPS {
             sc.calc[d3::OFF_PREV_DESIRED] = sc.seen.rewritten[d3::OFF_DESIRED];
-            sc.calc[d3::OFF_SCALES] = (sc.calc[d3::OFF_SCALES] & 0xf0) | (sc.seen.rewritten[d3::OFF_SCALES] >> 4);
+            sc.calc[d3::OFF_SCALES] =
+                (sc.calc[d3::OFF_SCALES] & 0xf0) | (sc.seen.rewritten[d3::OFF_SCALES] >> 4);
             let a = sc.seen.rewritten.get(d3::OFF_ALLOC + hop).copied();
             if let (Some(dst), Some(v)) = (sc.calc.get_mut(d3::OFF_PREV_ALLOC + hop), a) {
                 *dst = v;

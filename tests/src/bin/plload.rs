@@ -103,10 +103,7 @@ fn main() -> Result<()> {
                 libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
             }
             let mut server = serve::Server::start_with_opts_hook(&opts)?;
-            eprintln!(
-                "plload serve: listening on port {} (tcp+udp)",
-                server.port()
-            );
+            eprintln!("plload serve: listening on port {} (tcp+udp)", server.port());
             server.run_until(&STOP);
             let report = server.report(&common.tags());
             server.stop();

@@ -205,7 +205,11 @@ impl Config {
             kind,
             means_ms,
             main,
-            conn: if name.ends_with("-persistent") { Conn::Persistent } else { Conn::Fresh },
+            conn: if name.ends_with("-persistent") {
+                Conn::Persistent
+            } else {
+                Conn::Fresh
+            },
             tso_rtt_log: None,
         };
         if quick {
@@ -230,7 +234,14 @@ impl Config {
                     mode("paced", Kind::Paced, vec![], true),
                     mode("qjump", Kind::Qjump, vec![30.0], true),
                     mode("d3", Kind::D3 { first_rtt_rate: None }, vec![30.0], true),
-                    mode("d3-first-line", Kind::D3 { first_rtt_rate: Some(125_000_000) }, vec![30.0], false),
+                    mode(
+                        "d3-first-line",
+                        Kind::D3 {
+                            first_rtt_rate: Some(125_000_000),
+                        },
+                        vec![30.0],
+                        false,
+                    ),
                 ],
             }
         } else {
@@ -256,7 +267,14 @@ impl Config {
                     mode("qjump", Kind::Qjump, means.clone(), true),
                     mode("d3", Kind::D3 { first_rtt_rate: None }, means.clone(), true),
                     // The first-RTT rate at the line rate (the default is 1% of it).
-                    mode("d3-first-line", Kind::D3 { first_rtt_rate: Some(125_000_000) }, means, false),
+                    mode(
+                        "d3-first-line",
+                        Kind::D3 {
+                            first_rtt_rate: Some(125_000_000),
+                        },
+                        means,
+                        false,
+                    ),
                 ],
             }
         }
@@ -338,7 +356,10 @@ pub fn run(c: &Common) -> Result<()> {
         bail!("no ping reply from the aggregator");
     }
     let rtts = stats::sorted(rtts);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     let fq = star.senders[0]
         .run(&["tc", "qdisc", "add", "dev", "lo", "root", "fq"])
         .map(|_| true)
@@ -347,7 +368,12 @@ pub fn run(c: &Common) -> Result<()> {
         let _ = star.senders[0].run(&["tc", "qdisc", "del", "dev", "lo", "root"]);
     }
     let scratch = Scratch::new("d3-eval");
-    let ctx = Ctx { cfg: &cfg, star: &star, scratch: &scratch, seed: c.seed };
+    let ctx = Ctx {
+        cfg: &cfg,
+        star: &star,
+        scratch: &scratch,
+        seed: c.seed,
+    };
     let mut env = json!({
         "kernel": kernel,
         "in_vm": std::env::var_os("PACELINE_IN_VM").is_some(),
@@ -370,7 +396,11 @@ pub fn run(c: &Common) -> Result<()> {
     );
     let mut points: Vec<Value> = ideal_points(&cfg, c.seed)?;
     let mut measurements: Vec<Value> = Vec::new();
-    let total: usize = cfg.modes.iter().map(|m| cfg.senders.len() * if m.aware() { m.means_ms.len() } else { 1 }).sum();
+    let total: usize = cfg
+        .modes
+        .iter()
+        .map(|m| cfg.senders.len() * if m.aware() { m.means_ms.len() } else { 1 })
+        .sum();
     let mut done = 0usize;
 
     for mode in &cfg.modes {
@@ -390,15 +420,32 @@ pub fn run(c: &Common) -> Result<()> {
                 "tcp_flows": "not paced (noqueue on the senders' veths, no SO_MAX_PACING_RATE)",
             });
         }
-        eprintln!("{NAME}: mode {}: agents up in {:.1} s; enforcement {}", mode.name, t_mode.elapsed().as_secs_f64(), env["enforcement"][&mode.name]);
-        let means: Vec<f64> = if mode.aware() { mode.means_ms.clone() } else { vec![cfg.deadline_means_ms.first().copied().unwrap_or(30.0)] };
+        eprintln!(
+            "{NAME}: mode {}: agents up in {:.1} s; enforcement {}",
+            mode.name,
+            t_mode.elapsed().as_secs_f64(),
+            env["enforcement"][&mode.name]
+        );
+        let means: Vec<f64> = if mode.aware() {
+            mode.means_ms.clone()
+        } else {
+            vec![cfg.deadline_means_ms.first().copied().unwrap_or(30.0)]
+        };
         for &mean in &means {
             let servers = start_servers(&ctx, mode, mean, &agents)?;
             for &n in &cfg.senders {
                 let t0 = Instant::now();
                 if mode.kind == Kind::Paced {
                     for s in &agents.senders {
-                        switch_policy(s, &sender_policy(&cfg, mode, n, &s.host.iface_to(&star.router).context("iface")?.ifname))?;
+                        switch_policy(
+                            s,
+                            &sender_policy(
+                                &cfg,
+                                mode,
+                                n,
+                                &s.host.iface_to(&star.router).context("iface")?.ifname,
+                            ),
+                        )?;
                     }
                 }
                 let r = run_point(&ctx, mode, mean, n, &agents, &bn, measurements.len());
@@ -423,14 +470,20 @@ pub fn run(c: &Common) -> Result<()> {
                                 s["load_after"],
                             );
                             if mode.is_d3() {
-                                eprintln!("{NAME}:     d3 senders {} router {}", s["d3_senders"], s["d3_router"]);
+                                eprintln!(
+                                    "{NAME}:     d3 senders {} router {}",
+                                    s["d3_senders"], s["d3_router"]
+                                );
                             }
                         }
                         points.extend(pts);
                         measurements.push(meas);
                     }
                     Err(e) => {
-                        eprintln!("{NAME}: [{done}/{total}] {} mean {mean} N {n}: FAILED: {e:#}", mode.name);
+                        eprintln!(
+                            "{NAME}: [{done}/{total}] {} mean {mean} N {n}: FAILED: {e:#}",
+                            mode.name
+                        );
                         points.push(json!({
                             "kind": NAME,
                             "tags": {"mode": mode.name, "senders": n.to_string(), "deadline_mean_ms": fmt_mean(mean)},
@@ -438,17 +491,43 @@ pub fn run(c: &Common) -> Result<()> {
                         }));
                     }
                 }
-                write_outputs(&c.out, &cfg, c, &env, &points, &measurements, false, t_begin.elapsed().as_secs_f64())?;
+                write_outputs(
+                    &c.out,
+                    &cfg,
+                    c,
+                    &env,
+                    &points,
+                    &measurements,
+                    false,
+                    t_begin.elapsed().as_secs_f64(),
+                )?;
             }
             drop(servers);
         }
         stop_agents(agents);
-        eprintln!("{NAME}: mode {} done in {:.0} s", mode.name, t_mode.elapsed().as_secs_f64());
+        eprintln!(
+            "{NAME}: mode {} done in {:.0} s",
+            mode.name,
+            t_mode.elapsed().as_secs_f64()
+        );
     }
     env["load_at_end"] = json!(loadavg());
     env["qemu_processes_at_end"] = json!(qemu_processes());
-    write_outputs(&c.out, &cfg, c, &env, &points, &measurements, true, t_begin.elapsed().as_secs_f64())?;
-    eprintln!("{NAME}: done in {:.0} s; results in {}", t_begin.elapsed().as_secs_f64(), c.out.display());
+    write_outputs(
+        &c.out,
+        &cfg,
+        c,
+        &env,
+        &points,
+        &measurements,
+        true,
+        t_begin.elapsed().as_secs_f64(),
+    )?;
+    eprintln!(
+        "{NAME}: done in {:.0} s; results in {}",
+        t_begin.elapsed().as_secs_f64(),
+        c.out.display()
+    );
     Ok(())
 }
 
@@ -464,9 +543,16 @@ fn loadavg() -> String {
 
 /// Number of qemu processes on the machine (other engineers' VM runs load the CPUs).
 fn qemu_processes() -> usize {
-    let Ok(rd) = std::fs::read_dir("/proc") else { return 0 };
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
     rd.filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().chars().all(|c| c.is_ascii_digit()))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .chars()
+                .all(|c| c.is_ascii_digit())
+        })
         .filter(|e| {
             std::fs::read_to_string(e.path().join("comm"))
                 .map(|c| c.trim().starts_with("qemu"))
@@ -507,8 +593,14 @@ fn sender_policy(cfg: &Config, mode: &ModeSpec, n: usize, ifname: &str) -> Strin
             f = cfg.qjump_factor,
         ),
         Kind::D3 { first_rtt_rate } => {
-            let first = first_rtt_rate.map(|r| format!("\n    first_rtt_rate: {r}B/s")).unwrap_or_default();
-            let d3 = if first.is_empty() { "  d3: {}\n".to_string() } else { format!("  d3:{first}\n") };
+            let first = first_rtt_rate
+                .map(|r| format!("\n    first_rtt_rate: {r}B/s"))
+                .unwrap_or_default();
+            let d3 = if first.is_empty() {
+                "  d3: {}\n".to_string()
+            } else {
+                format!("  d3:{first}\n")
+            };
             format!(
                 "{head}  enforcement: sockops\n  # the bottleneck's rate: D3's quench cap and scale, and the default first-RTT rate (1%)\n  link_rate: 1Gbit\n  levels:\n    - name: all\n      priority: 0\n  classes:\n    - name: pa\n      level: all\n      d3: {{}}\n    - name: other\n      level: all\n{rule}  default_class: other\n{d3}"
             )
@@ -540,7 +632,11 @@ fn start_agents<'a>(ctx: &Ctx<'a>, mode: &ModeSpec) -> Result<Agents<'a>> {
         let p = ctx.scratch.path(&format!("{}-router.yaml", mode.name));
         std::fs::write(&p, router_policy(&to_rx, ctx.cfg.rate_bps))?;
         agents.router = Some(Agent::start(&star.router, &p, &dir("router-state")));
-        let rx_if = star.receiver.iface_to(&star.router).context("aggregator iface")?.ifname;
+        let rx_if = star
+            .receiver
+            .iface_to(&star.router)
+            .context("aggregator iface")?
+            .ifname;
         let p = ctx.scratch.path(&format!("{}-rx.yaml", mode.name));
         std::fs::write(&p, receiver_policy(&rx_if))?;
         agents.receiver = Some(Agent::start(&star.receiver, &p, &dir("rx-state")));
@@ -551,7 +647,11 @@ fn start_agents<'a>(ctx: &Ctx<'a>, mode: &ModeSpec) -> Result<Agents<'a>> {
         let p = ctx.scratch.path(&format!("{}-s{i}.yaml", mode.name));
         std::fs::write(&p, sender_policy(ctx.cfg, mode, first_n, &ifname))?;
         let agent = Agent::start(h, &p, &dir(&format!("s{i}-state")));
-        agents.senders.push(SenderAgent { host: h, policy: p, agent });
+        agents.senders.push(SenderAgent {
+            host: h,
+            policy: p,
+            agent,
+        });
     }
     Ok(agents)
 }
@@ -587,7 +687,10 @@ fn switch_policy(s: &SenderAgent, text: &str) -> Result<()> {
             bail!("{}: the agent rejected the policy: {errs:?}", s.host.name());
         }
         if !hupped && start.elapsed() > Duration::from_secs(2) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(s.agent.pid() as i32), nix::sys::signal::Signal::SIGHUP);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(s.agent.pid() as i32),
+                nix::sys::signal::Signal::SIGHUP,
+            );
             hupped = true;
         }
         if start.elapsed() > Duration::from_secs(30) {
@@ -612,7 +715,10 @@ fn start_servers(ctx: &Ctx, mode: &ModeSpec, mean: f64, agents: &Agents) -> Resu
                 Box::new(D3Hook::open(&a.d3_app_map())?)
             }
         };
-        let opts = serve::ServeOpts { port: PORT, ..Default::default() };
+        let opts = serve::ServeOpts {
+            port: PORT,
+            ..Default::default()
+        };
         v.push(h.in_netns(move || serve::Server::start(&opts, hook))??);
     }
     Ok(v)
@@ -620,13 +726,23 @@ fn start_servers(ctx: &Ctx, mode: &ModeSpec, mean: f64, agents: &Agents) -> Resu
 
 /// TCP counters of a namespace: (RetransSegs, TCPTimeouts, TCPLossProbes, TCPLossProbeRecovery).
 fn tcp_counters(h: &Host) -> [u64; 4] {
-    let text = h.run(&["cat", "/proc/net/snmp", "/proc/net/netstat"]).unwrap_or_default();
+    let text = h
+        .run(&["cat", "/proc/net/snmp", "/proc/net/netstat"])
+        .unwrap_or_default();
     let mut map: BTreeMap<String, u64> = BTreeMap::new();
     let lines: Vec<&str> = text.lines().collect();
     for w in lines.windows(2) {
         let (a, b) = (w[0], w[1]);
-        let (Some((pa_, names)), Some((pb, vals))) = (a.split_once(':'), b.split_once(':')) else { continue };
-        if pa_ != pb || names.split_whitespace().next().and_then(|x| x.parse::<i64>().ok()).is_some() {
+        let (Some((pa_, names)), Some((pb, vals))) = (a.split_once(':'), b.split_once(':')) else {
+            continue;
+        };
+        if pa_ != pb
+            || names
+                .split_whitespace()
+                .next()
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some()
+        {
             continue;
         }
         for (k, v) in names.split_whitespace().zip(vals.split_whitespace()) {
@@ -636,7 +752,12 @@ fn tcp_counters(h: &Host) -> [u64; 4] {
         }
     }
     let g = |k: &str| map.get(k).copied().unwrap_or(0);
-    [g("Tcp.RetransSegs"), g("TcpExt.TCPTimeouts"), g("TcpExt.TCPLossProbes"), g("TcpExt.TCPLossProbeRecovery")]
+    [
+        g("Tcp.RetransSegs"),
+        g("TcpExt.TCPTimeouts"),
+        g("TcpExt.TCPLossProbes"),
+        g("TcpExt.TCPLossProbeRecovery"),
+    ]
 }
 
 fn sum_tcp(hosts: &[&Host]) -> [u64; 4] {
@@ -655,7 +776,12 @@ fn d3_sender_counters(agents: &Agents) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
     for s in &agents.senders {
         let Some(st) = s.agent.status() else { continue };
-        let Some(c) = st["counters"]["d3_classes"].as_array().and_then(|a| a.iter().find(|c| c["name"] == "pa")) else { continue };
+        let Some(c) = st["counters"]["d3_classes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["name"] == "pa"))
+        else {
+            continue;
+        };
         if let Some(o) = c.as_object() {
             for (k, v) in o {
                 if let Some(x) = v.as_u64() {
@@ -682,12 +808,37 @@ fn delta_map(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>) -> Value {
 
 /// The router link's counters after the point, as deltas where they are cumulative.
 fn router_delta(before: &Option<Value>, after: &Option<Value>) -> Value {
-    let (Some(b), Some(a)) = (before, after) else { return Value::Null };
+    let (Some(b), Some(a)) = (before, after) else {
+        return Value::Null;
+    };
     let mut o = serde_json::Map::new();
-    for k in ["requests", "fins", "new_flows", "clamped", "unprocessed", "base_floor", "duplicates", "sent_bytes", "idle_resets"] {
-        o.insert(k.into(), json!(a[k].as_u64().unwrap_or(0).saturating_sub(b[k].as_u64().unwrap_or(0))));
+    for k in [
+        "requests",
+        "fins",
+        "new_flows",
+        "clamped",
+        "unprocessed",
+        "base_floor",
+        "duplicates",
+        "sent_bytes",
+        "idle_resets",
+    ] {
+        o.insert(
+            k.into(),
+            json!(
+                a[k].as_u64()
+                    .unwrap_or(0)
+                    .saturating_sub(b[k].as_u64().unwrap_or(0))
+            ),
+        );
     }
-    for k in ["capacity_bytes_per_second", "flows", "demand_bytes_per_second", "allocated_bytes_per_second", "queue_bytes"] {
+    for k in [
+        "capacity_bytes_per_second",
+        "flows",
+        "demand_bytes_per_second",
+        "allocated_bytes_per_second",
+        "queue_bytes",
+    ] {
         o.insert(format!("{k}_after"), a[k].clone());
     }
     Value::Object(o)
@@ -696,7 +847,9 @@ fn router_delta(before: &Option<Value>, after: &Option<Value>) -> Value {
 /// GET /status from the agent in `host`'s namespace (cheaper than `plagent status`).
 fn http_status() -> Option<Value> {
     use std::io::{Read as _, Write as _};
-    let mut c = std::net::TcpStream::connect_timeout(&"127.0.0.1:9977".parse().ok()?, Duration::from_millis(200)).ok()?;
+    let mut c =
+        std::net::TcpStream::connect_timeout(&"127.0.0.1:9977".parse().ok()?, Duration::from_millis(200))
+            .ok()?;
     c.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
     c.write_all(b"GET /status HTTP/1.0\r\n\r\n").ok()?;
     let mut b = String::new();
@@ -779,8 +932,9 @@ fn run_point(
 ) -> Result<(Vec<Value>, Value)> {
     let cfg = ctx.cfg;
     let star = ctx.star;
-    let workers: Vec<SocketAddr> =
-        (0..n).map(|i| SocketAddr::new(IpAddr::V4(star.senders[i % cfg.sender_hosts].ipv4()), PORT)).collect();
+    let workers: Vec<SocketAddr> = (0..n)
+        .map(|i| SocketAddr::new(IpAddr::V4(star.senders[i % cfg.sender_hosts].ipv4()), PORT))
+        .collect();
     let active: Vec<&Host> = star.senders.iter().take(n.min(cfg.sender_hosts)).collect();
     let seed = ctx.seed ^ ((n as u64) << 20);
     let mut opts = pa::PaOpts::new(workers, mean);
@@ -792,33 +946,51 @@ fn run_point(
     opts.seed = seed;
 
     let q0 = bn.stats()?;
-    let qq0 = if mode.kind == Kind::Qjump { bn.queue_stats().ok() } else { None };
+    let qq0 = if mode.kind == Kind::Qjump {
+        bn.queue_stats().ok()
+    } else {
+        None
+    };
     let tcp0 = sum_tcp(&active);
-    let d3s0 = if mode.is_d3() { d3_sender_counters(agents) } else { BTreeMap::new() };
+    let d3s0 = if mode.is_d3() {
+        d3_sender_counters(agents)
+    } else {
+        BTreeMap::new()
+    };
     let rl0 = if mode.is_d3() { router_link(agents) } else { None };
     let load_before = loadavg();
     let t0 = Instant::now();
     let stop = AtomicBool::new(false);
-    let ((responses, query_ms), samples) = std::thread::scope(|s| -> Result<((Vec<pa::PaResponse>, Vec<f64>), Vec<[u64; 5]>)> {
-        let sampler = (mode.is_d3() && agents.router.is_some()).then(|| s.spawn(|| sample_router(&star.router, &stop)));
-        let r = star.receiver.in_netns(|| match mode.conn {
-            Conn::Fresh => run_pa_fresh(&opts),
-            Conn::Persistent => pa::run(&opts, &Tags::new()).map(|r| {
-                let q = query_times(&r.responses);
-                (r.responses, q)
-            }),
-        });
-        stop.store(true, Ordering::Relaxed);
-        let samples = sampler.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
-        Ok((r??, samples))
-    })?;
+    let ((responses, query_ms), samples) =
+        std::thread::scope(|s| -> Result<((Vec<pa::PaResponse>, Vec<f64>), Vec<[u64; 5]>)> {
+            let sampler = (mode.is_d3() && agents.router.is_some())
+                .then(|| s.spawn(|| sample_router(&star.router, &stop)));
+            let r = star.receiver.in_netns(|| match mode.conn {
+                Conn::Fresh => run_pa_fresh(&opts),
+                Conn::Persistent => pa::run(&opts, &Tags::new()).map(|r| {
+                    let q = query_times(&r.responses);
+                    (r.responses, q)
+                }),
+            });
+            stop.store(true, Ordering::Relaxed);
+            let samples = sampler.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+            Ok((r??, samples))
+        })?;
     let wall_s = t0.elapsed().as_secs_f64();
     // Let the last FINs and the controller settle before reading the counters.
     std::thread::sleep(Duration::from_millis(if mode.is_d3() { 150 } else { 20 }));
     let q1 = bn.stats()?;
     let tcp1 = sum_tcp(&active);
-    let d3_senders = if mode.is_d3() { delta_map(&d3s0, &d3_sender_counters(agents)) } else { Value::Null };
-    let d3_router = if mode.is_d3() { router_delta(&rl0, &router_link(agents)) } else { Value::Null };
+    let d3_senders = if mode.is_d3() {
+        delta_map(&d3s0, &d3_sender_counters(agents))
+    } else {
+        Value::Null
+    };
+    let d3_router = if mode.is_d3() {
+        router_delta(&rl0, &router_link(agents))
+    } else {
+        Value::Null
+    };
     let load_after = loadavg();
     let qd = |a: &QdiscStats, b: &QdiscStats| json!({"drops": b.drops - a.drops, "packets": b.packets - a.packets, "bytes": b.bytes - a.bytes});
     // Per queue of the strict-priority port: 5 = urgent (DSCP 46), 0 = the rest.
@@ -834,11 +1006,27 @@ fn run_point(
         _ => None,
     };
 
-    let scored: Vec<&pa::PaResponse> = responses.iter().filter(|r| r.query >= cfg.warmup_queries).collect();
-    let qs = stats::sorted(query_ms.iter().skip(cfg.warmup_queries as usize).copied().collect());
+    let scored: Vec<&pa::PaResponse> = responses
+        .iter()
+        .filter(|r| r.query >= cfg.warmup_queries)
+        .collect();
+    let qs = stats::sorted(
+        query_ms
+            .iter()
+            .skip(cfg.warmup_queries as usize)
+            .copied()
+            .collect(),
+    );
     let bytes: u64 = scored.iter().map(|r| r.size).sum();
-    let fct_ms: Vec<f64> = scored.iter().map(|r| (r.fct_ms * 1000.0).round() / 1000.0).collect();
-    let means: Vec<f64> = if mode.aware() { vec![mean] } else { cfg.deadline_means_ms.clone() };
+    let fct_ms: Vec<f64> = scored
+        .iter()
+        .map(|r| (r.fct_ms * 1000.0).round() / 1000.0)
+        .collect();
+    let means: Vec<f64> = if mode.aware() {
+        vec![mean]
+    } else {
+        cfg.deadline_means_ms.clone()
+    };
     let mut pts = Vec::new();
     for &m in &means {
         // The deadlines of mean m: the same random numbers (the sizes must agree).
@@ -851,14 +1039,26 @@ fn run_point(
         for r in &scored {
             let (size, d_us) = plan[r.query as usize][r.worker as usize];
             if size != r.size {
-                bail!("draws disagree: query {} worker {} size {} vs {}", r.query, r.worker, size, r.size);
+                bail!(
+                    "draws disagree: query {} worker {} size {} vs {}",
+                    r.query,
+                    r.worker,
+                    size,
+                    r.size
+                );
             }
             let d = d_us as f64 / 1000.0;
             if r.fct_ms <= d {
                 met += 1;
             } else {
                 late_by.push(r.fct_ms / d);
-                missed_records.push(json!([r.query, r.worker, r.size, d, (r.fct_ms * 1000.0).round() / 1000.0]));
+                missed_records.push(json!([
+                    r.query,
+                    r.worker,
+                    r.size,
+                    d,
+                    (r.fct_ms * 1000.0).round() / 1000.0
+                ]));
             }
         }
         let total = scored.len() as u64;
@@ -961,18 +1161,31 @@ fn run_pa_fresh(opts: &pa::PaOpts) -> Result<(Vec<pa::PaResponse>, Vec<f64>)> {
     for (q, draws) in plan.iter().enumerate() {
         let mut conns = Vec::with_capacity(opts.workers.len());
         for &a in &opts.workers {
-            let s = sockopt::connect_tcp(a, &opts.sock, Duration::from_secs(10)).with_context(|| format!("query {q}: connect {a}"))?;
+            let s = sockopt::connect_tcp(a, &opts.sock, Duration::from_secs(10))
+                .with_context(|| format!("query {q}: connect {a}"))?;
             s.set_nodelay(true)?;
             conns.push(s);
         }
         let warm: Vec<proto::Request> = draws
             .iter()
-            .map(|_| proto::Request { req_len: proto::REQ_HDR as u32, id: u64::MAX, ts_ns: 0, resp_len: proto::RESP_HDR as u64, deadline_us: 0 })
+            .map(|_| proto::Request {
+                req_len: proto::REQ_HDR as u32,
+                id: u64::MAX,
+                ts_ns: 0,
+                resp_len: proto::RESP_HDR as u64,
+                deadline_us: 0,
+            })
             .collect();
         round(&mut conns, &warm, timeout, &mut scratch).with_context(|| format!("query {q}: warm-up"))?;
         let reqs: Vec<proto::Request> = draws
             .iter()
-            .map(|&(size, deadline_us)| proto::Request { req_len: proto::REQ_HDR as u32, id: q as u64, ts_ns: 0, resp_len: size, deadline_us })
+            .map(|&(size, deadline_us)| proto::Request {
+                req_len: proto::REQ_HDR as u32,
+                id: q as u64,
+                ts_ns: 0,
+                resp_len: size,
+                deadline_us,
+            })
             .collect();
         let t = round(&mut conns, &reqs, timeout, &mut scratch).with_context(|| format!("query {q}"))?;
         drop(conns);
@@ -982,7 +1195,14 @@ fn run_pa_fresh(opts: &pa::PaOpts) -> Result<(Vec<pa::PaResponse>, Vec<f64>)> {
         for (w, (&(size, deadline_us), &(send, done))) in draws.iter().zip(&t).enumerate() {
             let fct_ms = (done - send) as f64 / 1e6;
             let deadline_ms = deadline_us as f64 / 1000.0;
-            responses.push(pa::PaResponse { query: q as u64, worker: w as u32, size, deadline_ms, fct_ms, met: fct_ms <= deadline_ms });
+            responses.push(pa::PaResponse {
+                query: q as u64,
+                worker: w as u32,
+                size,
+                deadline_ms,
+                fct_ms,
+                met: fct_ms <= deadline_ms,
+            });
         }
         if opts.interval_ms > 0.0 && q + 1 < plan.len() {
             workload::sleep_until_ns(workload::mono_ns() + (opts.interval_ms * 1e6) as u64);
@@ -993,7 +1213,12 @@ fn run_pa_fresh(opts: &pa::PaOpts) -> Result<(Vec<pa::PaResponse>, Vec<f64>)> {
 
 /// Sends `reqs[i]` on `conns[i]` (back to back) and reads every response with one poll loop;
 /// returns (send, last byte) CLOCK_MONOTONIC ns per connection.
-fn round(conns: &mut [std::net::TcpStream], reqs: &[crate::workload::proto::Request], timeout: Duration, scratch: &mut [u8]) -> Result<Vec<(u64, u64)>> {
+fn round(
+    conns: &mut [std::net::TcpStream],
+    reqs: &[crate::workload::proto::Request],
+    timeout: Duration,
+    scratch: &mut [u8],
+) -> Result<Vec<(u64, u64)>> {
     use crate::workload::proto;
     use std::io::{Read as _, Write as _};
     use std::os::fd::AsRawFd as _;
@@ -1006,7 +1231,10 @@ fn round(conns: &mut [std::net::TcpStream], reqs: &[crate::workload::proto::Requ
         enc[16..24].copy_from_slice(&t[i].0.to_le_bytes());
         conns[i].write_all(&enc)?;
     }
-    let mut left: Vec<u64> = reqs.iter().map(|r| r.resp_len.max(proto::RESP_HDR as u64)).collect();
+    let mut left: Vec<u64> = reqs
+        .iter()
+        .map(|r| r.resp_len.max(proto::RESP_HDR as u64))
+        .collect();
     let mut hdr = vec![[0u8; proto::RESP_HDR]; n];
     let mut got = vec![0u64; n];
     for c in conns.iter() {
@@ -1016,7 +1244,14 @@ fn round(conns: &mut [std::net::TcpStream], reqs: &[crate::workload::proto::Requ
     let mut pending = n;
     while pending > 0 {
         let idx: Vec<usize> = (0..n).filter(|&i| left[i] > 0).collect();
-        let mut pfds: Vec<libc::pollfd> = idx.iter().map(|&i| libc::pollfd { fd: conns[i].as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+        let mut pfds: Vec<libc::pollfd> = idx
+            .iter()
+            .map(|&i| libc::pollfd {
+                fd: conns[i].as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
         let now = workload::mono_ns();
         if now >= end {
             bail!("{} responses missing after {timeout:?}", pending);
@@ -1081,7 +1316,10 @@ fn ideal_met(opts: &pa::PaOpts, warmup: u64, rate_bps: u64) -> Result<(u64, u64)
     let plan = pa::draws(opts)?;
     let (mut met, mut total) = (0u64, 0u64);
     for q in plan.iter().skip(warmup as usize) {
-        let mut jobs: Vec<(f64, f64)> = q.iter().map(|&(size, d_us)| (wire_bytes(size) as f64 * 8.0 / rate_bps as f64, d_us as f64 / 1e6)).collect();
+        let mut jobs: Vec<(f64, f64)> = q
+            .iter()
+            .map(|&(size, d_us)| (wire_bytes(size) as f64 * 8.0 / rate_bps as f64, d_us as f64 / 1e6))
+            .collect();
         jobs.sort_by(|a, b| a.1.total_cmp(&b.1));
         let mut kept: Vec<f64> = Vec::new();
         let mut t = 0.0;
@@ -1089,7 +1327,11 @@ fn ideal_met(opts: &pa::PaOpts, warmup: u64, rate_bps: u64) -> Result<(u64, u64)
             kept.push(p);
             t += p;
             if t > d {
-                let (i, &m) = kept.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).expect("non-empty");
+                let (i, &m) = kept
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .expect("non-empty");
                 t -= m;
                 kept.swap_remove(i);
             }
@@ -1138,7 +1380,11 @@ fn series_names(cfg: &Config) -> Vec<String> {
 fn curve(points: &[Value], mode: &str, mean: f64) -> Vec<(usize, f64, u64)> {
     let mut v: Vec<(usize, f64, u64)> = points
         .iter()
-        .filter(|p| p["tags"]["mode"] == mode && p["tags"]["deadline_mean_ms"] == fmt_mean(mean).as_str() && p.get("error").is_none())
+        .filter(|p| {
+            p["tags"]["mode"] == mode
+                && p["tags"]["deadline_mean_ms"] == fmt_mean(mean).as_str()
+                && p.get("error").is_none()
+        })
         .filter_map(|p| {
             Some((
                 p["tags"]["senders"].as_str()?.parse().ok()?,
@@ -1227,13 +1473,23 @@ fn write_outputs(
         "measurements": measurements,
     });
     workload::write_json(&doc, Some(&out.join(format!("{NAME}.json"))))?;
-    std::fs::write(out.join(format!("{NAME}.md")), markdown(cfg, env, points, &support, complete, elapsed_s))?;
+    std::fs::write(
+        out.join(format!("{NAME}.md")),
+        markdown(cfg, env, points, &support, complete, elapsed_s),
+    )?;
     for &mean in &cfg.deadline_means_ms {
         let series: Vec<XySeries> = series_names(cfg)
             .into_iter()
             .map(|m| XySeries {
-                points: curve(points, &m, mean).iter().map(|&(n, v, _)| (n as f64, v * 100.0)).collect(),
-                name: if m == IDEAL { "ideal (optimal schedule, no latency)".into() } else { m },
+                points: curve(points, &m, mean)
+                    .iter()
+                    .map(|&(n, v, _)| (n as f64, v * 100.0))
+                    .collect(),
+                name: if m == IDEAL {
+                    "ideal (optimal schedule, no latency)".into()
+                } else {
+                    m
+                },
             })
             .filter(|s| !s.points.is_empty())
             .collect();
@@ -1241,17 +1497,27 @@ fn write_outputs(
             continue;
         }
         let mut opts = PlotOpts::new(
-            &format!("D3 evaluation: application throughput, deadlines exp. mean {mean} ms, 1 Gbit/s, 100 KB"),
+            &format!(
+                "D3 evaluation: application throughput, deadlines exp. mean {mean} ms, 1 Gbit/s, 100 KB"
+            ),
             "concurrent senders N",
             "application throughput (% of responses meeting their deadline)",
         );
         opts.y_from_zero = false;
         // The main comparison; the variants (persistent connections, small TSO) in their own plot.
         let is_main = |name: &str| {
-            name.starts_with("ideal") || cfg.modes.iter().any(|m| m.name == name && m.conn == Conn::Fresh && m.tso_rtt_log.is_none())
+            name.starts_with("ideal")
+                || cfg
+                    .modes
+                    .iter()
+                    .any(|m| m.name == name && m.conn == Conn::Fresh && m.tso_rtt_log.is_none())
         };
         let main: Vec<XySeries> = series.iter().filter(|s| is_main(&s.name)).cloned().collect();
-        report::xy_plot(&out.join(format!("{NAME}-{}ms.svg", fmt_mean(mean))), &opts, &main)?;
+        report::xy_plot(
+            &out.join(format!("{NAME}-{}ms.svg", fmt_mean(mean))),
+            &opts,
+            &main,
+        )?;
         if mean == cfg.plot_mean_ms {
             report::xy_plot(&out.join(format!("{NAME}.svg")), &opts, &main)?;
             if main.len() < series.len() {
@@ -1264,7 +1530,14 @@ fn write_outputs(
     Ok(())
 }
 
-fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], complete: bool, elapsed_s: f64) -> String {
+fn markdown(
+    cfg: &Config,
+    env: &Value,
+    points: &[Value],
+    support: &[Value],
+    complete: bool,
+    elapsed_s: f64,
+) -> String {
     use std::fmt::Write as _;
     let mut md = String::new();
     let _ = writeln!(
@@ -1272,10 +1545,22 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
         "# D3 evaluation (seed 000, section 6.1): application throughput vs concurrent senders\n\n{}Kernel {} ({}; sch_fq {}), {} CPUs. \
          Bottleneck {} Mbit/s with a {} B buffer (HTB + bfifo; QJump: strict-priority port, {} B per used queue); {} sender hosts, workers round-robin; \
          responses uniform in [{}, {}] B, deadlines exponential; RTT {:.3} ms idle. Load average at start {} ({} qemu processes), at end {} ({}). Run took {:.0} s.\n",
-        if complete { "" } else { "**Incomplete run (partial results).** " },
+        if complete {
+            ""
+        } else {
+            "**Incomplete run (partial results).** "
+        },
         env["kernel"].as_str().unwrap_or("?"),
-        if env["in_vm"].as_bool().unwrap_or(false) { "VM" } else { "host" },
-        if env["sch_fq_available"].as_bool().unwrap_or(false) { "available" } else { "not available" },
+        if env["in_vm"].as_bool().unwrap_or(false) {
+            "VM"
+        } else {
+            "host"
+        },
+        if env["sch_fq_available"].as_bool().unwrap_or(false) {
+            "available"
+        } else {
+            "not available"
+        },
         env["cpus"],
         cfg.rate_bps / 1_000_000,
         cfg.buffer_bytes,
@@ -1290,19 +1575,27 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
         env["qemu_processes_at_end"],
         elapsed_s,
     );
-    let _ = writeln!(md, "Modes, with the enforcement each used (the sender agents' status `enforcement`):\n");
+    let _ = writeln!(
+        md,
+        "Modes, with the enforcement each used (the sender agents' status `enforcement`):\n"
+    );
     for m in &cfg.modes {
         let e = &env["enforcement"][&m.name];
         let what = match &m.kind {
             Kind::Tcp => "plain TCP (cubic), no agent on the senders".to_string(),
-            Kind::Paced => format!("per-flow pacing at the fair share {} Mbit/s / N", cfg.rate_bps / 1_000_000),
+            Kind::Paced => format!(
+                "per-flow pacing at the fair share {} Mbit/s / N",
+                cfg.rate_bps / 1_000_000
+            ),
             Kind::Qjump => format!(
                 "QJump levels: responses with a deadline below the median (mean x ln 2) at the top level (factor {}, DSCP 46, switch queue 5), the rest at the lowest (queue 0)",
                 cfg.qjump_factor
             ),
             Kind::D3 { first_rtt_rate } => format!(
                 "D3, first-RTT rate {}",
-                first_rtt_rate.map(|r| format!("{} Mbit/s", r * 8 / 1_000_000)).unwrap_or_else(|| "default (1% of link_rate = 10 Mbit/s)".into())
+                first_rtt_rate
+                    .map(|r| format!("{} Mbit/s", r * 8 / 1_000_000))
+                    .unwrap_or_else(|| "default (1% of link_rate = 10 Mbit/s)".into())
             ),
         };
         let _ = writeln!(
@@ -1313,7 +1606,9 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
                 Conn::Fresh => "fresh",
                 Conn::Persistent => "persistent",
             },
-            m.tso_rtt_log.map(|v| format!("; senders' tcp_tso_rtt_log = {v}")).unwrap_or_default(),
+            m.tso_rtt_log
+                .map(|v| format!("; senders' tcp_tso_rtt_log = {v}"))
+                .unwrap_or_default(),
             if e.is_null() {
                 "-".to_string()
             } else {
@@ -1321,7 +1616,10 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
                     "mode `{}`, TCP flows: {}{}",
                     e["mode"].as_str().unwrap_or("?"),
                     e["tcp_flows"].as_str().unwrap_or("?"),
-                    e["aggregates"].as_str().map(|a| format!(", aggregates: {a}")).unwrap_or_default()
+                    e["aggregates"]
+                        .as_str()
+                        .map(|a| format!(", aggregates: {a}"))
+                        .unwrap_or_default()
                 )
             }
         );
@@ -1338,7 +1636,10 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
                 let mut row = vec![m];
                 for &n in &ns {
                     row.push(
-                        cv.iter().find(|x| x.0 == n).map(|x| format!("{:.1}", x.1 * 100.0)).unwrap_or_else(|| "-".into()),
+                        cv.iter()
+                            .find(|x| x.0 == n)
+                            .map(|x| format!("{:.1}", x.1 * 100.0))
+                            .unwrap_or_else(|| "-".into()),
                     );
                 }
                 Some(row)
@@ -1352,12 +1653,22 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
         headers.extend(ns.iter().map(|n| n.to_string()));
         md.push_str(&report::markdown_table(&headers, &rows));
     }
-    let _ = writeln!(md, "\nResponses scored per point (after {} warm-up queries):", cfg.warmup_queries);
-    let counts: Vec<String> = ns.iter().map(|&n| format!("N={n}: {}", (cfg.queries(n) - cfg.warmup_queries) * n as u64)).collect();
+    let _ = writeln!(
+        md,
+        "\nResponses scored per point (after {} warm-up queries):",
+        cfg.warmup_queries
+    );
+    let counts: Vec<String> = ns
+        .iter()
+        .map(|&n| format!("N={n}: {}", (cfg.queries(n) - cfg.warmup_queries) * n as u64))
+        .collect();
     let _ = writeln!(md, "{}.", counts.join(", "));
 
     let _ = writeln!(md, "\n## Senders supported\n");
-    let headers: Vec<String> = ["mode", "deadline mean (ms)", "N at >= 99%", "N at >= 95%"].iter().map(|s| s.to_string()).collect();
+    let headers: Vec<String> = ["mode", "deadline mean (ms)", "N at >= 99%", "N at >= 95%"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     let rows: Vec<Vec<String>> = support
         .iter()
         .map(|s| {
@@ -1378,7 +1689,9 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
     );
     // Ratios of D3 to the others: senders supported, and app throughput at each N.
     let est = |mode: &str, mean: f64, k: &str| -> Option<(f64, &'static str)> {
-        let s = support.iter().find(|s| s["mode"] == mode && s["deadline_mean_ms"].as_f64() == Some(mean))?;
+        let s = support
+            .iter()
+            .find(|s| s["mode"] == mode && s["deadline_mean_ms"].as_f64() == Some(mean))?;
         let n = s[format!("n_at_{k}")].as_u64().unwrap_or(0) as f64;
         if let Some(x) = s[format!("n_at_{k}_interpolated")].as_f64() {
             Some((x, ""))
@@ -1391,9 +1704,20 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
         }
     };
     let smallest = ns.iter().min().copied().unwrap_or(0);
-    let fmt_est = |e: (f64, &str)| if e.1 == "<" { format!("< {smallest}") } else { format!("{}{:.1}", if e.1.is_empty() { "" } else { ">= " }, e.0) };
+    let fmt_est = |e: (f64, &str)| {
+        if e.1 == "<" {
+            format!("< {smallest}")
+        } else {
+            format!("{}{:.1}", if e.1.is_empty() { "" } else { ">= " }, e.0)
+        }
+    };
     let mut rows = Vec::new();
-    let d3_series: Vec<&str> = cfg.modes.iter().filter(|m| m.is_d3() && m.conn == Conn::Fresh).map(|m| m.name.as_str()).collect();
+    let d3_series: Vec<&str> = cfg
+        .modes
+        .iter()
+        .filter(|m| m.is_d3() && m.conn == Conn::Fresh)
+        .map(|m| m.name.as_str())
+        .collect();
     for &mean in &cfg.deadline_means_ms {
         for d in &d3_series {
             for base in ["tcp", "paced", "qjump"] {
@@ -1413,7 +1737,12 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
                 }
                 let ratios: Vec<String> = cd
                     .iter()
-                    .filter_map(|&(n, v, _)| cb.iter().find(|x| x.0 == n).filter(|x| x.1 > 0.0).map(|x| format!("{n}: {:.2}", v / x.1)))
+                    .filter_map(|&(n, v, _)| {
+                        cb.iter()
+                            .find(|x| x.0 == n)
+                            .filter(|x| x.1 > 0.0)
+                            .map(|x| format!("{n}: {:.2}", v / x.1))
+                    })
                     .collect();
                 row.push(ratios.join(", "));
                 rows.push(row);
@@ -1422,10 +1751,16 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
     }
     if !rows.is_empty() {
         let _ = writeln!(md, "## Ratios (D3 / other)\n");
-        let headers: Vec<String> = ["ratio", "deadline mean (ms)", "senders at >= 99%", "senders at >= 95%", "app throughput ratio at each N"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let headers: Vec<String> = [
+            "ratio",
+            "deadline mean (ms)",
+            "senders at >= 99%",
+            "senders at >= 95%",
+            "app throughput ratio at each N",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         md.push_str(&report::markdown_table(&headers, &rows));
         let _ = writeln!(
             md,
@@ -1436,8 +1771,22 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
     // Details per point.
     let _ = writeln!(md, "\n## Details per point\n");
     let headers: Vec<String> = [
-        "mode", "mean ms", "N", "app thr %", "95% CI", "responses", "p50 fct ms", "p99 fct ms", "drops", "RTOs", "TLPs", "retrans",
-        "D3 req/grants/quenched/fb ignored", "router C/line mean (min)", "router N max", "load after",
+        "mode",
+        "mean ms",
+        "N",
+        "app thr %",
+        "95% CI",
+        "responses",
+        "p50 fct ms",
+        "p99 fct ms",
+        "drops",
+        "RTOs",
+        "TLPs",
+        "retrans",
+        "D3 req/grants/quenched/fb ignored",
+        "router C/line mean (min)",
+        "router N max",
+        "load after",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -1455,7 +1804,11 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
                 p["tags"]["deadline_mean_ms"].as_str().unwrap_or("").into(),
                 p["tags"]["senders"].as_str().unwrap_or("").into(),
                 format!("{:.2}", s["app_throughput"].as_f64().unwrap_or(0.0) * 100.0),
-                format!("{:.1}-{:.1}", ci[0].as_f64().unwrap_or(0.0) * 100.0, ci[1].as_f64().unwrap_or(0.0) * 100.0),
+                format!(
+                    "{:.1}-{:.1}",
+                    ci[0].as_f64().unwrap_or(0.0) * 100.0,
+                    ci[1].as_f64().unwrap_or(0.0) * 100.0
+                ),
                 s["responses"].to_string(),
                 format!("{:.2}", s["p50_fct_ms"].as_f64().unwrap_or(0.0)),
                 format!("{:.2}", s["p99_fct_ms"].as_f64().unwrap_or(0.0)),
@@ -1466,7 +1819,10 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
                 if d3.is_null() {
                     String::new()
                 } else {
-                    format!("{}/{}/{}/{}", d3["requests"], d3["grants"], d3["quenched"], d3["feedback_ignored"])
+                    format!(
+                        "{}/{}/{}/{}",
+                        d3["requests"], d3["grants"], d3["quenched"], d3["feedback_ignored"]
+                    )
                 },
                 if rs.is_null() {
                     String::new()
@@ -1477,7 +1833,11 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
                         rs["capacity_over_line_min"].as_f64().unwrap_or(0.0)
                     )
                 },
-                if rs.is_null() { String::new() } else { format!("{}", rs["flows_max"].as_f64().unwrap_or(0.0)) },
+                if rs.is_null() {
+                    String::new()
+                } else {
+                    format!("{}", rs["flows_max"].as_f64().unwrap_or(0.0))
+                },
                 s["load_after"].as_str().unwrap_or("").into(),
             ]
         })
@@ -1486,7 +1846,12 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], support: &[Value], comp
     let failed: Vec<String> = points
         .iter()
         .filter(|p| p.get("error").is_some())
-        .map(|p| format!("- {} mean {} N {}: {}", p["tags"]["mode"], p["tags"]["deadline_mean_ms"], p["tags"]["senders"], p["error"]))
+        .map(|p| {
+            format!(
+                "- {} mean {} N {}: {}",
+                p["tags"]["mode"], p["tags"]["deadline_mean_ms"], p["tags"]["senders"], p["error"]
+            )
+        })
         .collect();
     if !failed.is_empty() {
         let _ = writeln!(md, "\n## Failed points\n\n{}", failed.join("\n"));
@@ -1511,7 +1876,10 @@ mod tests {
         assert_eq!(supported(&c, 0.99).0, 10);
         let (n, all, x) = supported(&c, 0.99);
         assert!(!all);
-        assert!((x.unwrap() - (10.0 + 0.005 / 0.015 * 5.0)).abs() < 1e-9, "{n} {x:?}");
+        assert!(
+            (x.unwrap() - (10.0 + 0.005 / 0.015 * 5.0)).abs() < 1e-9,
+            "{n} {x:?}"
+        );
         assert_eq!(supported(&c, 0.95), (20, true, None));
         assert_eq!(supported(&[(5, 0.5, 10)], 0.95).0, 0);
         assert_eq!(supported_text((0, false, None), 5, 40), "< 5");
@@ -1544,8 +1912,13 @@ mod tests {
         let cfg = Config::new(false);
         for m in cfg.modes.iter().filter(|m| m.kind != Kind::Tcp) {
             let text = sender_policy(&cfg, m, 10, "eth0");
-            let v: serde_yaml::Value = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", m.name));
-            assert_eq!(v["spec"]["rules"][0]["src_port"].as_u64(), Some(PORT as u64), "{text}");
+            let v: serde_yaml::Value =
+                serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", m.name));
+            assert_eq!(
+                v["spec"]["rules"][0]["src_port"].as_u64(),
+                Some(PORT as u64),
+                "{text}"
+            );
         }
         let _: serde_yaml::Value = serde_yaml::from_str(&router_policy("veth0", 1_000_000_000)).unwrap();
         let _: serde_yaml::Value = serde_yaml::from_str(&receiver_policy("veth1")).unwrap();

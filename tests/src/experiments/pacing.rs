@@ -141,7 +141,7 @@ impl Point {
 }
 
 fn mbit(bps: u64) -> String {
-    if bps % 1_000_000_000 == 0 {
+    if bps.is_multiple_of(1_000_000_000) {
         format!("{}G", bps / 1_000_000_000)
     } else {
         format!("{}M", bps / M)

@@ -170,7 +170,11 @@ impl Config {
     pub fn with_env(mut self) -> Result<Config> {
         fn var<T: std::str::FromStr>(k: &str) -> Result<Option<T>> {
             match std::env::var(format!("PACELINE_STUDY_{k}")) {
-                Ok(v) => v.trim().parse().map(Some).map_err(|_| anyhow!("PACELINE_STUDY_{k}={v:?} does not parse")),
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| anyhow!("PACELINE_STUDY_{k}={v:?} does not parse")),
                 Err(_) => Ok(None),
             }
         }
@@ -178,7 +182,11 @@ impl Config {
             match std::env::var(format!("PACELINE_STUDY_{k}")) {
                 Ok(v) => v
                     .split(',')
-                    .map(|x| x.trim().parse().map_err(|_| anyhow!("PACELINE_STUDY_{k}={v:?} does not parse")))
+                    .map(|x| {
+                        x.trim()
+                            .parse()
+                            .map_err(|_| anyhow!("PACELINE_STUDY_{k}={v:?} does not parse"))
+                    })
                     .collect::<Result<Vec<T>>>()
                     .map(Some),
                 Err(_) => Ok(None),
@@ -212,14 +220,22 @@ impl Config {
             self.pace_fraction = v;
         }
         if let Some(v) = var::<String>("SHAPER")? {
-            ensure!(v == "netem" || v == "htb", "PACELINE_STUDY_SHAPER must be netem or htb");
+            ensure!(
+                v == "netem" || v == "htb",
+                "PACELINE_STUDY_SHAPER must be netem or htb"
+            );
             self.shaper = v;
         }
         if let Some(v) = var("HTB_BURST")? {
             self.htb_burst_bytes = Some(v);
         }
-        ensure!(self.senders >= 1 && !self.flows.is_empty() && !self.buffers_pkts.is_empty() && self.samples >= 1);
-        ensure!(self.pace_fraction > 0.0 && self.pace_fraction <= 2.0, "PACELINE_STUDY_PACE must be in (0, 2]");
+        ensure!(
+            self.senders >= 1 && !self.flows.is_empty() && !self.buffers_pkts.is_empty() && self.samples >= 1
+        );
+        ensure!(
+            self.pace_fraction > 0.0 && self.pace_fraction <= 2.0,
+            "PACELINE_STUDY_PACE must be in (0, 2]"
+        );
         Ok(self)
     }
 }
@@ -232,14 +248,18 @@ pub fn run(c: &Common) -> Result<()> {
     let tb = Testbed::new("pacing_study")?;
     // Senders 0..S run agents (the paced modes); S..2S none (unpaced). Modes can then alternate
     // at every point without restarting agents.
-    let star = tb.add_star(&StarSpec { senders: 2 * cfg.senders, bottleneck: None, ..Default::default() })?;
+    let star = tb.add_star(&StarSpec {
+        senders: 2 * cfg.senders,
+        bottleneck: None,
+        ..Default::default()
+    })?;
     let rx_if = star.receiver_link.b.ifname.clone();
     let delay = format!("{}ms", cfg.delay_ms);
     // Kernels without sch_netem (this project's host kernel) run with the testbed's own RTT
     // and an HTB bottleneck.
-    let netem = star
-        .receiver
-        .run(&["tc", "qdisc", "replace", "dev", &rx_if, "root", "netem", "delay", &delay, "limit", "100000"]);
+    let netem = star.receiver.run(&[
+        "tc", "qdisc", "replace", "dev", &rx_if, "root", "netem", "delay", &delay, "limit", "100000",
+    ]);
     if let Err(e) = &netem {
         eprintln!("{NAME}: WARNING: no netem ({e:#}); the RTT is the testbed's own and the bottleneck HTB");
         cfg.shaper = "htb".into();
@@ -261,9 +281,18 @@ pub fn run(c: &Common) -> Result<()> {
     }
     let bdp_bytes = cfg.rate_bps as f64 / 8.0 * rtt_ms / 1e3;
     let unpaced_qdisc = star.senders[cfg.senders]
-        .run(&["tc", "qdisc", "show", "dev", &star.sender_iface(cfg.senders).ifname])
+        .run(&[
+            "tc",
+            "qdisc",
+            "show",
+            "dev",
+            &star.sender_iface(cfg.senders).ifname,
+        ])
         .unwrap_or_default();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     eprintln!(
         "{NAME}: kernel {kernel}, bottleneck {} Mbit/s ({}), RTT {rtt_ms:.2} ms (median of {} pings), BDP {:.0} bytes = {:.1} frames",
         cfg.rate_bps as f64 / 1e6,
@@ -275,7 +304,10 @@ pub fn run(c: &Common) -> Result<()> {
 
     // One server on the receiver for the whole run (inside its namespace).
     let server = star.receiver.in_netns(|| {
-        serve::Server::start_plain(&serve::ServeOpts { port: PORT, ..Default::default() })
+        serve::Server::start_plain(&serve::ServeOpts {
+            port: PORT,
+            ..Default::default()
+        })
     })??;
     let scratch = Scratch::new("pacing-study");
 
@@ -313,7 +345,10 @@ pub fn run(c: &Common) -> Result<()> {
             out.push(json!({"bottleneck": spec, "result": r}));
         }
         env["calibrations"] = json!(out);
-        workload::write_json(&json!({"config": cfg, "environment": env}), Some(&c.out.join(format!("{NAME}-calibration.json"))))?;
+        workload::write_json(
+            &json!({"config": cfg, "environment": env}),
+            Some(&c.out.join(format!("{NAME}-calibration.json"))),
+        )?;
         return Ok(());
     }
 
@@ -322,8 +357,12 @@ pub fn run(c: &Common) -> Result<()> {
     let t0 = Instant::now();
     let mut agents = Agents::start(&star, &scratch, &cfg)?;
     env["agent_enforcement"] = json!(agents.mode());
-    env["paced_sender_qdisc"] =
-        json!(star.senders[0].run(&["tc", "qdisc", "show", "dev", &star.sender_iface(0).ifname]).unwrap_or_default().trim());
+    env["paced_sender_qdisc"] = json!(
+        star.senders[0]
+            .run(&["tc", "qdisc", "show", "dev", &star.sender_iface(0).ifname])
+            .unwrap_or_default()
+            .trim()
+    );
     eprintln!(
         "{NAME}: {} agents up in {:.0} s, enforcement {}",
         cfg.senders,
@@ -358,19 +397,40 @@ pub fn run(c: &Common) -> Result<()> {
                     s["p99_fct_s"].as_f64().unwrap_or(0.0),
                     s["max_fct_s"].as_f64().unwrap_or(0.0),
                     s["total_retrans"],
-                    s["host_qdisc_drops"].as_u64().unwrap_or(0) + s["agent"]["dropped_horizon"].as_u64().unwrap_or(0),
+                    s["host_qdisc_drops"].as_u64().unwrap_or(0)
+                        + s["agent"]["dropped_horizon"].as_u64().unwrap_or(0),
                     t0.elapsed().as_secs_f64(),
                     t_begin.elapsed().as_secs_f64(),
                 );
                 points.push(p);
-                write_outputs(&c.out, &cfg, c, &env, &points, false, t_begin.elapsed().as_secs_f64())?;
+                write_outputs(
+                    &c.out,
+                    &cfg,
+                    c,
+                    &env,
+                    &points,
+                    false,
+                    t_begin.elapsed().as_secs_f64(),
+                )?;
             }
         }
     }
     drop(agents);
     drop(server);
-    write_outputs(&c.out, &cfg, c, &env, &points, true, t_begin.elapsed().as_secs_f64())?;
-    eprintln!("{NAME}: done in {:.0} s; results in {}", t_begin.elapsed().as_secs_f64(), c.out.display());
+    write_outputs(
+        &c.out,
+        &cfg,
+        c,
+        &env,
+        &points,
+        true,
+        t_begin.elapsed().as_secs_f64(),
+    )?;
+    eprintln!(
+        "{NAME}: done in {:.0} s; results in {}",
+        t_begin.elapsed().as_secs_f64(),
+        c.out.display()
+    );
     Ok(())
 }
 
@@ -407,18 +467,37 @@ fn install_bottleneck(star: &Star, cfg: &Config, buf: u32) -> Result<Shaper> {
         let ns = star.router.netns().to_string();
         let _ = star.router.run(&["tc", "qdisc", "del", "dev", &ifname, "root"]);
         star.router
-            .run(&["tc", "qdisc", "add", "dev", &ifname, "root", "handle", "1:", "netem", "rate", &rate, "limit", &buf.to_string()])
+            .run(&[
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                &ifname,
+                "root",
+                "handle",
+                "1:",
+                "netem",
+                "rate",
+                &rate,
+                "limit",
+                &buf.to_string(),
+            ])
             .with_context(|| format!("netem bottleneck on {ifname} in {ns}"))?;
-        return Ok(Shaper::Netem { host: star.router.clone(), ifname });
+        return Ok(Shaper::Netem {
+            host: star.router.clone(),
+            ifname,
+        });
     }
-    let bn = star.receiver_link.bottleneck_a_to_b(&BottleneckSpec::htb(cfg.rate_bps, buf * FRAME))?;
+    let bn = star
+        .receiver_link
+        .bottleneck_a_to_b(&BottleneckSpec::htb(cfg.rate_bps, buf * FRAME))?;
     if let Some(b) = cfg.htb_burst_bytes {
         let quantum = (cfg.rate_bps / 8 / 10).clamp(FRAME as u64, 200_000).to_string();
         let burst = b.to_string();
         star.router
             .run(&[
-                "tc", "class", "change", "dev", &ifname, "parent", "1:", "classid", "1:1", "htb", "rate", &rate, "ceil", &rate, "burst",
-                &burst, "cburst", &burst, "quantum", &quantum,
+                "tc", "class", "change", "dev", &ifname, "parent", "1:", "classid", "1:1", "htb", "rate",
+                &rate, "ceil", &rate, "burst", &burst, "cburst", &burst, "quantum", &quantum,
             ])
             .context("setting the bottleneck's HTB burst")?;
     }
@@ -468,7 +547,9 @@ struct FlowRec {
 
 /// The paced modes' policy for one sender.
 fn policy_yaml(mode: Mode, ifname: &str, flow_rate: u64, host_rate: Option<u64>) -> String {
-    let level_rate = host_rate.map(|r| format!("      rate: {r}B/s\n")).unwrap_or_default();
+    let level_rate = host_rate
+        .map(|r| format!("      rate: {r}B/s\n"))
+        .unwrap_or_default();
     let name = match mode {
         Mode::PerHost => "study-per-host",
         _ => "study-per-flow",
@@ -509,11 +590,18 @@ spec:
 /// Drops at a sender's egress qdiscs: the root's counter (fq, or mq which sums its fq
 /// children), or the leaves' for HTB (whose root does not see leaf drops).
 fn sender_drops(host: &Host, ifname: &str) -> u64 {
-    let Ok(qs) = host.qdisc_stats(ifname) else { return 0 };
+    let Ok(qs) = host.qdisc_stats(ifname) else {
+        return 0;
+    };
     let egress = |q: &&QdiscStats| !q.parent.as_deref().is_some_and(|p| p.starts_with("ffff:"));
     let root = qs.iter().filter(egress).find(|q| q.parent.is_none());
     match root {
-        Some(r) if r.kind == "htb" => qs.iter().filter(egress).filter(|q| q.parent.is_some()).map(|q| q.drops).sum(),
+        Some(r) if r.kind == "htb" => qs
+            .iter()
+            .filter(egress)
+            .filter(|q| q.parent.is_some())
+            .map(|q| q.drops)
+            .sum(),
         Some(r) => r.drops,
         None => 0,
     }
@@ -540,9 +628,18 @@ impl<'a> Agents<'a> {
     /// Starts them one after the other (in parallel they outlast `Agent::start`'s deadline
     /// under TCG), each with a per-flow policy; one retry each.
     fn start(star: &'a Star, scratch: &Scratch, cfg: &Config) -> Result<Agents<'a>> {
-        let mut ag = Agents { list: Vec::new(), paths: Vec::new(), texts: Vec::new() };
+        let mut ag = Agents {
+            list: Vec::new(),
+            paths: Vec::new(),
+            texts: Vec::new(),
+        };
         for j in 0..cfg.senders {
-            let text = policy_yaml(Mode::PerFlow, &star.sender_iface(j).ifname, cfg.rate_bps / 8, None);
+            let text = policy_yaml(
+                Mode::PerFlow,
+                &star.sender_iface(j).ifname,
+                cfg.rate_bps / 8,
+                None,
+            );
             let p = scratch.path(&format!("s{j}.yaml"));
             std::fs::write(&p, &text).with_context(|| format!("write {}", p.display()))?;
             let st = scratch.path(&format!("state-s{j}"));
@@ -557,7 +654,8 @@ impl<'a> Agents<'a> {
                     Err(_) => eprintln!("{NAME}: the agent on s{j} did not come up (attempt {attempt})"),
                 }
             }
-            ag.list.push(agent.with_context(|| format!("starting the agent on s{j}"))?);
+            ag.list
+                .push(agent.with_context(|| format!("starting the agent on s{j}"))?);
             ag.paths.push(p);
             ag.texts.push(text);
         }
@@ -570,7 +668,9 @@ impl<'a> Agents<'a> {
             return Ok(());
         }
         let a = &self.list[j];
-        let st0 = a.status().with_context(|| format!("status of the agent on s{j}"))?;
+        let st0 = a
+            .status()
+            .with_context(|| format!("status of the agent on s{j}"))?;
         let gen0 = st0["policy"]["generation"].as_u64();
         let rej0 = st0["reloads"]["rejected"].as_u64().unwrap_or(0);
         let tmp = self.paths[j].with_extension("yaml.new");
@@ -590,7 +690,10 @@ impl<'a> Agents<'a> {
             }
             if !hup && t0.elapsed() > Duration::from_secs(5) {
                 // the file watch missed it: ask for a reload
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(a.pid() as i32), nix::sys::signal::Signal::SIGHUP);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(a.pid() as i32),
+                    nix::sys::signal::Signal::SIGHUP,
+                );
                 hup = true;
             }
             if t0.elapsed() > Duration::from_secs(60) {
@@ -611,7 +714,10 @@ impl<'a> Agents<'a> {
         let mut c = AgentCounters::default();
         for a in &self.list {
             let Some(st) = a.status() else { continue };
-            let Some(cl) = st["counters"]["classes"].as_array().and_then(|v| v.iter().find(|c| c["name"] == "study")) else {
+            let Some(cl) = st["counters"]["classes"]
+                .as_array()
+                .and_then(|v| v.iter().find(|c| c["name"] == "study"))
+            else {
                 continue;
             };
             let g = |k: &str| cl[k].as_u64().unwrap_or(0);
@@ -642,10 +748,15 @@ fn run_point(
     let base = if mode == Mode::Unpaced { cfg.senders } else { 0 };
     let senders = &star.senders[base..base + active];
     // flows per sender, round-robin
-    let per_host: Vec<usize> = (0..active).map(|j| (0..n).filter(|i| i % active == j).count()).collect();
+    let per_host: Vec<usize> = (0..active)
+        .map(|j| (0..n).filter(|i| i % active == j).count())
+        .collect();
     let rate_bytes = cfg.rate_bps as f64 / 8.0 * cfg.pace_fraction;
     let flow_rate = (rate_bytes / n as f64) as u64;
-    let host_rates: Vec<u64> = per_host.iter().map(|&k| (rate_bytes * k as f64 / n as f64) as u64).collect();
+    let host_rates: Vec<u64> = per_host
+        .iter()
+        .map(|&k| (rate_bytes * k as f64 / n as f64) as u64)
+        .collect();
 
     // The paced modes' policies (senders without flows keep theirs).
     let mut policy_s0 = String::new();
@@ -667,7 +778,9 @@ fn run_point(
         ensure!(mode == Mode::Unpaced, "paced points need the agents");
     }
 
-    let host_drops0: Vec<u64> = (0..active).map(|j| sender_drops(&senders[j], &star.sender_iface(base + j).ifname)).collect();
+    let host_drops0: Vec<u64> = (0..active)
+        .map(|j| sender_drops(&senders[j], &star.sender_iface(base + j).ifname))
+        .collect();
     let q0 = bn.stats()?;
     let rounds = cfg.samples.div_ceil(n).max(1);
     let mut rng = StdRng::seed_from_u64(seed);
@@ -683,7 +796,10 @@ fn run_point(
         }
         let recs = run_round(senders, &assign, to, cfg.flow_bytes, r)?;
         let start = recs.iter().map(|f| f.start_s).fold(f64::INFINITY, f64::min);
-        let end = recs.iter().map(|f| f.start_s + f.fct_s.unwrap_or(0.0)).fold(0.0, f64::max);
+        let end = recs
+            .iter()
+            .map(|f| f.start_s + f.fct_s.unwrap_or(0.0))
+            .fold(0.0, f64::max);
         if end > start {
             active_s += end - start;
         }
@@ -692,7 +808,9 @@ fn run_point(
     }
     let q1 = bn.stats()?;
     let host_drops: u64 = (0..active)
-        .map(|j| sender_drops(&senders[j], &star.sender_iface(base + j).ifname).saturating_sub(host_drops0[j]))
+        .map(|j| {
+            sender_drops(&senders[j], &star.sender_iface(base + j).ifname).saturating_sub(host_drops0[j])
+        })
         .sum();
 
     // The agents' own counters for the study class, over this point.
@@ -714,8 +832,16 @@ fn run_point(
     let d_bytes = q1.bytes.saturating_sub(q0.bytes);
     let d_pkts = q1.packets.saturating_sub(q0.packets);
     let d_drops = q1.drops.saturating_sub(q0.drops);
-    let util = if active_s > 0.0 { d_bytes as f64 * 8.0 / (cfg.rate_bps as f64 * active_s) } else { 0.0 };
-    let drop_rate = if d_pkts + d_drops > 0 { d_drops as f64 / (d_pkts + d_drops) as f64 } else { 0.0 };
+    let util = if active_s > 0.0 {
+        d_bytes as f64 * 8.0 / (cfg.rate_bps as f64 * active_s)
+    } else {
+        0.0
+    };
+    let drop_rate = if d_pkts + d_drops > 0 {
+        d_drops as f64 / (d_pkts + d_drops) as f64
+    } else {
+        0.0
+    };
     // N flows' payload through the bottleneck at full rate (frames of 1448 payload bytes)
     let ideal = n as f64 * cfg.flow_bytes as f64 * 8.0 / (cfg.rate_bps as f64 * PAYLOAD / FRAME as f64);
     let mean = stats::mean(&fcts);
@@ -773,7 +899,13 @@ fn run_point(
 
 /// One round: every flow of `assign[j]` from sender j, all starting at a common instant plus
 /// their offsets; returns when all completed (or failed).
-fn run_round(senders: &[Host], assign: &[Vec<(u32, f64)>], to: SocketAddr, bytes: u64, round: usize) -> Result<Vec<FlowRec>> {
+fn run_round(
+    senders: &[Host],
+    assign: &[Vec<(u32, f64)>],
+    to: SocketAddr,
+    bytes: u64,
+    round: usize,
+) -> Result<Vec<FlowRec>> {
     // far enough ahead that every thread has entered its namespace
     let t_start = workload::mono_ns() + 100_000_000;
     let mut out = Vec::new();
@@ -789,7 +921,9 @@ fn run_round(senders: &[Host], assign: &[Vec<(u32, f64)>], to: SocketAddr, bytes
                         std::thread::scope(|s2| {
                             let hs: Vec<_> = flows
                                 .iter()
-                                .map(|&(id, off)| s2.spawn(move || one_flow(to, bytes, id, j, round, t_start, off)))
+                                .map(|&(id, off)| {
+                                    s2.spawn(move || one_flow(to, bytes, id, j, round, t_start, off))
+                                })
                                 .collect();
                             hs.into_iter()
                                 .map(|h| h.join().map_err(|_| anyhow!("flow thread panicked")))
@@ -807,7 +941,15 @@ fn run_round(senders: &[Host], assign: &[Vec<(u32, f64)>], to: SocketAddr, bytes
     Ok(out)
 }
 
-fn one_flow(to: SocketAddr, bytes: u64, id: u32, sender: usize, round: usize, t_start: u64, off: f64) -> FlowRec {
+fn one_flow(
+    to: SocketAddr,
+    bytes: u64,
+    id: u32,
+    sender: usize,
+    round: usize,
+    t_start: u64,
+    off: f64,
+) -> FlowRec {
     workload::precise_timers();
     workload::sleep_until_ns(t_start + (off * 1e9) as u64);
     let mut opts = bulk::BulkOpts::tcp(to, 1, 0.0);
@@ -853,15 +995,15 @@ fn n_star(points: &[Value], buf: u32, mode: Mode, metric: &str) -> (NStar, Vec<(
     let get = |m: Mode, n: u64| {
         points.iter().find_map(|p| {
             (p["tags"]["mode"] == m.name()
-                && p["tags"]["buffer_pkts"] == buf.to_string()
-                && p["tags"]["flows"] == n.to_string())
+                && p["tags"]["buffer_pkts"] == *buf.to_string()
+                && p["tags"]["flows"] == *n.to_string())
             .then(|| p["summary"][metric].as_f64())
             .flatten()
         })
     };
     let mut ns: Vec<u64> = points
         .iter()
-        .filter(|p| p["tags"]["buffer_pkts"] == buf.to_string())
+        .filter(|p| p["tags"]["buffer_pkts"] == *buf.to_string())
         .filter_map(|p| p["tags"]["flows"].as_str().and_then(|s| s.parse().ok()))
         .collect();
     ns.sort_unstable();
@@ -913,7 +1055,15 @@ impl NStar {
     }
 }
 
-fn write_outputs(out: &Path, cfg: &Config, c: &Common, env: &Value, points: &[Value], complete: bool, elapsed_s: f64) -> Result<()> {
+fn write_outputs(
+    out: &Path,
+    cfg: &Config,
+    c: &Common,
+    env: &Value,
+    points: &[Value],
+    complete: bool,
+    elapsed_s: f64,
+) -> Result<()> {
     let max_n = cfg.flows.iter().max().copied().unwrap_or(0);
     let mut stars = Vec::new();
     for &buf in &cfg.buffers_pkts {
@@ -947,11 +1097,14 @@ fn write_outputs(out: &Path, cfg: &Config, c: &Common, env: &Value, points: &[Va
         "results": points,
     });
     workload::write_json(&doc, Some(&out.join(format!("{NAME}.json"))))?;
-    std::fs::write(out.join(format!("{NAME}.md")), markdown(cfg, env, points, &stars, complete, elapsed_s))?;
+    std::fs::write(
+        out.join(format!("{NAME}.md")),
+        markdown(cfg, env, points, &stars, complete, elapsed_s),
+    )?;
     for &buf in &cfg.buffers_pkts {
         let sel: Vec<(String, Value)> = points
             .iter()
-            .filter(|p| p["tags"]["buffer_pkts"] == buf.to_string())
+            .filter(|p| p["tags"]["buffer_pkts"] == *buf.to_string())
             .map(|p| (String::new(), p.clone()))
             .collect();
         if sel.is_empty() {
@@ -967,25 +1120,67 @@ fn write_outputs(out: &Path, cfg: &Config, c: &Common, env: &Value, points: &[Va
             v
         };
         let bdp = env["bdp_frames"].as_f64().unwrap_or(0.0);
-        let sub = format!("buffer {buf} pkts ({:.0}% BDP), {} Mbit/s", buf as f64 / bdp.max(1e-9) * 100.0, cfg.rate_bps / 1_000_000);
+        let sub = format!(
+            "buffer {buf} pkts ({:.0}% BDP), {} Mbit/s",
+            buf as f64 / bdp.max(1e-9) * 100.0,
+            cfg.rate_bps / 1_000_000
+        );
         for (file, title, y, path, scale) in [
-            ("p99-fct", "99th-percentile FCT", "p99 FCT (s)", "/summary/p99_fct_s", 1.0),
+            (
+                "p99-fct",
+                "99th-percentile FCT",
+                "p99 FCT (s)",
+                "/summary/p99_fct_s",
+                1.0,
+            ),
             ("mean-fct", "mean FCT", "mean FCT (s)", "/summary/mean_fct_s", 1.0),
-            ("utilisation", "bottleneck utilisation", "utilisation (%)", "/summary/utilisation", 100.0),
-            ("drops", "bottleneck drop rate", "drops (% of packets)", "/summary/drop_rate", 100.0),
+            (
+                "utilisation",
+                "bottleneck utilisation",
+                "utilisation (%)",
+                "/summary/utilisation",
+                100.0,
+            ),
+            (
+                "drops",
+                "bottleneck drop rate",
+                "drops (% of packets)",
+                "/summary/drop_rate",
+                100.0,
+            ),
         ] {
-            let opts = PlotOpts::new(&format!("{title} vs N, {sub}"), "concurrent flows N (log)", y).log_x(true);
-            report::xy_plot(&out.join(format!("{NAME}-{file}-b{buf}.svg")), &opts, &series(path, scale))?;
+            let opts =
+                PlotOpts::new(&format!("{title} vs N, {sub}"), "concurrent flows N (log)", y).log_x(true);
+            report::xy_plot(
+                &out.join(format!("{NAME}-{file}-b{buf}.svg")),
+                &opts,
+                &series(path, scale),
+            )?;
         }
     }
     Ok(())
 }
 
-fn markdown(cfg: &Config, env: &Value, points: &[Value], stars: &[Value], complete: bool, elapsed_s: f64) -> String {
+fn markdown(
+    cfg: &Config,
+    env: &Value,
+    points: &[Value],
+    stars: &[Value],
+    complete: bool,
+    elapsed_s: f64,
+) -> String {
     use report::fmt_num;
     let f = |v: &Value| v.as_f64().map(fmt_num).unwrap_or_default();
-    let pct = |v: &Value| v.as_f64().map(|x| format!("{:.1}", x * 100.0)).unwrap_or_default();
-    let pct2 = |v: &Value| v.as_f64().map(|x| format!("{:.2}", x * 100.0)).unwrap_or_default();
+    let pct = |v: &Value| {
+        v.as_f64()
+            .map(|x| format!("{:.1}", x * 100.0))
+            .unwrap_or_default()
+    };
+    let pct2 = |v: &Value| {
+        v.as_f64()
+            .map(|x| format!("{:.2}", x * 100.0))
+            .unwrap_or_default()
+    };
     let s3 = |v: &Value| v.as_f64().map(|x| format!("{x:.3}")).unwrap_or_default();
     let mut md = String::new();
     md.push_str(&format!(
@@ -1016,7 +1211,19 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], stars: &[Value], comple
         elapsed_s,
     ));
     let headers: Vec<String> = [
-        "buffer (pkts)", "N", "mode", "util %", "drop %", "mean FCT s", "p99 FCT s", "max FCT s", "ideal s", "p99/ideal", "retrans/flow", "host drops", "flows",
+        "buffer (pkts)",
+        "N",
+        "mode",
+        "util %",
+        "drop %",
+        "mean FCT s",
+        "p99 FCT s",
+        "max FCT s",
+        "ideal s",
+        "p99/ideal",
+        "retrans/flow",
+        "host drops",
+        "flows",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -1039,7 +1246,8 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], stars: &[Value], comple
                 f(&s["retrans_per_flow"]),
                 format!(
                     "{}",
-                    s["host_qdisc_drops"].as_u64().unwrap_or(0) + s["agent"]["dropped_horizon"].as_u64().unwrap_or(0)
+                    s["host_qdisc_drops"].as_u64().unwrap_or(0)
+                        + s["agent"]["dropped_horizon"].as_u64().unwrap_or(0)
                 ),
                 format!(
                     "{}{}",
@@ -1058,7 +1266,16 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], stars: &[Value], comple
          FCT: connect to the receiver's acknowledgement of the last byte; ideal: N flows' payload at the full rate; \
          host drops: drops at the senders' qdiscs plus the agents' horizon drops.\n\n## Point of inflection N*\n\n",
     );
-    let headers: Vec<String> = ["buffer (pkts)", "paced mode", "metric", "N*", "unpaced/paced at each N"].iter().map(|s| s.to_string()).collect();
+    let headers: Vec<String> = [
+        "buffer (pkts)",
+        "paced mode",
+        "metric",
+        "N*",
+        "unpaced/paced at each N",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     let max_n = cfg.flows.iter().max().copied().unwrap_or(0);
     let rows: Vec<Vec<String>> = stars
         .iter()

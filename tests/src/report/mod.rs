@@ -143,11 +143,7 @@ fn series_name(label: &str, v: &Value, series_path: Option<&str>) -> String {
 
 /// CDF series from results: the samples at `samples_path`, grouped (merged) by the value at
 /// `series_path` (or one series per result, named by its label).
-pub fn cdf_series(
-    results: &[(String, Value)],
-    samples_path: &str,
-    series_path: Option<&str>,
-) -> Vec<Series> {
+pub fn cdf_series(results: &[(String, Value)], samples_path: &str, series_path: Option<&str>) -> Vec<Series> {
     let mut order = Vec::new();
     let mut m: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for (label, v) in results {
@@ -155,9 +151,7 @@ pub fn cdf_series(
         if !m.contains_key(&name) {
             order.push(name.clone());
         }
-        m.entry(name)
-            .or_default()
-            .extend(get_samples(v, samples_path));
+        m.entry(name).or_default().extend(get_samples(v, samples_path));
     }
     order
         .into_iter()
@@ -225,7 +219,8 @@ mod tests {
 
     #[test]
     fn paths_and_samples() {
-        let v = json!({"summary":{"x":1.5},"tags":{"n":"8"},"responses":[{"fct_ms":1.0},{"fct_ms":2.0}],"a/b":3});
+        let v =
+            json!({"summary":{"x":1.5},"tags":{"n":"8"},"responses":[{"fct_ms":1.0},{"fct_ms":2.0}],"a/b":3});
         assert_eq!(get_f64(&v, "/summary/x"), Some(1.5));
         assert_eq!(get_f64(&v, "summary.x"), Some(1.5));
         assert_eq!(get_f64(&v, "/tags/n"), Some(8.0));

@@ -111,12 +111,8 @@ fn bounds(lines: &[(String, Vec<(f64, f64)>)], log_x: bool) -> (f64, f64, f64, f
         .iter()
         .flat_map(|l| l.1.iter())
         .filter(|p| p.0.is_finite() && p.1.is_finite() && (!log_x || p.0 > 0.0));
-    let (mut x0, mut x1, mut y0, mut y1) = (
-        f64::INFINITY,
-        f64::NEG_INFINITY,
-        f64::INFINITY,
-        f64::NEG_INFINITY,
-    );
+    let (mut x0, mut x1, mut y0, mut y1) =
+        (f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY);
     for &(x, y) in pts {
         x0 = x0.min(x);
         x1 = x1.max(x);
@@ -163,9 +159,7 @@ macro_rules! draw_chart {
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
                 .map_err(|e| anyhow!("{e}"))?
                 .label(name.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
             if $markers {
                 chart
                     .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))

@@ -217,10 +217,7 @@ mod tests {
     fn renders_tables() {
         let t = markdown_table(
             &["a".into(), "b|c".into()],
-            &[
-                vec!["x".into(), "1.5".into()],
-                vec!["yy".into(), "20".into()],
-            ],
+            &[vec!["x".into(), "1.5".into()], vec!["yy".into(), "20".into()]],
         );
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines[0], "| a   | b\\|c |");

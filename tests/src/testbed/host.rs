@@ -97,12 +97,7 @@ impl Host {
 
     /// The IPv6 address of its first interface that has one.
     pub fn ipv6(&self) -> Option<Ipv6Addr> {
-        self.inner
-            .ifaces
-            .lock()
-            .unwrap()
-            .iter()
-            .find_map(|i| i.ipv6)
+        self.inner.ifaces.lock().unwrap().iter().find_map(|i| i.ipv6)
     }
 
     /// The interface of this host on the link towards `peer`, if they share one.
@@ -122,8 +117,7 @@ impl Host {
 
     fn open_netns(&self) -> Result<OwnedFd> {
         let p = self.netns_path();
-        let f =
-            File::open(&p).with_context(|| format!("{}: open {}", self.where_(), p.display()))?;
+        let f = File::open(&p).with_context(|| format!("{}: open {}", self.where_(), p.display()))?;
         Ok(f.into())
     }
 
@@ -138,8 +132,7 @@ impl Host {
                 // SAFETY: setns is a single async-signal-safe syscall; no allocation.
                 unsafe {
                     cmd.pre_exec(move || {
-                        nix::sched::setns(&fd, CloneFlags::CLONE_NEWNET)
-                            .map_err(std::io::Error::from)
+                        nix::sched::setns(&fd, CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
                     });
                 }
             }
@@ -159,9 +152,7 @@ impl Host {
     /// Runs `args[0]` with `args[1..]` in the namespace, waits, and returns its stdout. Errors
     /// (with the command line, exit status, stderr and stdout) when it exits non-zero.
     pub fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Result<String> {
-        let (prog, rest) = args
-            .split_first()
-            .ok_or_else(|| anyhow!("run: empty command"))?;
+        let (prog, rest) = args.split_first().ok_or_else(|| anyhow!("run: empty command"))?;
         let mut cmd = self.command(prog);
         cmd.args(rest);
         let out = self.output(&mut cmd)?;
@@ -282,16 +273,7 @@ impl Host {
     pub fn qdisc_stats(&self, ifname: &str) -> Result<Vec<QdiscStats>> {
         let out = util::run(
             "tc",
-            &[
-                "-n",
-                self.netns(),
-                "-s",
-                "-j",
-                "qdisc",
-                "show",
-                "dev",
-                ifname,
-            ],
+            &["-n", self.netns(), "-s", "-j", "qdisc", "show", "dev", ifname],
         )?;
         super::qdisc::parse_qdisc_json(&out)
     }
@@ -300,16 +282,7 @@ impl Host {
     pub fn link_stats(&self, ifname: &str) -> Result<LinkStats> {
         let out = util::run(
             "ip",
-            &[
-                "-n",
-                self.netns(),
-                "-s",
-                "-j",
-                "link",
-                "show",
-                "dev",
-                ifname,
-            ],
+            &["-n", self.netns(), "-s", "-j", "link", "show", "dev", ifname],
         )?;
         let v: serde_json::Value = serde_json::from_str(out.trim()).context("parse ip -j link")?;
         let s = v
@@ -433,20 +406,13 @@ fn ping_once(dst: IpAddr, timeout: Duration) -> Result<Duration> {
             Err(e) => return Err(e).context("receive"),
         };
         // IPv4 raw sockets deliver the IP header, ICMPv6 raw sockets do not.
-        let off = if v6 {
-            0
-        } else {
-            ((buf[0] & 0x0f) as usize) * 4
-        };
+        let off = if v6 { 0 } else { ((buf[0] & 0x0f) as usize) * 4 };
         if n < off + 8 {
             continue;
         }
         let icmp = &buf[off..n];
         let reply_type = if v6 { 129 } else { 0 };
-        if icmp[0] == reply_type
-            && icmp[4..6] == id.to_be_bytes()
-            && icmp[6..8] == seq.to_be_bytes()
-        {
+        if icmp[0] == reply_type && icmp[4..6] == id.to_be_bytes() && icmp[6..8] == seq.to_be_bytes() {
             return Ok(t0.elapsed());
         }
     }
@@ -466,8 +432,7 @@ fn allow_congestion_control(cc: &str) -> Result<()> {
     let cc = cc.to_string();
     std::thread::spawn(move || -> Result<()> {
         let own = File::open("/proc/self/ns/net").context("open /proc/self/ns/net")?;
-        nix::sched::setns(&own, CloneFlags::CLONE_NEWNET)
-            .context("setns to the process namespace")?;
+        nix::sched::setns(&own, CloneFlags::CLONE_NEWNET).context("setns to the process namespace")?;
         let p = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
         let cur = std::fs::read_to_string(p).with_context(|| format!("read {p}"))?;
         if cur.split_whitespace().any(|x| x == cc) {

@@ -156,18 +156,11 @@ mod tests {
             (Ipv4Addr::new(10, 0, 3, 1), Ipv4Addr::new(10, 0, 3, 2), 24)
         );
         let (a, b, _) = v4_addrs(300, 24).unwrap();
-        assert_eq!(
-            (a, b),
-            (Ipv4Addr::new(10, 1, 44, 1), Ipv4Addr::new(10, 1, 44, 2))
-        );
+        assert_eq!((a, b), (Ipv4Addr::new(10, 1, 44, 1), Ipv4Addr::new(10, 1, 44, 2)));
         let (a, b, l) = v4_addrs(2, 30).unwrap();
         assert_eq!(
             (a, b, l),
-            (
-                Ipv4Addr::new(10, 128, 0, 9),
-                Ipv4Addr::new(10, 128, 0, 10),
-                30
-            )
+            (Ipv4Addr::new(10, 128, 0, 9), Ipv4Addr::new(10, 128, 0, 10), 30)
         );
         assert!(v4_addrs(1, 16).is_err());
         let i = Iface {

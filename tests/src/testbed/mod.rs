@@ -187,8 +187,8 @@ impl Testbed {
             bail!("testbed {name}: {r}");
         }
         let base = format!("pl{:04x}", util::fnv1a(name) & 0xffff);
-        let (prefix, lock) = acquire_prefix(&base)
-            .with_context(|| format!("testbed {name}: allocate a name prefix"))?;
+        let (prefix, lock) =
+            acquire_prefix(&base).with_context(|| format!("testbed {name}: allocate a name prefix"))?;
         cleanup_prefix(&prefix);
         Ok(Testbed {
             name: name.to_string(),
@@ -228,11 +228,7 @@ impl Testbed {
 
     /// The host called `name`.
     pub fn host(&self, name: &str) -> Option<Host> {
-        self.state()
-            .hosts
-            .iter()
-            .find(|h| h.name() == name)
-            .cloned()
+        self.state().hosts.iter().find(|h| h.name() == name).cloned()
     }
 
     /// All links, in creation order.
@@ -299,21 +295,14 @@ impl Testbed {
     /// Links `a` and `b` with a veth pair created directly in their namespaces, addressed,
     /// up, and with offloads off unless `opts` says otherwise.
     pub fn link_with(&self, a: &Host, b: &Host, opts: &LinkOpts) -> Result<Link> {
-        ensure!(
-            a.name() != b.name(),
-            "cannot link host {} to itself",
-            a.name()
-        );
+        ensure!(a.name() != b.name(), "cannot link host {} to itself", a.name());
         let id = {
             let mut st = self.state();
             let id = st.next_link;
             st.next_link += 1;
             id
         };
-        let (ifa, ifb) = (
-            format!("{}l{id}a", self.prefix),
-            format!("{}l{id}b", self.prefix),
-        );
+        let (ifa, ifb) = (format!("{}l{id}a", self.prefix), format!("{}l{id}b", self.prefix));
         ensure!(ifa.len() <= 15, "interface name {ifa} too long");
         let (v4a, v4b, plen) = link::v4_addrs(id, opts.v4_prefix_len)?;
         let v6 = opts.ipv6.then(|| link::v6_addrs(id));

@@ -178,9 +178,7 @@ impl ChildGuard {
                             status = Some(s);
                             break;
                         }
-                        Ok(None) if Instant::now() < end => {
-                            std::thread::sleep(Duration::from_millis(10))
-                        }
+                        Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(10)),
                         _ => {
                             send(Signal::SIGKILL);
                             break;

@@ -135,16 +135,8 @@ pub fn parse_qdisc_json(json: &str) -> Result<Vec<QdiscStats>> {
     Ok(arr
         .iter()
         .map(|o| QdiscStats {
-            kind: o
-                .get("kind")
-                .and_then(|x| x.as_str())
-                .unwrap_or("")
-                .to_string(),
-            handle: o
-                .get("handle")
-                .and_then(|x| x.as_str())
-                .unwrap_or("")
-                .to_string(),
+            kind: o.get("kind").and_then(|x| x.as_str()).unwrap_or("").to_string(),
+            handle: o.get("handle").and_then(|x| x.as_str()).unwrap_or("").to_string(),
             parent: o.get("parent").and_then(|x| x.as_str()).map(str::to_string),
             bytes: num(o, "bytes"),
             packets: num(o, "packets"),
@@ -172,12 +164,7 @@ pub struct Bottleneck {
 pub(crate) const LEAF_HANDLE: &str = "10:";
 
 impl Bottleneck {
-    pub(crate) fn install(
-        host: &Host,
-        ifname: &str,
-        spec: &BottleneckSpec,
-        mtu: u32,
-    ) -> Result<Bottleneck> {
+    pub(crate) fn install(host: &Host, ifname: &str, spec: &BottleneckSpec, mtu: u32) -> Result<Bottleneck> {
         if spec.rate_bps == 0 {
             bail!("bottleneck rate must be > 0");
         }
@@ -194,15 +181,15 @@ impl Bottleneck {
                 super::util::run(
                     "tc",
                     &[
-                        "-n", ns, "qdisc", "add", "dev", ifname, "root", "handle", "1:", "htb",
-                        "default", "1",
+                        "-n", ns, "qdisc", "add", "dev", ifname, "root", "handle", "1:", "htb", "default",
+                        "1",
                     ],
                 )?;
                 super::util::run(
                     "tc",
                     &[
-                        "-n", ns, "class", "add", "dev", ifname, "parent", "1:", "classid", "1:1",
-                        "htb", "rate", &rate, "ceil", &rate, "quantum", &quantum,
+                        "-n", ns, "class", "add", "dev", ifname, "parent", "1:", "classid", "1:1", "htb",
+                        "rate", &rate, "ceil", &rate, "quantum", &quantum,
                     ],
                 )?;
                 super::util::run(
@@ -295,25 +282,19 @@ impl Bottleneck {
     /// lowest); an error for the other shapers.
     pub fn queue_stats(&self) -> Result<Vec<QdiscStats>> {
         if self.spec.shaper != Shaper::StrictPriority {
-            bail!(
-                "{}: queue_stats needs a strict-priority bottleneck",
-                self.ifname
-            );
+            bail!("{}: queue_stats needs a strict-priority bottleneck", self.ifname);
         }
         let all = self.all_stats()?;
         (0..SP_QUEUES)
             .map(|p| {
                 let h = sp_leaf_handle(p);
-                all.iter()
-                    .find(|q| q.handle == h)
-                    .cloned()
-                    .with_context(|| {
-                        format!(
-                            "queue {p} (qdisc {h}) not found on {} in {}",
-                            self.ifname,
-                            self.host.netns()
-                        )
-                    })
+                all.iter().find(|q| q.handle == h).cloned().with_context(|| {
+                    format!(
+                        "queue {p} (qdisc {h}) not found on {} in {}",
+                        self.ifname,
+                        self.host.netns()
+                    )
+                })
             })
             .collect()
     }
@@ -462,19 +443,13 @@ fn sp_filters(p: u8) -> [(&'static str, &'static str, String); 2] {
     [("ip", "ip dsfield", v.clone()), ("ipv6", "ip6 priority", v)]
 }
 
-fn install_strict_priority(
-    ns: &str,
-    ifname: &str,
-    spec: &BottleneckSpec,
-    frame: u64,
-) -> Result<()> {
+fn install_strict_priority(ns: &str, ifname: &str, spec: &BottleneckSpec, frame: u64) -> Result<()> {
     use super::util::run;
     let default = format!("{:x}", 0x10);
     run(
         "tc",
         &[
-            "-n", ns, "qdisc", "add", "dev", ifname, "root", "handle", "1:", "htb", "default",
-            &default,
+            "-n", ns, "qdisc", "add", "dev", ifname, "root", "handle", "1:", "htb", "default", &default,
         ],
     )?;
     let ceil = format!("{}bit", spec.rate_bps);
@@ -486,8 +461,8 @@ fn install_strict_priority(
             frame.to_string()
         };
         let mut args = vec![
-            "-n", ns, "class", "add", "dev", ifname, "parent", &parent, "classid", &classid, "htb",
-            "rate", &rate, "ceil", &ceil, "quantum", &q,
+            "-n", ns, "class", "add", "dev", ifname, "parent", &parent, "classid", &classid, "htb", "rate",
+            &rate, "ceil", &ceil, "quantum", &q,
         ];
         // HTB serves prio 0 first: queue p gets prio 7 - p.
         let prio = if i == 0 {
@@ -506,8 +481,8 @@ fn install_strict_priority(
         run(
             "tc",
             &[
-                "-n", ns, "qdisc", "add", "dev", ifname, "parent", &classid, "handle", &handle,
-                "bfifo", "limit", &limit,
+                "-n", ns, "qdisc", "add", "dev", ifname, "parent", &classid, "handle", &handle, "bfifo",
+                "limit", &limit,
             ],
         )?;
         for (proto, field, value) in sp_filters(p) {
@@ -545,10 +520,7 @@ mod tests {
         assert_eq!(BottleneckSpec::dscp_priority(8), 1);
         assert_eq!(BottleneckSpec::dscp_priority(0), 0);
         assert_eq!(BottleneckSpec::dscp_priority(63), 7);
-        assert_eq!(
-            (sp_classid(0), sp_classid(7)),
-            ("1:10".into(), "1:17".into())
-        );
+        assert_eq!((sp_classid(0), sp_classid(7)), ("1:10".into(), "1:17".into()));
         assert_eq!(
             (sp_leaf_handle(0), sp_leaf_handle(7)),
             ("100:".into(), "107:".into())

@@ -83,17 +83,11 @@ fn star_ping_bottleneck_and_teardown() {
     s0.ping_ok(IpAddr::V6(rx.ipv6().unwrap()), 3).unwrap();
     println!("ping s0 -> rx: {rtt:?}");
     // Defaults: cubic, forwarding on the router, offloads off.
-    assert_eq!(
-        s0.sysctl_get("net.ipv4.tcp_congestion_control").unwrap(),
-        "cubic"
-    );
+    assert_eq!(s0.sysctl_get("net.ipv4.tcp_congestion_control").unwrap(), "cubic");
     assert_eq!(star.router.sysctl_get("net.ipv4.ip_forward").unwrap(), "1");
-    let k = s0
-        .run(&["ethtool", "-k", &star.sender_iface(0).ifname])
-        .unwrap();
+    let k = s0.run(&["ethtool", "-k", &star.sender_iface(0).ifname]).unwrap();
     assert!(
-        k.contains("tcp-segmentation-offload: off")
-            && k.contains("generic-segmentation-offload: off"),
+        k.contains("tcp-segmentation-offload: off") && k.contains("generic-segmentation-offload: off"),
         "{k}"
     );
 
@@ -114,17 +108,9 @@ fn star_ping_bottleneck_and_teardown() {
         (17.0..=20.5).contains(&mbps),
         "goodput {mbps:.2} Mbit/s is not near 20"
     );
-    assert!(
-        q.bytes > f.bytes,
-        "qdisc saw {} bytes, flow {}",
-        q.bytes,
-        f.bytes
-    );
+    assert!(q.bytes > f.bytes, "qdisc saw {} bytes, flow {}", q.bytes, f.bytes);
     assert_eq!(q.kind, "bfifo");
-    let ls = star
-        .router
-        .link_stats(&star.bottleneck_iface().ifname)
-        .unwrap();
+    let ls = star.router.link_stats(&star.bottleneck_iface().ifname).unwrap();
     assert!(ls.tx_bytes >= q.bytes);
 
     let names: Vec<String> = tb.hosts().iter().map(|h| h.netns().to_string()).collect();
@@ -215,13 +201,8 @@ fn commands_closures_and_cgroups() {
     let l = tb.link(&a, &b).unwrap();
     // Commands see the namespace's interfaces and keep the root mount namespace.
     let out = a.run(&["ip", "-o", "link"]).unwrap();
-    assert!(
-        out.contains(&l.a.ifname) && !out.contains(&l.b.ifname),
-        "{out}"
-    );
-    let err = a
-        .run(&["ip", "link", "show", "dev", "nonexistent0"])
-        .unwrap_err();
+    assert!(out.contains(&l.a.ifname) && !out.contains(&l.b.ifname), "{out}");
+    let err = a.run(&["ip", "link", "show", "dev", "nonexistent0"]).unwrap_err();
     let msg = format!("{err:#}");
     assert!(
         msg.contains("nonexistent0") && msg.contains("stderr") && msg.contains(a.netns()),
@@ -235,14 +216,10 @@ fn commands_closures_and_cgroups() {
     let here = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
     assert!(!here.contains(&l.a.ifname));
     // Panics propagate.
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        a.in_netns(|| panic!("boom"))
-    }));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.in_netns(|| panic!("boom"))));
     assert!(r.is_err());
     // Spawned children are killed on drop; output is captured.
-    let c = a
-        .spawn(&["sh", "-c", "echo hi; echo err >&2; sleep 30"])
-        .unwrap();
+    let c = a.spawn(&["sh", "-c", "echo hi; echo err >&2; sleep 30"]).unwrap();
     let pid = c.pid();
     std::thread::sleep(Duration::from_millis(200));
     let out = c.stop();
@@ -268,14 +245,8 @@ fn commands_closures_and_cgroups() {
     );
     // Set the congestion control per namespace.
     b.set_congestion_control("reno").unwrap();
-    assert_eq!(
-        b.sysctl_get("net.ipv4.tcp_congestion_control").unwrap(),
-        "reno"
-    );
-    assert_eq!(
-        a.sysctl_get("net.ipv4.tcp_congestion_control").unwrap(),
-        "cubic"
-    );
+    assert_eq!(b.sysctl_get("net.ipv4.tcp_congestion_control").unwrap(), "reno");
+    assert_eq!(a.sysctl_get("net.ipv4.tcp_congestion_control").unwrap(), "cubic");
     // cgroups: a child starts inside, the directory goes away on drop.
     let cg = tb.cgroup("agent").unwrap();
     let mut cmd = a.command("sleep");
@@ -386,11 +357,7 @@ fn star_fanout_workloads() {
     let tags = workload::Tags::new();
     let mut po = pa::PaOpts::new(addrs.clone(), 30.0);
     po.queries = 30;
-    let p = star
-        .receiver
-        .in_netns(|| pa::run(&po, &tags))
-        .unwrap()
-        .unwrap();
+    let p = star.receiver.in_netns(|| pa::run(&po, &tags)).unwrap().unwrap();
     println!(
         "pa 8 workers, 100 Mbit/s: app throughput {:.3}, fct p50 {:.2} ms p99 {:.2} ms, goodput {:.1} Mbit/s",
         p.summary.app_throughput,
@@ -431,10 +398,7 @@ fn star_fanout_workloads() {
         })
         .unwrap()
         .unwrap();
-    let ro = rpc::RpcOpts::closed_loop(
-        SocketAddr::new(IpAddr::V4(star.receiver.ipv4()), rxs.port()),
-        0.5,
-    );
+    let ro = rpc::RpcOpts::closed_loop(SocketAddr::new(IpAddr::V4(star.receiver.ipv4()), rxs.port()), 0.5);
     let r = star.senders[3]
         .in_netns(|| rpc::run(&ro, &tags))
         .unwrap()

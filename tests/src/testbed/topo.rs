@@ -150,11 +150,7 @@ pub(crate) fn routes_for(h: &Host, hosts: &[Host], links: &[Link]) -> Vec<String
         };
         if router.get(best.0.host.as_str()).copied().unwrap_or(false) {
             let via = &best.1.0;
-            lines.push(format!(
-                "route replace {} via {}",
-                best.0.v4_cidr(),
-                via.ipv4
-            ));
+            lines.push(format!("route replace {} via {}", best.0.v4_cidr(), via.ipv4));
             if let (Some(c), Some(v6)) = (best.0.v6_cidr(), via.ipv6) {
                 lines.push(format!("route replace {c} via {v6}"));
             }

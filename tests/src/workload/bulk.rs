@@ -215,9 +215,7 @@ fn tcp_flow(o: &BulkOpts, id: u32, duration: Option<f64>) -> io::Result<BulkFlow
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
                 ) => {}
             Err(e) => return Err(e),
         }
@@ -228,9 +226,8 @@ fn tcp_flow(o: &BulkOpts, id: u32, duration: Option<f64>) -> io::Result<BulkFlow
         // The receiver acks a sized flow with one byte once everything arrived.
         s.set_read_timeout(Some(Duration::from_secs(120)))?;
         let mut k = [0u8; 1];
-        s.read_exact(&mut k).map_err(|e| {
-            io::Error::new(e.kind(), format!("waiting for the receiver's ack: {e}"))
-        })?;
+        s.read_exact(&mut k)
+            .map_err(|e| io::Error::new(e.kind(), format!("waiting for the receiver's ack: {e}")))?;
         t_end = mono_ns();
         fct = Some((t_end - t0) as f64 / 1e9);
     }
@@ -252,11 +249,7 @@ fn tcp_flow(o: &BulkOpts, id: u32, duration: Option<f64>) -> io::Result<BulkFlow
         packets_sent: writes,
         send_errors: 0,
         duration_s: dur,
-        send_rate_bps: if dur > 0.0 {
-            sent as f64 * 8.0 / dur
-        } else {
-            0.0
-        },
+        send_rate_bps: if dur > 0.0 { sent as f64 * 8.0 / dur } else { 0.0 },
         fct_s: fct,
         tcp,
     })
@@ -311,11 +304,7 @@ fn udp_flow(o: &BulkOpts, id: u32, duration: Option<f64>) -> io::Result<BulkFlow
         packets_sent: seq - errors,
         send_errors: errors,
         duration_s: dur,
-        send_rate_bps: if dur > 0.0 {
-            sent as f64 * 8.0 / dur
-        } else {
-            0.0
-        },
+        send_rate_bps: if dur > 0.0 { sent as f64 * 8.0 / dur } else { 0.0 },
         fct_s: None,
         tcp: None,
     })

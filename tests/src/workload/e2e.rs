@@ -72,11 +72,7 @@ fn rpc_all_modes() {
     let t = Tags::new();
     let mut o = rpc::RpcOpts::closed_loop(addr(&s), 0.3);
     let r = rpc::run(&o, &t).unwrap();
-    assert!(
-        r.summary.received > 100 && r.summary.lost == 0,
-        "{:?}",
-        r.summary
-    );
+    assert!(r.summary.received > 100 && r.summary.lost == 0, "{:?}", r.summary);
     assert!(
         r.latency.p50_us > 0.0
             && r.latency.p50_us <= r.latency.p99_us
@@ -114,12 +110,7 @@ fn rpc_all_modes() {
 struct Recorder(Mutex<Vec<(u64, Option<Duration>)>>);
 
 impl ResponseHook for Recorder {
-    fn before_response(
-        &self,
-        fd: RawFd,
-        size: u64,
-        deadline: Option<Duration>,
-    ) -> std::io::Result<()> {
+    fn before_response(&self, fd: RawFd, size: u64, deadline: Option<Duration>) -> std::io::Result<()> {
         assert!(fd >= 0);
         self.0.lock().unwrap().push((size, deadline));
         Ok(())
@@ -130,12 +121,7 @@ impl ResponseHook for Recorder {
 struct Shared(Arc<Recorder>);
 
 impl ResponseHook for Shared {
-    fn before_response(
-        &self,
-        fd: RawFd,
-        size: u64,
-        deadline: Option<Duration>,
-    ) -> std::io::Result<()> {
+    fn before_response(&self, fd: RawFd, size: u64, deadline: Option<Duration>) -> std::io::Result<()> {
         self.0.before_response(fd, size, deadline)
     }
 }
@@ -257,16 +243,14 @@ fn plload_and_plreport_binaries() {
     }
     let st = std::process::Command::new(&plload)
         .args([
-            "bulk", "--to", &to, "--bytes", "1000000", "--cc", "cubic", "--dscp", "10", "--mark",
-            "7",
+            "bulk", "--to", &to, "--bytes", "1000000", "--cc", "cubic", "--dscp", "10", "--mark", "7",
         ])
         .stdout(std::process::Stdio::null())
         .status()
         .unwrap();
     assert!(st.success());
     assert!(srv.wait().unwrap().success());
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&srv_out).unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&srv_out).unwrap()).unwrap();
     assert_eq!(v["kind"], "serve");
     assert_eq!(v["tags"]["role"], "rx");
     assert_eq!(v["summary"]["completed_flows"], 1);

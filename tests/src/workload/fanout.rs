@@ -92,10 +92,7 @@ impl Fanout {
                     .collect();
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!(
-                        "responses missing after {timeout:?} from {}",
-                        missing.join(", ")
-                    ),
+                    format!("responses missing after {timeout:?} from {}", missing.join(", ")),
                 ));
             }
             let ms = ((end - now) / 1_000_000).clamp(1, 1000) as i32;
@@ -149,10 +146,7 @@ impl Fanout {
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         Err(e) => {
-                            return Err(io::Error::new(
-                                e.kind(),
-                                format!("{}: {e}", self.addrs[i]),
-                            ));
+                            return Err(io::Error::new(e.kind(), format!("{}: {e}", self.addrs[i])));
                         }
                     }
                 }

@@ -47,12 +47,7 @@ pub trait ResponseHook: Send + Sync {
 pub struct NoHook;
 
 impl ResponseHook for NoHook {
-    fn before_response(
-        &self,
-        _fd: RawFd,
-        _size: u64,
-        _deadline: Option<Duration>,
-    ) -> io::Result<()> {
+    fn before_response(&self, _fd: RawFd, _size: u64, _deadline: Option<Duration>) -> io::Result<()> {
         Ok(())
     }
 }
@@ -262,7 +257,10 @@ mod tests {
 
     #[test]
     fn deadline_mark_splits_at_the_threshold() {
-        let h = DeadlineMarkHook { threshold: Duration::from_millis(14), mark: 1 };
+        let h = DeadlineMarkHook {
+            threshold: Duration::from_millis(14),
+            mark: 1,
+        };
         assert_eq!(h.mark_for(Some(Duration::from_millis(13))), 1);
         assert_eq!(h.mark_for(Some(Duration::from_millis(14))), 0);
         assert_eq!(h.mark_for(None), 0);

@@ -109,9 +109,7 @@ pub fn run(opts: &IncastOpts, tags: &Tags) -> Result<IncastReport> {
                 deadline_us: 0,
             })
             .collect();
-        let t = fan
-            .round(&reqs, timeout)
-            .with_context(|| format!("block {b}"))?;
+        let t = fan.round(&reqs, timeout).with_context(|| format!("block {b}"))?;
         let start = t.iter().map(|x| x.send_ns).min().unwrap_or(0);
         let end = t.iter().map(|x| x.done_ns).max().unwrap_or(start);
         block_ms.push((end - start) as f64 / 1e6);

@@ -154,8 +154,7 @@ pub fn write_json<T: Serialize>(report: &T, out: Option<&Path>) -> Result<()> {
     match out {
         Some(p) => {
             let tmp = p.with_extension("json.tmp");
-            std::fs::write(&tmp, s.as_bytes())
-                .with_context(|| format!("write {}", tmp.display()))?;
+            std::fs::write(&tmp, s.as_bytes()).with_context(|| format!("write {}", tmp.display()))?;
             std::fs::rename(&tmp, p).with_context(|| format!("rename to {}", p.display()))?;
         }
         None => println!("{s}"),

@@ -149,14 +149,8 @@ pub fn draws(opts: &PaOpts) -> Result<Vec<Vec<(u64, u64)>>> {
         "--size-min must be >= {}",
         proto::RESP_HDR
     );
-    ensure!(
-        opts.size_max >= opts.size_min,
-        "--size-max must be >= --size-min"
-    );
-    ensure!(
-        opts.deadline_mean_ms > 0.0,
-        "--deadline-mean-ms must be > 0"
-    );
+    ensure!(opts.size_max >= opts.size_min, "--size-max must be >= --size-min");
+    ensure!(opts.deadline_mean_ms > 0.0, "--deadline-mean-ms must be > 0");
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let exp = Exp::new(1.0 / opts.deadline_mean_ms).context("deadline distribution")?;
     Ok((0..opts.queries)
@@ -192,9 +186,7 @@ pub fn run(opts: &PaOpts, tags: &Tags) -> Result<PaReport> {
                 deadline_us,
             })
             .collect();
-        let t = fan
-            .round(&reqs, timeout)
-            .with_context(|| format!("query {q}"))?;
+        let t = fan.round(&reqs, timeout).with_context(|| format!("query {q}"))?;
         let start = t.iter().map(|x| x.send_ns).min().unwrap_or(0);
         let end = t.iter().map(|x| x.done_ns).max().unwrap_or(start);
         busy_ns += end - start;
@@ -248,11 +240,7 @@ pub fn run(opts: &PaOpts, tags: &Tags) -> Result<PaReport> {
         tags: tags.clone(),
         params: opts.clone(),
         summary,
-        responses: if opts.no_records {
-            Vec::new()
-        } else {
-            responses
-        },
+        responses: if opts.no_records { Vec::new() } else { responses },
     })
 }
 

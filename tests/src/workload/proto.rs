@@ -71,10 +71,7 @@ impl Request {
     /// Decodes a header (magic checked).
     pub fn decode(b: &[u8]) -> io::Result<Request> {
         if b.len() < REQ_HDR || b[0..4] != MAGIC_REQ {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "not a PLRQ request",
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "not a PLRQ request"));
         }
         Ok(Request {
             req_len: u32_at(b, 4),
@@ -97,10 +94,7 @@ pub fn encode_resp_header(buf: &mut [u8], id: u64, ts_ns: u64) {
 /// Decodes a response header: (id, ts_ns).
 pub fn decode_resp_header(b: &[u8]) -> io::Result<(u64, u64)> {
     if b.len() < RESP_HDR || b[0..4] != MAGIC_RESP {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "not a PLRS response",
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a PLRS response"));
     }
     Ok((u64_at(b, 8), u64_at(b, 16)))
 }
@@ -143,11 +137,7 @@ pub enum Datagram {
     /// Bulk data: flow, seq, send timestamp.
     Data { flow_id: u32, seq: u64, ts_ns: u64 },
     /// Bulk end: flow, packets sent, bytes sent.
-    Fin {
-        flow_id: u32,
-        packets: u64,
-        bytes: u64,
-    },
+    Fin { flow_id: u32, packets: u64, bytes: u64 },
     /// A request.
     Req(Request),
     /// Anything else.
@@ -170,9 +160,7 @@ pub fn parse_datagram(b: &[u8]) -> Datagram {
             packets: u64_at(b, 8),
             bytes: u64_at(b, 16),
         },
-        m if m == MAGIC_REQ => Request::decode(b)
-            .map(Datagram::Req)
-            .unwrap_or(Datagram::Unknown),
+        m if m == MAGIC_REQ => Request::decode(b).map(Datagram::Req).unwrap_or(Datagram::Unknown),
         _ => Datagram::Unknown,
     }
 }

@@ -167,8 +167,9 @@ pub fn run(opts: &RpcOpts, tags: &Tags) -> Result<RpcReport> {
         .map(|i| {
             let o = opts.clone();
             let p = plan(i);
-            std::thread::Builder::new().name(format!("rpc-{i}")).spawn(
-                move || -> io::Result<ConnResult> {
+            std::thread::Builder::new()
+                .name(format!("rpc-{i}"))
+                .spawn(move || -> io::Result<ConnResult> {
                     super::precise_timers();
                     match (o.udp, o.rate) {
                         (false, None) => tcp_closed(&o, &p),
@@ -180,15 +181,12 @@ pub fn run(opts: &RpcOpts, tags: &Tags) -> Result<RpcReport> {
                             udp_open(&o, &p, r / o.conns as f64, o.seed.wrapping_add(i as u64))
                         }
                     }
-                },
-            )
+                })
         })
         .collect::<io::Result<_>>()?;
     let mut all = ConnResult::default();
     for h in handles {
-        let r = h
-            .join()
-            .map_err(|_| anyhow::anyhow!("rpc thread panicked"))??;
+        let r = h.join().map_err(|_| anyhow::anyhow!("rpc thread panicked"))??;
         all.sent += r.sent;
         all.received += r.received;
         all.samples_ns.extend(r.samples_ns);
@@ -289,12 +287,7 @@ struct Arrivals {
 
 impl Arrivals {
     fn new(rate: f64, poisson: bool, seed: u64) -> Arrivals {
-        let exp = poisson.then(|| {
-            (
-                Exp::new(rate).expect("rate > 0"),
-                StdRng::seed_from_u64(seed),
-            )
-        });
+        let exp = poisson.then(|| (Exp::new(rate).expect("rate > 0"), StdRng::seed_from_u64(seed)));
         Arrivals {
             fixed_ns: 1e9 / rate,
             exp,
@@ -394,12 +387,7 @@ fn udp_closed(o: &RpcOpts, p: &Plan) -> io::Result<ConnResult> {
                         break;
                     }
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                     break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -439,8 +427,7 @@ fn udp_open(o: &RpcOpts, p: &Plan, rate: f64, seed: u64) -> io::Result<ConnResul
                     }
                 }
                 Err(_) => {
-                    if ds.load(Relaxed) && mono_ns() > ls.load(Relaxed) + timeout.as_nanos() as u64
-                    {
+                    if ds.load(Relaxed) && mono_ns() > ls.load(Relaxed) + timeout.as_nanos() as u64 {
                         return (n, v);
                     }
                 }

@@ -11,9 +11,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex};
@@ -384,11 +382,7 @@ impl Server {
                         bytes: f.bytes,
                         sent_packets: f.fin,
                         lost_packets: lost,
-                        loss_rate: if sent > 0 {
-                            lost as f64 / sent as f64
-                        } else {
-                            0.0
-                        },
+                        loss_rate: if sent > 0 { lost as f64 / sent as f64 } else { 0.0 },
                         first_s: rel(f.first_ns),
                         last_s: rel(f.last_ns),
                         goodput_bps: rate(f.bytes, f.first_ns, f.last_ns),
@@ -540,9 +534,7 @@ fn accept_loop(listener: TcpListener, sh: Arc<Shared>) {
                         }
                     });
             }
-            Err(e)
-                if e.kind() == io::ErrorKind::WouldBlock
-                    || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
                 eprintln!("plload serve: accept: {e}");
                 std::thread::sleep(Duration::from_millis(10));
@@ -675,9 +667,7 @@ fn udp_loop(sock: UdpSocket, sh: Arc<Shared>, _keep_samples: bool) {
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
                 ) =>
             {
                 continue;
@@ -691,11 +681,7 @@ fn udp_loop(sock: UdpSocket, sh: Arc<Shared>, _keep_samples: bool) {
         let now = mono_ns();
         let peer_c = canonical(peer);
         match proto::parse_datagram(&buf[..n]) {
-            Datagram::Data {
-                flow_id,
-                seq,
-                ts_ns,
-            } => {
+            Datagram::Data { flow_id, seq, ts_ns } => {
                 let mut m = sh.udp_flows.lock().unwrap();
                 let f = m.entry((peer_c, flow_id)).or_default();
                 if f.packets == 0 {
@@ -707,9 +693,7 @@ fn udp_loop(sock: UdpSocket, sh: Arc<Shared>, _keep_samples: bool) {
                 f.max_seq = Some(f.max_seq.map_or(seq, |m| m.max(seq)));
                 f.owd_ns.push(now.saturating_sub(ts_ns));
             }
-            Datagram::Fin {
-                flow_id, packets, ..
-            } => {
+            Datagram::Fin { flow_id, packets, .. } => {
                 let first_fin = {
                     let mut m = sh.udp_flows.lock().unwrap();
                     let f = m.entry((peer_c, flow_id)).or_default();

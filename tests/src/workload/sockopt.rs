@@ -75,12 +75,7 @@ impl SockOpts {
             let fd = s.as_raw_fd();
             // The kernel takes a u32 and, since 5.x, a u64.
             let res = if bytes <= u32::MAX as u64 {
-                setsockopt_raw(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_MAX_PACING_RATE,
-                    &(bytes as u32),
-                )
+                setsockopt_raw(fd, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, &(bytes as u32))
             } else {
                 setsockopt_raw(fd, libc::SOL_SOCKET, libc::SO_MAX_PACING_RATE, &bytes)
             };
@@ -112,21 +107,14 @@ impl SockOpts {
 /// Opens a TCP connection to `to` with `opts` applied before `connect` (so the congestion
 /// control and marks hold from the SYN on). `connect_timeout` bounds each handshake; a refused
 /// connection is retried for up to 3 s (the server may still be starting).
-pub fn connect_tcp(
-    to: SocketAddr,
-    opts: &SockOpts,
-    connect_timeout: Duration,
-) -> io::Result<TcpStream> {
+pub fn connect_tcp(to: SocketAddr, opts: &SockOpts, connect_timeout: Duration) -> io::Result<TcpStream> {
     let give_up = std::time::Instant::now() + Duration::from_secs(3);
     loop {
         let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))?;
         opts.apply(&s, to.is_ipv6(), true)?;
         match s.connect_timeout(&SockAddr::from(to), connect_timeout) {
             Ok(()) => return Ok(s.into()),
-            Err(e)
-                if e.kind() == io::ErrorKind::ConnectionRefused
-                    && std::time::Instant::now() < give_up =>
-            {
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused && std::time::Instant::now() < give_up => {
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => return Err(io::Error::new(e.kind(), format!("connect {to}: {e}"))),

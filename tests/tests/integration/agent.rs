@@ -302,7 +302,8 @@ fn class_aggregate_rate_enforced_for_udp() {
     // A horizon of 1 s: the class clock may run that far ahead of the present, so a pause of
     // the sender (or of an emulated machine: TCG stalls for hundreds of ms) shorter than that
     // leaves packets queued and costs the class no time.
-    let p = policy(&ifname, "auto", classes, rules).replace("  link_rate: 1Gbit\n", "  link_rate: 1Gbit\n  horizon: 1s\n");
+    let p = policy(&ifname, "auto", classes, rules)
+        .replace("  link_rate: 1Gbit\n", "  link_rate: 1Gbit\n  horizon: 1s\n");
     write(&scratch.path("p.yaml"), &p);
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
     let mode = agent.status().expect("status")["enforcement"]["mode"]
@@ -535,7 +536,9 @@ fn reload_follows_a_configmap_style_symlink_swap() {
     std::os::unix::fs::symlink("..2026_11_29_v2", vol.join("..data_tmp")).unwrap();
     std::fs::rename(vol.join("..data_tmp"), vol.join("..data")).unwrap();
     std::fs::remove_dir_all(&v1).unwrap();
-    let s = agent.wait_for("the reload after the ..data swap", |s| s["reloads"]["applied"] == 1);
+    let s = agent.wait_for("the reload after the ..data swap", |s| {
+        s["reloads"]["applied"] == 1
+    });
     assert_eq!(s["policy"]["generation"], 2);
     assert!(
         s["policy"]["classes"]

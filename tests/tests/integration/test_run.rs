@@ -514,7 +514,11 @@ fn gso_packet_is_charged_every_segments_headers() {
         "spaced by the two frames' bytes, not skb->len"
     );
     let s = dp.snapshot().unwrap();
-    assert_eq!(s.classes[0].bytes, 2 * (f.len() as u64 + hdr), "bytes counted as on the wire");
+    assert_eq!(
+        s.classes[0].bytes,
+        2 * (f.len() as u64 + hdr),
+        "bytes counted as on the wire"
+    );
 }
 
 #[test]
