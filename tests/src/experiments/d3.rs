@@ -665,39 +665,7 @@ fn stop_agents(a: Agents) {
 
 /// Writes `text` as the agent's policy and waits until it runs it.
 fn switch_policy(s: &SenderAgent, text: &str) -> Result<()> {
-    let want = paceline::policy::hash(text.as_bytes());
-    let st = s.agent.status().context("status")?;
-    if st["policy"]["hash"] == want.as_str() {
-        return Ok(());
-    }
-    let tmp = s.policy.with_extension("yaml.new");
-    std::fs::write(&tmp, text).context("write policy")?;
-    std::fs::rename(&tmp, &s.policy).context("rename policy")?;
-    let start = Instant::now();
-    let mut hupped = false;
-    loop {
-        let st = s.agent.status().context("status")?;
-        if st["policy"]["hash"] == want.as_str() {
-            return Ok(());
-        }
-        if st["reloads"]["last"]["applied"] == false
-            && let Some(errs) = st["reloads"]["last"]["errors"].as_array()
-            && !errs.is_empty()
-        {
-            bail!("{}: the agent rejected the policy: {errs:?}", s.host.name());
-        }
-        if !hupped && start.elapsed() > Duration::from_secs(2) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(s.agent.pid() as i32),
-                nix::sys::signal::Signal::SIGHUP,
-            );
-            hupped = true;
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!("{}: the agent did not load the new policy", s.host.name());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    super::pacing::switch_policy(&s.agent, s.host.name(), &s.policy, text, Duration::from_secs(2))
 }
 
 /// One server per sender host with the mode's hook.

@@ -42,7 +42,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
@@ -434,6 +434,50 @@ pub(crate) fn status_of(agent: &Agent) -> Result<Value> {
         std::thread::sleep(Duration::from_millis(300));
     }
     bail!("the agent does not answer status queries")
+}
+
+/// Replaces the agent's policy file with `text` (by rename, as an editor does) and waits until
+/// the agent runs it: its file watch, else SIGHUP after `hup_after`; an error if the agent
+/// rejects the policy or has not loaded it after 30 s.
+pub(crate) fn switch_policy(
+    agent: &Agent,
+    who: &str,
+    path: &Path,
+    text: &str,
+    hup_after: Duration,
+) -> Result<()> {
+    let want = paceline::policy::hash(text.as_bytes());
+    if status_of(agent)?["policy"]["hash"] == want.as_str() {
+        return Ok(());
+    }
+    let tmp = path.with_extension("yaml.new");
+    std::fs::write(&tmp, text).context("write policy")?;
+    std::fs::rename(&tmp, path).context("rename policy")?;
+    let start = Instant::now();
+    let mut hupped = false;
+    loop {
+        let st = status_of(agent)?;
+        if st["policy"]["hash"] == want.as_str() {
+            return Ok(());
+        }
+        if st["reloads"]["last"]["applied"] == false
+            && let Some(errs) = st["reloads"]["last"]["errors"].as_array()
+            && !errs.is_empty()
+        {
+            bail!("{who}: the agent rejected the policy: {errs:?}");
+        }
+        if !hupped && start.elapsed() > hup_after {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(agent.pid() as i32),
+                nix::sys::signal::Signal::SIGHUP,
+            );
+            hupped = true;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("{who}: the agent did not load the new policy");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Stops an agent: SIGTERM, then waits up to a minute for it to exit by itself. Under TCG

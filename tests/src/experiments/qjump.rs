@@ -53,7 +53,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use super::Common;
@@ -195,35 +195,13 @@ struct Sender<'a> {
 fn switch_policy(senders: &[Sender], p: Policy) -> Result<()> {
     for s in senders {
         let text = policy_text(p, &s.ifname);
-        let want = paceline::policy::hash(text.as_bytes());
-        let tmp = s.policy_path.with_extension("yaml.new");
-        std::fs::write(&tmp, &text).context("write policy")?;
-        std::fs::rename(&tmp, &s.policy_path).context("rename policy")?;
-        let start = Instant::now();
-        let mut hupped = false;
-        loop {
-            let st = status_of(&s.agent)?;
-            if st["policy"]["hash"] == want.as_str() {
-                break;
-            }
-            if let Some(errs) = st["reloads"]["last"]["errors"].as_array()
-                && !errs.is_empty()
-                && st["reloads"]["last"]["applied"] == false
-            {
-                bail!("{}: the agent rejected the policy: {errs:?}", s.host.name());
-            }
-            if !hupped && start.elapsed() > Duration::from_secs(3) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(s.agent.pid() as i32),
-                    nix::sys::signal::Signal::SIGHUP,
-                );
-                hupped = true;
-            }
-            if start.elapsed() > Duration::from_secs(30) {
-                bail!("{}: the agent did not load the new policy", s.host.name());
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        super::pacing::switch_policy(
+            &s.agent,
+            s.host.name(),
+            &s.policy_path,
+            &text,
+            Duration::from_secs(3),
+        )?;
     }
     Ok(())
 }
