@@ -328,7 +328,9 @@ impl Vm {
         // host paths hidden by the guest's fresh tmpfs mounts but needed by the command
         let mut keep = Vec::new();
         let hidden = ["/tmp", "/run", "/var/tmp", "/dev/shm"];
-        let mut want_visible = vec![cwd.clone()];
+        // The workspace too: the tests look for the agent and tools next to their own
+        // executable's directory (target/debug), which a checkout under /tmp would hide.
+        let mut want_visible = vec![repo_root(), cwd.clone()];
         if let Some(parent) = req
             .command
             .first()
