@@ -1120,20 +1120,14 @@ fn query_times(responses: &[pa::PaResponse]) -> Vec<f64> {
 /// [`pa::draws`]'s, so they match `plload pa`'s for the same options. Returns the responses
 /// and each query's duration (ms).
 fn run_pa_fresh(opts: &pa::PaOpts) -> Result<(Vec<pa::PaResponse>, Vec<f64>)> {
-    use crate::workload::{proto, sockopt};
+    use crate::workload::{fanout::Fanout, proto};
     let plan = pa::draws(opts)?;
     let timeout = Duration::from_secs_f64(opts.query_timeout_s.max(0.1));
-    let mut scratch = vec![0u8; 256 * 1024];
     let mut responses = Vec::with_capacity(plan.len() * opts.workers.len());
     let mut query_ms = Vec::with_capacity(plan.len());
     for (q, draws) in plan.iter().enumerate() {
-        let mut conns = Vec::with_capacity(opts.workers.len());
-        for &a in &opts.workers {
-            let s = sockopt::connect_tcp(a, &opts.sock, Duration::from_secs(10))
-                .with_context(|| format!("query {q}: connect {a}"))?;
-            s.set_nodelay(true)?;
-            conns.push(s);
-        }
+        let mut fan =
+            Fanout::connect(&opts.workers, &opts.sock).with_context(|| format!("query {q}: connect"))?;
         let warm: Vec<proto::Request> = draws
             .iter()
             .map(|_| proto::Request {
@@ -1144,24 +1138,17 @@ fn run_pa_fresh(opts: &pa::PaOpts) -> Result<(Vec<pa::PaResponse>, Vec<f64>)> {
                 deadline_us: 0,
             })
             .collect();
-        round(&mut conns, &warm, timeout, &mut scratch).with_context(|| format!("query {q}: warm-up"))?;
-        let reqs: Vec<proto::Request> = draws
-            .iter()
-            .map(|&(size, deadline_us)| proto::Request {
-                req_len: proto::REQ_HDR as u32,
-                id: q as u64,
-                ts_ns: 0,
-                resp_len: size,
-                deadline_us,
-            })
-            .collect();
-        let t = round(&mut conns, &reqs, timeout, &mut scratch).with_context(|| format!("query {q}"))?;
-        drop(conns);
-        let start = t.iter().map(|x| x.0).min().unwrap_or(0);
-        let end = t.iter().map(|x| x.1).max().unwrap_or(start);
+        fan.round(&warm, timeout)
+            .with_context(|| format!("query {q}: warm-up"))?;
+        let t = fan
+            .round(&pa::requests(q, draws), timeout)
+            .with_context(|| format!("query {q}"))?;
+        drop(fan);
+        let start = t.iter().map(|x| x.send_ns).min().unwrap_or(0);
+        let end = t.iter().map(|x| x.done_ns).max().unwrap_or(start);
         query_ms.push((end - start) as f64 / 1e6);
-        for (w, (&(size, deadline_us), &(send, done))) in draws.iter().zip(&t).enumerate() {
-            let fct_ms = (done - send) as f64 / 1e6;
+        for (w, (&(size, deadline_us), x)) in draws.iter().zip(&t).enumerate() {
+            let fct_ms = (x.done_ns - x.send_ns) as f64 / 1e6;
             let deadline_ms = deadline_us as f64 / 1000.0;
             responses.push(pa::PaResponse {
                 query: q as u64,
@@ -1177,98 +1164,6 @@ fn run_pa_fresh(opts: &pa::PaOpts) -> Result<(Vec<pa::PaResponse>, Vec<f64>)> {
         }
     }
     Ok((responses, query_ms))
-}
-
-/// Sends `reqs[i]` on `conns[i]` (back to back) and reads every response with one poll loop;
-/// returns (send, last byte) CLOCK_MONOTONIC ns per connection.
-fn round(
-    conns: &mut [std::net::TcpStream],
-    reqs: &[crate::workload::proto::Request],
-    timeout: Duration,
-    scratch: &mut [u8],
-) -> Result<Vec<(u64, u64)>> {
-    use crate::workload::proto;
-    use std::io::{Read as _, Write as _};
-    use std::os::fd::AsRawFd as _;
-    let n = conns.len();
-    let mut t = vec![(0u64, 0u64); n];
-    for (i, r) in reqs.iter().enumerate() {
-        conns[i].set_nonblocking(false)?;
-        t[i].0 = workload::mono_ns();
-        let mut enc = r.encode();
-        enc[16..24].copy_from_slice(&t[i].0.to_le_bytes());
-        conns[i].write_all(&enc)?;
-    }
-    let mut left: Vec<u64> = reqs
-        .iter()
-        .map(|r| r.resp_len.max(proto::RESP_HDR as u64))
-        .collect();
-    let mut hdr = vec![[0u8; proto::RESP_HDR]; n];
-    let mut got = vec![0u64; n];
-    for c in conns.iter() {
-        c.set_nonblocking(true)?;
-    }
-    let end = workload::mono_ns() + timeout.as_nanos() as u64;
-    let mut pending = n;
-    while pending > 0 {
-        let idx: Vec<usize> = (0..n).filter(|&i| left[i] > 0).collect();
-        let mut pfds: Vec<libc::pollfd> = idx
-            .iter()
-            .map(|&i| libc::pollfd {
-                fd: conns[i].as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        let now = workload::mono_ns();
-        if now >= end {
-            bail!("{} responses missing after {timeout:?}", pending);
-        }
-        let ms = ((end - now) / 1_000_000).clamp(1, 1000) as i32;
-        // SAFETY: pfds is a valid array of pollfd.
-        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e.into());
-        }
-        for (k, p) in pfds.iter().enumerate() {
-            if p.revents == 0 {
-                continue;
-            }
-            let i = idx[k];
-            loop {
-                let want = (left[i] as usize).min(scratch.len());
-                match conns[i].read(&mut scratch[..want]) {
-                    Ok(0) => bail!("worker {i} closed mid-response"),
-                    Ok(m) => {
-                        if got[i] < proto::RESP_HDR as u64 {
-                            let h0 = got[i] as usize;
-                            let take = (proto::RESP_HDR - h0).min(m);
-                            hdr[i][h0..h0 + take].copy_from_slice(&scratch[..take]);
-                        }
-                        got[i] += m as u64;
-                        left[i] -= m as u64;
-                        if left[i] == 0 {
-                            t[i].1 = workload::mono_ns();
-                            pending -= 1;
-                            let (id, _) = proto::decode_resp_header(&hdr[i])?;
-                            if id != reqs[i].id {
-                                bail!("worker {i}: response id {id}, expected {}", reqs[i].id);
-                            }
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-    }
-    Ok(t)
 }
 
 /// Frames on the wire for a response of `size` bytes: MSS 1448 (timestamps), 66 bytes of

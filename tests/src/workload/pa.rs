@@ -143,6 +143,20 @@ pub struct PaReport {
 }
 
 /// The (size, deadline in us) pairs a run with `opts` draws, query by query, worker by worker.
+/// The requests of query `q`, one per worker: (response size, deadline in us) from [`draws`].
+pub(crate) fn requests(q: usize, draws: &[(u64, u64)]) -> Vec<proto::Request> {
+    draws
+        .iter()
+        .map(|&(size, deadline_us)| proto::Request {
+            req_len: proto::REQ_HDR as u32,
+            id: q as u64,
+            ts_ns: 0,
+            resp_len: size,
+            deadline_us,
+        })
+        .collect()
+}
+
 pub fn draws(opts: &PaOpts) -> Result<Vec<Vec<(u64, u64)>>> {
     ensure!(
         opts.size_min >= proto::RESP_HDR as u64,
@@ -176,16 +190,7 @@ pub fn run(opts: &PaOpts, tags: &Tags) -> Result<PaReport> {
     let mut query_ms = Vec::with_capacity(plan.len());
     let mut busy_ns = 0u64;
     for (q, draws) in plan.iter().enumerate() {
-        let reqs: Vec<proto::Request> = draws
-            .iter()
-            .map(|&(size, deadline_us)| proto::Request {
-                req_len: proto::REQ_HDR as u32,
-                id: q as u64,
-                ts_ns: 0,
-                resp_len: size,
-                deadline_us,
-            })
-            .collect();
+        let reqs = requests(q, draws);
         let t = fan.round(&reqs, timeout).with_context(|| format!("query {q}"))?;
         let start = t.iter().map(|x| x.send_ns).min().unwrap_or(0);
         let end = t.iter().map(|x| x.done_ns).max().unwrap_or(start);
