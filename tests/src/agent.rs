@@ -37,16 +37,17 @@ impl Scratch {
         let base = std::env::var_os("PACELINE_VM_SHARE")
             .map(PathBuf::from)
             .unwrap_or_else(std::env::temp_dir);
-        let dir = base.join(format!("pl-agent-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        Scratch(dir)
+        Scratch::under(&base, name)
     }
 
     /// A scratch directory in the machine's own temporary directory (tmpfs in the VM), for a
     /// test whose files must behave like a local filesystem's (the VM's share is 9p).
     pub fn local(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("pl-agent-{name}-{}", std::process::id()));
+        Scratch::under(&std::env::temp_dir(), name)
+    }
+
+    fn under(base: &std::path::Path, name: &str) -> Scratch {
+        let dir = base.join(format!("pl-agent-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch dir");
         Scratch(dir)
