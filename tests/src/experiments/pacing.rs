@@ -50,7 +50,7 @@ use serde_json::{Value, json};
 use super::Common;
 use crate::agent::{Agent, Scratch};
 use crate::report::{self, PlotOpts, XySeries};
-use crate::testbed::{Host, LinkOpts, Testbed};
+use crate::testbed::{DevCounters, Host, LinkOpts, Testbed, read_dev};
 use crate::workload::bulk::{self, BulkOpts, BulkReport};
 use crate::workload::serve::{ServeOpts, ServeReport, Server};
 use crate::workload::{self, mono_ns, sleep_until_ns};
@@ -327,37 +327,6 @@ fn policy(ifaces: &[&str], points: &[Point], level_rate: Option<u64>) -> String 
     }
     let _ = writeln!(s, "  default_class: other");
     s
-}
-
-/// Transmit counters of one interface.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct DevCounters {
-    pub tx_bytes: u64,
-    pub tx_packets: u64,
-}
-
-/// Reads `ifname`'s counters from `/proc/thread-self/net/dev`: the calling thread's network
-/// namespace (call from inside [`Host::in_netns`]).
-pub(crate) fn read_dev(ifname: &str) -> Result<DevCounters> {
-    let text =
-        std::fs::read_to_string("/proc/thread-self/net/dev").context("read /proc/thread-self/net/dev")?;
-    for line in text.lines() {
-        let Some((name, rest)) = line.split_once(':') else {
-            continue;
-        };
-        if name.trim() != ifname {
-            continue;
-        }
-        let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
-        if f.len() < 10 {
-            bail!("short line for {ifname} in /proc/net/dev: {line}");
-        }
-        return Ok(DevCounters {
-            tx_bytes: f[8],
-            tx_packets: f[9],
-        });
-    }
-    bail!("{ifname} not in /proc/thread-self/net/dev")
 }
 
 /// A counter of `/proc/thread-self/net/snmp` (e.g. `Udp`, `RcvbufErrors`) in the calling

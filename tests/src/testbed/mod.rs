@@ -77,7 +77,7 @@ mod topo;
 mod util;
 
 pub use cgroup::{CGROUP_PARENT, Cgroup, cgroup2_mount};
-pub use host::{Host, LinkStats};
+pub use host::{DevCounters, Host, LinkStats, read_dev};
 pub use link::{Iface, Link, LinkOpts};
 pub use process::{CapturedOutput, ChildGuard};
 pub use qdisc::{Bottleneck, BottleneckSpec, QdiscStats, Shaper, parse_qdisc_json};

@@ -5,7 +5,7 @@
 
 use std::{
     path::Path,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use paceline_tests::{
@@ -234,15 +234,6 @@ fn recv_tos(s: &std::net::UdpSocket) -> Option<u8> {
     None
 }
 
-/// Bytes per second leaving `ifname` on `host` between two samples `window` apart.
-fn tx_rate(host: &Host, ifname: &str, window: Duration) -> f64 {
-    let t0 = Instant::now();
-    let b0 = host.link_stats(ifname).expect("stats").tx_bytes;
-    std::thread::sleep(window);
-    let b1 = host.link_stats(ifname).expect("stats").tx_bytes;
-    (b1 - b0) as f64 / t0.elapsed().as_secs_f64()
-}
-
 #[test]
 fn tcp_flow_paced_at_its_class_rate() {
     if !privileged("tcp_flow_paced_at_its_class_rate") {
@@ -271,7 +262,7 @@ fn tcp_flow_paced_at_its_class_rate() {
         .expect("client");
     // Skip the start (slow start, the first RTTs), then measure 4 s of steady state.
     std::thread::sleep(Duration::from_secs(2));
-    let measured = tx_rate(&a, &ifname, Duration::from_secs(4)) * 8.0 / 1e6;
+    let measured = a.tx_rate(&ifname, Duration::from_secs(4)).expect("tx rate") * 8.0 / 1e6;
     drop(client);
     let configured = agent.class_counter("paced", "tcp_sockets_configured");
     let errors = agent.class_counter("paced", "tcp_sockopt_errors");
@@ -337,7 +328,7 @@ fn class_aggregate_rate_enforced_for_udp() {
         );
     }
     std::thread::sleep(Duration::from_secs(2));
-    let measured = tx_rate(&a, &ifname, Duration::from_secs(3)) * 8.0 / 1e6;
+    let measured = a.tx_rate(&ifname, Duration::from_secs(3)).expect("tx rate") * 8.0 / 1e6;
     drop(clients);
     let ratio = measured / cap_mbit;
     eprintln!(
