@@ -638,8 +638,11 @@ pub struct D3LinkCounters {
     /// Copies of a request already processed (TSO/GSO copies the option into every segment):
     /// rewritten with the same grant, not counted again.
     pub duplicates: u64,
+    /// Requests with a desired rate that got no share of spare capacity: the link had no more
+    /// than the desired rate left (`OUT_LEFT`), so the grant is what was left.
+    pub short: u64,
 }
-const _: () = assert!(size_of::<D3LinkCounters>() == 88);
+const _: () = assert!(size_of::<D3LinkCounters>() == 96);
 
 /// What a router remembers of the last request of a flow (value of [`names::D3_SEEN`]): enough
 /// to recognise the copies of one request that TSO/GSO puts in every segment.

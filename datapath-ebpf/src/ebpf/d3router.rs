@@ -20,7 +20,7 @@ use paceline_common::{
     classify::PacketInfo,
     d3::{
         self, D3LinkConfig, D3LinkState, D3Request, FLAG_NEW, OUT_BASE_FLOOR, OUT_CLAMPED, OUT_FIN,
-        OUT_HOP_OVERFLOW, OUT_INVALID, OUT_NEW, REQ_LEN, TCP_OPTS_MAX,
+        OUT_HOP_OVERFLOW, OUT_INVALID, OUT_LEFT, OUT_NEW, REQ_LEN, TCP_OPTS_MAX,
     },
     maps::{D3LinkCounters, D3LinkCtl, D3Seen, FlowKey},
 };
@@ -224,6 +224,9 @@ fn try_router(ctx: &TcContext) -> Option<()> {
         }
         if g.outcome & OUT_BASE_FLOOR != 0 {
             add(core::ptr::addr_of_mut!((*counters).base_floor), 1);
+        }
+        if g.outcome & OUT_LEFT != 0 && arriving.desired != 0 {
+            add(core::ptr::addr_of_mut!((*counters).short), 1);
         }
     }
     // On the wire only this hop's slot and the hop index change.
