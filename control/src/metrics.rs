@@ -481,6 +481,12 @@ fn d3_link_metrics(r: &Registry, links: &[LinkReport]) -> Result<()> {
         "The link's queue at the last controller tick.",
         l,
     )?;
+    let standing = igauge(
+        r,
+        "paceline_d3_link_standing_queue_bytes",
+        "The smallest queue of the controller's recent ticks: the q it acts on.",
+        l,
+    )?;
     let req = counter(
         r,
         "paceline_d3_link_requests_total",
@@ -505,6 +511,12 @@ fn d3_link_metrics(r: &Registry, links: &[LinkReport]) -> Result<()> {
         "Idle resets of N, D, A.",
         l,
     )?;
+    let short = counter(
+        r,
+        "paceline_d3_link_short_grants_total",
+        "Requests granted at most their desired rate: no spare capacity was left.",
+        l,
+    )?;
     let dups = counter(
         r,
         "paceline_d3_link_duplicate_requests_total",
@@ -525,11 +537,15 @@ fn d3_link_metrics(r: &Registry, links: &[LinkReport]) -> Result<()> {
             .with_label_values(&lab)
             .set(k.allocated_bytes_per_second as i64);
         queue.with_label_values(&lab).set(k.queue_bytes as i64);
+        standing
+            .with_label_values(&lab)
+            .set(k.standing_queue_bytes as i64);
         req.with_label_values(&lab).inc_by(k.requests);
         clamped.with_label_values(&lab).inc_by(k.clamped);
         unproc.with_label_values(&lab).inc_by(k.unprocessed);
         resets.with_label_values(&lab).inc_by(k.idle_resets);
         dups.with_label_values(&lab).inc_by(k.duplicates);
+        short.with_label_values(&lab).inc_by(k.short_grants);
     }
     Ok(())
 }

@@ -193,10 +193,12 @@ fn rendered_metrics() -> String {
         clamped: 1,
         unprocessed: 1,
         base_floor: 0,
+        short_grants: 2,
         duplicates: 4,
         sent_bytes: 1_000_000,
         idle_resets: 1,
         queue_bytes: 1500,
+        standing_queue_bytes: 0,
     }];
     paceline::metrics::render(&snap, Some(&d3), &links, &status).expect("render")
 }

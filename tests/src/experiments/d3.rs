@@ -787,6 +787,7 @@ fn router_delta(before: &Option<Value>, after: &Option<Value>) -> Value {
         "clamped",
         "unprocessed",
         "base_floor",
+        "short_grants",
         "duplicates",
         "sent_bytes",
         "idle_resets",

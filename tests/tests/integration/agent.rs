@@ -3,10 +3,7 @@
 //! kernel has sch_fq, TCP's own pacing set through sock_ops where it does not), reloads of a
 //! good and of a bad policy, clean exits, and recovery after `kill -9`.
 
-use std::{
-    path::Path,
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
 use paceline_tests::{
     agent::{Agent, Scratch},
