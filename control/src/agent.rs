@@ -358,8 +358,12 @@ pub async fn run(opts: Options) -> Result<()> {
     }
 
     let host = SystemHost::new();
-    let policy_text = std::fs::read_to_string(&opts.policy).unwrap_or_default();
-    let validated = policy::load(&opts.policy, &host).map_err(|errs| {
+    let policy_file = opts.policy.display().to_string();
+    let validated = policy::read(&opts.policy).and_then(|text| {
+        let v = policy::parse_str(&text, &policy_file, &host)?;
+        Ok((text, v))
+    });
+    let (policy_text, validated) = validated.map_err(|errs| {
         anyhow!(
             "policy rejected, nothing was loaded:\n  {}",
             errs.iter()
@@ -690,8 +694,9 @@ fn try_reload(
     host: &SystemHost,
     force: bool,
 ) -> Result<Option<u64>, Vec<String>> {
-    let text = std::fs::read_to_string(&opts.policy).unwrap_or_default();
-    let validated = policy::load(&opts.policy, host)
+    let text =
+        policy::read(&opts.policy).map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    let validated = policy::parse_str(&text, &opts.policy.display().to_string(), host)
         .map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
     let mut g = shared.lock();
     let mode = g.mode;

@@ -91,10 +91,17 @@ impl std::error::Error for PolicyError {}
 
 /// Reads, parses and validates the policy at `path`.
 pub fn load(path: &Path, host: &dyn HostFacts) -> Result<Validated, Vec<PolicyError>> {
+    let text = read(path)?;
+    parse_str(&text, &path.display().to_string(), host)
+}
+
+/// Reads the policy at `path` as text (the errors name the file). The agent reads once and
+/// validates what it read, so the text it keeps is the text it applied.
+pub fn read(path: &Path) -> Result<String, Vec<PolicyError>> {
     let file = path.display().to_string();
     match std::fs::read(path) {
         Ok(bytes) => match String::from_utf8(bytes) {
-            Ok(text) => parse_str(&text, &file, host),
+            Ok(text) => Ok(text),
             Err(e) => Err(vec![PolicyError {
                 file,
                 line: None,
