@@ -930,21 +930,22 @@ fn run_point(
     let load_before = loadavg();
     let t0 = Instant::now();
     let stop = AtomicBool::new(false);
-    let ((responses, query_ms), samples) =
-        std::thread::scope(|s| -> Result<((Vec<pa::PaResponse>, Vec<f64>), Vec<[u64; 5]>)> {
-            let sampler = (mode.is_d3() && agents.router.is_some())
-                .then(|| s.spawn(|| sample_router(&star.router, &stop)));
-            let r = star.receiver.in_netns(|| match mode.conn {
-                Conn::Fresh => run_pa_fresh(&opts),
-                Conn::Persistent => pa::run(&opts, &Tags::new()).map(|r| {
-                    let q = query_times(&r.responses);
-                    (r.responses, q)
-                }),
-            });
-            stop.store(true, Ordering::Relaxed);
-            let samples = sampler.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
-            Ok((r??, samples))
-        })?;
+    // The responses with their queries' completion times (ms), and the router's samples.
+    type Run = ((Vec<pa::PaResponse>, Vec<f64>), Vec<[u64; 5]>);
+    let ((responses, query_ms), samples) = std::thread::scope(|s| -> Result<Run> {
+        let sampler =
+            (mode.is_d3() && agents.router.is_some()).then(|| s.spawn(|| sample_router(&star.router, &stop)));
+        let r = star.receiver.in_netns(|| match mode.conn {
+            Conn::Fresh => run_pa_fresh(&opts),
+            Conn::Persistent => pa::run(&opts, &Tags::new()).map(|r| {
+                let q = query_times(&r.responses);
+                (r.responses, q)
+            }),
+        });
+        stop.store(true, Ordering::Relaxed);
+        let samples = sampler.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+        Ok((r??, samples))
+    })?;
     let wall_s = t0.elapsed().as_secs_f64();
     // Let the last FINs and the controller settle before reading the counters.
     std::thread::sleep(Duration::from_millis(if mode.is_d3() { 150 } else { 20 }));

@@ -764,8 +764,8 @@ fn run_point(
     let mut c0 = None;
     if let Some(ag) = agents.as_deref_mut() {
         ensure!(mode != Mode::Unpaced, "unpaced points run without agents");
-        for j in 0..active {
-            let host_rate = (mode == Mode::PerHost).then_some(host_rates[j]);
+        for (j, &rate) in host_rates.iter().enumerate() {
+            let host_rate = (mode == Mode::PerHost).then_some(rate);
             let text = policy_yaml(mode, &star.sender_iface(base + j).ifname, flow_rate, host_rate);
             if j == 0 {
                 policy_s0 = text.clone();
