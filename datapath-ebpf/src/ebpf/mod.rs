@@ -171,16 +171,6 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     Ok(TC_ACT_UNSPEC)
 }
 
-/// The current time (CLOCK_MONOTONIC ns) for pacing decisions, and the stack's departure
-/// timestamp to honour (0 when there is none to honour).
-///
-/// TCP stamps every segment with its own EDT departure, taken from a clock read microseconds
-/// earlier (tcp_wstamp_ns); that stamp serves as "now" and saves a clock read, which costs
-/// 30-100 ns on virtual machines. A stamp is trusted only when it lies within 10 s of the
-/// coarse monotonic clock (one tick old, nearly free to read). That rules out REALTIME or TAI
-/// stamps (SO_TXTIME for the etf qdisc), which are neither a time base nor a departure this
-/// datapath can honour: they are ignored (and counted). Packets without a stamp (UDP,
-/// forwarded traffic) read the clock.
 /// Wire bytes of a GSO packet: its headers (through the TCP or UDP header) once per segment.
 #[inline(always)]
 fn gso_wire_len(ctx: &TcContext, layout: &parse::Layout, proto: u8, segs: u64) -> u64 {
@@ -197,6 +187,16 @@ fn gso_wire_len(ctx: &TcContext, layout: &parse::Layout, proto: u8, segs: u64) -
     paceline_common::edt::wire_len(len, segs, l4 as u64 + l4_hdr)
 }
 
+/// The current time (CLOCK_MONOTONIC ns) for pacing decisions, and the stack's departure
+/// timestamp to honour (0 when there is none to honour).
+///
+/// TCP stamps every segment with its own EDT departure, taken from a clock read microseconds
+/// earlier (tcp_wstamp_ns); that stamp serves as "now" and saves a clock read, which costs
+/// 30-100 ns on virtual machines. A stamp is trusted only when it lies within 10 s of the
+/// coarse monotonic clock (one tick old, nearly free to read). That rules out REALTIME or TAI
+/// stamps (SO_TXTIME for the etf qdisc), which are neither a time base nor a departure this
+/// datapath can honour: they are ignored (and counted). Packets without a stamp (UDP,
+/// forwarded traffic) read the clock.
 #[inline(always)]
 fn time_base(stack_ts: u64) -> (u64, u64) {
     const WINDOW_NS: u64 = 10_000_000_000;
