@@ -78,7 +78,7 @@ pub fn render(
     let tagged = counter(
         &r,
         "paceline_class_tagged_packets_total",
-        "Packets whose DSCP or PCP was rewritten.",
+        "Packets whose DSCP or PCP the classifier rewrote (TCP sockets of a DSCP level are marked by sock_ops and need none).",
         cl,
     )?;
     let socks = counter(

@@ -23,7 +23,8 @@ use std::collections::{HashMap, HashSet};
 use ipnet::IpNet;
 use paceline_common::maps::{
     CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_CLASSES,
-    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_NEEDS_CGROUP, TABLE_NO_FLOW_CLOCKS, level_slot,
+    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_MATCHES_DSCP, TABLE_NEEDS_CGROUP,
+    TABLE_NO_FLOW_CLOCKS, level_slot,
 };
 use paceline_common::qjump::Network;
 
@@ -589,6 +590,9 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
         table.rules[ri] = table_rule(r, class);
         if r.cgroup.is_some() {
             table.flags |= TABLE_NEEDS_CGROUP;
+        }
+        if r.dscp.is_some() {
+            table.flags |= TABLE_MATCHES_DSCP;
         }
         rules.push(RuleInfo {
             origin: rule_origin(r),

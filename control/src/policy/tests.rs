@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use paceline_common::classify::{UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK};
 use paceline_common::maps::{
     CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, Rule,
-    TABLE_NEEDS_CGROUP, level_slot,
+    TABLE_MATCHES_DSCP, TABLE_NEEDS_CGROUP, level_slot,
 };
 
 use super::*;
@@ -440,6 +440,30 @@ spec:
 }
 
 #[test]
+fn a_rule_on_dscp_keeps_sock_ops_off_the_tos() {
+    // sock_ops marks TCP sockets with their level's DSCP, unless a rule matches on DSCP: then
+    // a marked segment could classify differently at tc than the unmarked one.
+    let base = r#"
+apiVersion: paceline/v1
+kind: Policy
+spec:
+  interfaces: [eth0]
+  link_rate: 10Gbit
+  levels: [{name: hi, priority: 5, dscp: 46}, {name: lo, priority: 0}]
+  classes: [{name: a, level: hi}, {name: b, level: lo}]
+  rules: [{class: a, protocol: tcp, dst_port: 80}]
+  default_class: b
+"#;
+    let host = FakeHost::new().with_interface("eth0", None);
+    assert_eq!(fq(&ok(base, &host)).table.flags & TABLE_MATCHES_DSCP, 0);
+    let on_dscp = base.replace("dst_port: 80}]", "dst_port: 80}, {class: a, dscp: 10}]");
+    assert_eq!(
+        fq(&ok(&on_dscp, &host)).table.flags & TABLE_MATCHES_DSCP,
+        TABLE_MATCHES_DSCP
+    );
+}
+
+#[test]
 fn offline_host_defers_host_facts() {
     let text = r#"
 apiVersion: paceline/v1
@@ -575,7 +599,7 @@ fn small_policy_compiles_to_the_exact_table() {
     t.n_rules = 3;
     t.n_classes = 4;
     t.default_class = 2;
-    t.flags = TABLE_NEEDS_CGROUP;
+    t.flags = TABLE_NEEDS_CGROUP | TABLE_MATCHES_DSCP;
     t.horizon_ns = 50_000_000;
     t.classes[0] = ClassConfig {
         skb_priority: 7,
@@ -1046,7 +1070,7 @@ fn json_output() {
     assert_eq!(j["classes"][0]["rto_min_us"], 5_000);
     assert_eq!(j["default_class"], "bulk");
     assert_eq!(j["table"]["n_rules"], 3);
-    assert_eq!(j["table"]["flags"], TABLE_NEEDS_CGROUP);
+    assert_eq!(j["table"]["flags"], TABLE_NEEDS_CGROUP | TABLE_MATCHES_DSCP);
     assert_eq!(j["rules"][0]["match"], "tcp dst 10.1.0.0/16 dst_port 11211");
     assert_eq!(j["sha256"].as_str().unwrap().len(), 64);
     let h = render::json(&compile(

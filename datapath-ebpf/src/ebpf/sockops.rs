@@ -5,7 +5,10 @@
 //!
 //! Settings: SO_MAX_PACING_RATE (the class's per-flow rate; TCP then paces itself, which is the
 //! per-flow enforcement on kernels without sch_fq), TCP_BPF_RTO_MIN and TCP_BPF_DELACK_MAX (the
-//! incast mitigations of seed 002).
+//! incast mitigations of seed 002), and IP_TOS / IPV6_TCLASS with the DSCP of the class's level:
+//! TCP then sends its segments already marked, and the tc classifier, which still checks every
+//! packet, has nothing to rewrite. A rewrite at tc must first make a TCP segment's headers
+//! private (TCP keeps a clone for retransmission), so this saves a copy per segment.
 
 use core::ffi::c_void;
 
@@ -17,7 +20,10 @@ use aya_ebpf::{
 };
 use paceline_common::{
     classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, classify},
-    maps::{ClassConfig, PolicyTable, TABLE_NO_FLOW_CLOCKS, v4_mapped},
+    maps::{
+        ClassConfig, LEVEL_SET_DSCP, MAX_LEVELS, PolicyTable, TABLE_MATCHES_DSCP, TABLE_NO_FLOW_CLOCKS,
+        v4_mapped,
+    },
 };
 
 use super::{d3host, maps};
@@ -28,6 +34,10 @@ const SO_MAX_PACING_RATE: i32 = 47;
 const SOL_TCP: i32 = 6;
 const TCP_BPF_DELACK_MAX: i32 = 1003;
 const TCP_BPF_RTO_MIN: i32 = 1004;
+const SOL_IP: i32 = 0;
+const IP_TOS: i32 = 1;
+const SOL_IPV6: i32 = 41;
+const IPV6_TCLASS: i32 = 67;
 
 /// The network namespace the agent manages (its netns cookie), set at load. sock_ops runs for
 /// every socket under the cgroup root, in every namespace; the agent configures only its own.
@@ -77,6 +87,9 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable) {
         unknown: UNKNOWN_DSCP | UNKNOWN_CGROUP | UNKNOWN_MARK,
         ..PacketInfo::default()
     };
+    // The IP version the segments leave with: a v6 socket talking to a v4-mapped peer sends
+    // IPv4, whose TOS only IP_TOS on an AF_INET socket sets (there tc keeps rewriting).
+    let mut tos_via = Some((SOL_IP, IP_TOS));
     if ctx.family() == AF_INET6 {
         // SAFETY: reads of the program's own context.
         unsafe {
@@ -84,6 +97,11 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable) {
             pkt.dst = ip6(core::ptr::addr_of!((*ctx.ops).remote_ip6));
         }
         pkt.is_v6 = 1;
+        tos_via = if is_v4_mapped(&pkt.dst) {
+            None
+        } else {
+            Some((SOL_IPV6, IPV6_TCLASS))
+        };
     } else {
         pkt.src = v4_mapped(ctx.local_ip4());
         pkt.dst = v4_mapped(ctx.remote_ip4());
@@ -95,7 +113,15 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable) {
     // With EDT flow clocks (fq), the datapath paces the flow exactly; TCP's own cap sits 5%
     // above so the two pacers do not compound their jitter (both at the same rate run ~3% slow).
     let headroom = table.flags & TABLE_NO_FLOW_CLOCKS == 0;
-    let (ok, failed) = apply(ctx.ops, class, mss, pkt.is_v6 != 0, headroom);
+    let level = &table.levels[(class.level as usize) & (MAX_LEVELS - 1)];
+    // Not when a rule matches on DSCP: a segment marked by its socket could classify
+    // differently at tc than the unmarked one the policy was written for.
+    let tos = if level.flags & LEVEL_SET_DSCP != 0 && table.flags & TABLE_MATCHES_DSCP == 0 {
+        tos_via.map(|(sol, name)| (sol, name, (level.dscp as u32 & 0x3f) << 2))
+    } else {
+        None
+    };
+    let (ok, failed) = apply(ctx.ops, class, mss, pkt.is_v6 != 0, headroom, tos);
     if ok + failed != 0 {
         if let Some(c) = maps::cpu().and_then(|cpu| cpu.stats.get_mut(class_idx as usize)) {
             c.tcp_sockets += 1;
@@ -103,6 +129,12 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable) {
         }
     }
     d3host::on_established(ctx, table, class_idx, class);
+}
+
+/// `::ffff:a.b.c.d` (as the context's words, network byte order in memory).
+#[inline(always)]
+fn is_v4_mapped(a: &[u32; 4]) -> bool {
+    a[0] == 0 && a[1] == 0 && a[2] == u32::from_ne_bytes([0, 0, 0xff, 0xff])
 }
 
 /// `bpf_sock_ops.remote_port` holds the port in network byte order; little-endian kernels put
@@ -149,9 +181,17 @@ pub fn payload_rate(wire_rate: u64, mss: u32, v6: bool) -> u64 {
     }
 }
 
-/// Applies the class's settings; returns (settings applied, settings refused).
+/// Applies the class's settings (and the TOS byte, through `(level, name, value)`); returns
+/// (settings applied, settings refused).
 #[inline(always)]
-fn apply(ops: *mut bpf_sock_ops, class: &ClassConfig, mss: u32, v6: bool, headroom: bool) -> (u64, u64) {
+fn apply(
+    ops: *mut bpf_sock_ops,
+    class: &ClassConfig,
+    mss: u32,
+    v6: bool,
+    headroom: bool,
+    tos: Option<(i32, i32, u32)>,
+) -> (u64, u64) {
     let mut ok = 0;
     let mut failed = 0;
     let mut set = |level: i32, name: i32, val: u32| {
@@ -174,6 +214,10 @@ fn apply(ops: *mut bpf_sock_ops, class: &ClassConfig, mss: u32, v6: bool, headro
     }
     if class.delack_max_us != 0 {
         set(SOL_TCP, TCP_BPF_DELACK_MAX, class.delack_max_us);
+    }
+    if let Some((sol, name, v)) = tos {
+        // The kernel keeps the socket's ECN bits (TCP owns them).
+        set(sol, name, v);
     }
     (ok, failed)
 }

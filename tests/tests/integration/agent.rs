@@ -54,6 +54,14 @@ fn write(path: &Path, text: &str) {
     std::fs::write(path, text).expect("write policy");
 }
 
+/// [`policy`] for the rate tests: enforcement `auto` and a horizon of 1 s, so a pause of the
+/// sender (or of an emulated machine) shorter than that leaves packets queued instead of
+/// costing a clock its time.
+fn rate_policy(ifname: &str, extra_classes: &str, extra_rules: &str) -> String {
+    policy(ifname, "auto", extra_classes, extra_rules)
+        .replace("  link_rate: 1Gbit\n", "  link_rate: 1Gbit\n  horizon: 1s\n")
+}
+
 fn policy(ifname: &str, enforcement: &str, extra_classes: &str, extra_rules: &str) -> String {
     format!(
         r#"apiVersion: paceline/v1
@@ -242,8 +250,7 @@ fn tcp_flow_paced_at_its_class_rate() {
     let classes = format!("    - name: paced\n      level: low\n      flow_rate: {rate_mbit}Mbit\n");
     let rules = "    - class: paced\n      protocol: tcp\n      dst_port: 5201\n";
     // The 1 s horizon as in the UDP test: the flow's clock may run ahead through a stall.
-    let p = policy(&ifname, "auto", &classes, rules)
-        .replace("  link_rate: 1Gbit\n", "  link_rate: 1Gbit\n  horizon: 1s\n");
+    let p = rate_policy(&ifname, &classes, rules);
     write(&scratch.path("p.yaml"), &p);
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
     let mode = agent.status().expect("status")["enforcement"]["mode"]
@@ -296,8 +303,7 @@ fn class_aggregate_rate_enforced_for_udp() {
     // A horizon of 1 s: the class clock may run that far ahead of the present, so a pause of
     // the sender (or of an emulated machine: TCG stalls for hundreds of ms) shorter than that
     // leaves packets queued and costs the class no time.
-    let p = policy(&ifname, "auto", classes, rules)
-        .replace("  link_rate: 1Gbit\n", "  link_rate: 1Gbit\n  horizon: 1s\n");
+    let p = rate_policy(&ifname, classes, rules);
     write(&scratch.path("p.yaml"), &p);
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
     let mode = agent.status().expect("status")["enforcement"]["mode"]
@@ -361,7 +367,7 @@ fn class_tcp_settings_reach_the_socket() {
     std::thread::sleep(Duration::from_secs(2));
     // The kernel's view of the socket: ss reports the current RTO in ms. On a veth the RTT is
     // tens of microseconds, so the RTO sits at its minimum: 200 ms by default, 5 ms here.
-    let ss = a.run(&["ss", "-tin", "dport", "5401"]).expect("ss");
+    let ss = a.run(&["ss", "-tin", "--tos", "dport", "5401"]).expect("ss");
     drop(client);
     let rto: f64 = ss
         .split_whitespace()
@@ -371,6 +377,22 @@ fn class_tcp_settings_reach_the_socket() {
     assert!(
         rto < 50.0,
         "rto {rto} ms: rto_min 5ms did not reach the socket\n{ss}"
+    );
+    // The class's level (high) marks DSCP 46: sock_ops set the socket's TOS to 0xb8, so TCP
+    // sends its segments marked and the classifier rewrites none of them after the handshake
+    // (it still checks every packet; the SYN left before sock_ops ran).
+    let tos = ss
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("tos:"))
+        .unwrap_or_else(|| panic!("no tos in ss output: {ss}"));
+    assert_eq!(tos, "0xb8", "the level's DSCP did not reach the socket\n{ss}");
+    let (packets, rewritten) = (
+        agent.class_counter("rpc", "packets"),
+        agent.class_counter("rpc", "tagged_packets"),
+    );
+    assert!(
+        packets > 100 && rewritten <= 3,
+        "{rewritten} of {packets} packets of the class needed a DSCP rewrite at tc"
     );
     assert!(agent.class_counter("rpc", "tcp_sockets_configured") >= 1);
     assert_eq!(
