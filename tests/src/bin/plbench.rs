@@ -153,6 +153,21 @@ fn main() -> Result<()> {
         None,
         64,
     );
+    // The same segment with the level's DSCP already in it, as TCP sends it once sock_ops has
+    // set the socket's IP_TOS: the classifier finds nothing to rewrite.
+    let tcp4_tos = packet::ipv4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        L4::Tcp {
+            sport: 40000,
+            dport: 11211,
+        },
+        46,
+        0,
+        &[],
+        None,
+        64,
+    );
     let tcp4_vlan = packet::ipv4(
         [10, 0, 0, 1],
         [10, 0, 0, 2],
@@ -214,6 +229,13 @@ fn main() -> Result<()> {
             Prog::Full,
             full_policy(),
             &tcp4,
+            tcp_ts,
+        ),
+        (
+            "IPv4/TCP full path, DSCP already set by the socket",
+            Prog::Full,
+            full_policy(),
+            &tcp4_tos,
             tcp_ts,
         ),
         (
