@@ -42,7 +42,14 @@ enum Bench {
     /// Pacing conformance in the VM (fq): configured vs achieved rates.
     Pacing(ExpArgs),
     /// Seed 004 (QJump) in the VM: RPC latency with and without levels next to bulk flows.
-    Qjump(ExpArgs),
+    Qjump {
+        #[command(flatten)]
+        exp: ExpArgs,
+        /// The switch port's rate in Mbit/s (default 20, what the emulated VM forwards). Another
+        /// rate writes to results/qjump[-host]-<N>mbit/.
+        #[arg(long)]
+        rate_mbit: Option<u64>,
+    },
     /// Seed 001 (pacing study) in the VM: N flows through a small-buffer bottleneck.
     PacingStudy(ExpArgs),
     /// Seed 000 (D3): partition-aggregate deadlines against N senders (use --host: 1 Gbit/s
@@ -72,8 +79,9 @@ fn cargo_build_release(bins: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Runs `plexp <name>` in the VM (or on the host) and leaves its output in results/<dir>/.
-fn experiment(name: &str, a: &ExpArgs) -> Result<()> {
+/// Runs `plexp <name> [extra...]` in the VM (or on the host) and leaves its output in
+/// results/<name>[-host][-<suffix>]/.
+fn experiment(name: &str, a: &ExpArgs, extra: &[String], suffix: Option<&str>) -> Result<()> {
     cargo_build_release(&["plexp", "plload", "plagent", "plreport"])?;
     let root = repo_root();
     let exe = root.join("target/release/plexp");
@@ -81,8 +89,14 @@ fn experiment(name: &str, a: &ExpArgs) -> Result<()> {
     if a.quick {
         args.push("--quick".into());
     }
+    args.extend(extra.iter().cloned());
+    let dir = format!(
+        "{name}{}{}",
+        if a.host { "-host" } else { "" },
+        suffix.map(|s| format!("-{s}")).unwrap_or_default()
+    );
     if a.host {
-        let out = root.join(format!("results/{name}-host"));
+        let out = root.join(format!("results/{dir}"));
         std::fs::create_dir_all(&out)?;
         let status = Command::new(&exe)
             .args(&args)
@@ -121,7 +135,7 @@ fn experiment(name: &str, a: &ExpArgs) -> Result<()> {
     if outcome.status != 0 {
         bail!("plexp {name} failed in the VM (exit status {})", outcome.status);
     }
-    let out = root.join(format!("results/{name}"));
+    let out = root.join(format!("results/{dir}"));
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out)?;
     for e in std::fs::read_dir(&share)? {
@@ -139,10 +153,18 @@ fn experiment(name: &str, a: &ExpArgs) -> Result<()> {
 
 pub fn run(a: Args) -> Result<()> {
     match a.bench {
-        Bench::Pacing(e) => experiment("pacing", &e),
-        Bench::Qjump(e) => experiment("qjump", &e),
-        Bench::PacingStudy(e) => experiment("pacing-study", &e),
-        Bench::D3(e) => experiment("d3", &e),
+        Bench::Pacing(e) => experiment("pacing", &e, &[], None),
+        Bench::Qjump { exp, rate_mbit } => match rate_mbit {
+            Some(r) => experiment(
+                "qjump",
+                &exp,
+                &["--rate-mbit".into(), r.to_string()],
+                Some(&format!("{r}mbit")),
+            ),
+            None => experiment("qjump", &exp, &[], None),
+        },
+        Bench::PacingStudy(e) => experiment("pacing-study", &e, &[], None),
+        Bench::D3(e) => experiment("d3", &e, &[], None),
         Bench::Datapath { repeat, trials } => {
             cargo_build_release(&["plbench"])?;
             let root = repo_root();

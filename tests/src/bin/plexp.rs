@@ -11,7 +11,13 @@ enum Cli {
     /// Pacing conformance: configured vs achieved rates, per flow and aggregate, TCP and UDP.
     Pacing(Common),
     /// Seed 004 (QJump): RPC latency at a high level sharing a bottleneck with bulk traffic.
-    Qjump(Common),
+    Qjump {
+        #[command(flatten)]
+        common: Common,
+        /// The switch port's rate in Mbit/s.
+        #[arg(long, default_value_t = experiments::qjump::DEFAULT_RATE_MBIT)]
+        rate_mbit: u64,
+    },
     /// Seed 001 (pacing study): N flows through a small-buffer bottleneck, paced or not.
     PacingStudy(Common),
     /// Seed 000 (D3): application throughput of partition-aggregate deadlines against N.
@@ -21,7 +27,7 @@ enum Cli {
 fn main() -> anyhow::Result<()> {
     match Cli::parse() {
         Cli::Pacing(c) => experiments::pacing::run(&c),
-        Cli::Qjump(c) => experiments::qjump::run(&c),
+        Cli::Qjump { common, rate_mbit } => experiments::qjump::run(&common, rate_mbit),
         Cli::PacingStudy(c) => experiments::study::run(&c),
         Cli::D3(c) => experiments::d3::run(&c),
     }

@@ -10,7 +10,7 @@
 //!   s3 (bulk)      ──┘                  └── rx2  (bulk sink of the control run)
 //! ```
 //! `sw` is a router namespace whose ports toward `rx` and `rx2` are strict-priority switch ports
-//! ([`crate::testbed::Shaper::StrictPriority`]): `RATE` bit/s, 8 queues of `BUFFER` bytes each,
+//! ([`crate::testbed::Shaper::StrictPriority`]): 20 Mbit/s (`--rate-mbit`), 8 queues of `BUFFER` bytes each,
 //! a packet's queue chosen by its DSCP class selector (`DSCP >> 3`). Every sender runs the
 //! agent. Two policies, switched by reloading the agents:
 //!
@@ -69,11 +69,13 @@ use crate::workload::serve::{ServeOpts, ServeReport, Server};
 use crate::workload::stats::{self, LatencySummary};
 use crate::workload::{self, Tags};
 
-/// The switch port's rate (bit/s): well below what the emulated VM forwards through two hops
-/// with everything else running (a 50 Mbit/s port ran at a third of its rate under TCG, the
-/// CPUs being the bottleneck), so that the port, not the CPU, is the bottleneck and its queue
-/// fills.
-const RATE: u64 = 20_000_000;
+/// The switch port's default rate (bit/s; `--rate-mbit` sets another): well below what the
+/// emulated VM forwards through two hops with everything else running (a 50 Mbit/s port ran at
+/// a third of its rate under TCG, the CPUs being the bottleneck), so that the port, not the
+/// CPU, is the bottleneck and its queue fills. The price: a full frame occupies the port for
+/// 606 us, and a strict-priority port cannot preempt the frame it is sending, so an RPC
+/// behind one waits up to that long whatever its level.
+pub const DEFAULT_RATE_MBIT: u64 = 20;
 /// Each switch queue's buffer (bytes): a shallow switch-like buffer of 33 full frames, 20 ms
 /// at 20 Mbit/s.
 const BUFFER: u32 = 50_000;
@@ -156,7 +158,7 @@ fn conditions(bulk_counts: &[u32]) -> Vec<Cond> {
 }
 
 /// The policy text for one sender.
-fn policy_text(p: Policy, ifname: &str) -> String {
+fn policy_text(p: Policy, ifname: &str, rate_bps: u64) -> String {
     let head = format!(
         "apiVersion: paceline/v1\nkind: Policy\nmetadata:\n  name: plexp-qjump-{}\nspec:\n  \
          interfaces: [{ifname}]\n  enforcement: auto\n  link_rate: 10Gbit\n",
@@ -170,7 +172,7 @@ fn policy_text(p: Policy, ifname: &str) -> String {
              - name: rpc\n      level: best-effort\n    - name: bulk\n      level: best-effort\n"
             .to_string(),
         Policy::QJump => format!(
-            "  qjump:\n    hosts: {SENDERS}\n    max_packet: {MAX_PACKET}\n    link_rate: {RATE}bit\n    \
+            "  qjump:\n    hosts: {SENDERS}\n    max_packet: {MAX_PACKET}\n    link_rate: {rate_bps}bit\n    \
              switch_delay: {SWITCH_DELAY}\n  levels:\n    - name: latency\n      priority: 5\n      \
              factor: 1\n      dscp: 46\n    - name: bulk\n      priority: 0\n      factor: unlimited\n      \
              dscp: 0\n  classes:\n    - name: rpc\n      level: latency\n    - name: bulk\n      \
@@ -192,9 +194,9 @@ struct Sender<'a> {
 
 /// Writes `p` for every sender (by rename) and waits until each agent runs it (file watch;
 /// SIGHUP when the watch is slow).
-fn switch_policy(senders: &[Sender], p: Policy) -> Result<()> {
+fn switch_policy(senders: &[Sender], p: Policy, rate_bps: u64) -> Result<()> {
     for s in senders {
-        let text = policy_text(p, &s.ifname);
+        let text = policy_text(p, &s.ifname, rate_bps);
         super::pacing::switch_policy(
             &s.agent,
             s.host.name(),
@@ -248,6 +250,7 @@ fn run_cond(
     cond: &Cond,
     t: Timing,
     seed: u64,
+    rate_bps: u64,
 ) -> Result<(Value, Vec<f64>, Vec<f64>)> {
     let sink = if cond.elsewhere { rx2 } else { rx };
     let port = if cond.elsewhere { ports.1 } else { ports.0 };
@@ -362,7 +365,7 @@ fn run_cond(
         "port": {
             "sent_bytes": p1.bytes.saturating_sub(p0.bytes),
             "drops": p1.drops.saturating_sub(p0.drops),
-            "utilisation": (p1.bytes.saturating_sub(p0.bytes)) as f64 * 8.0 / dt / RATE as f64,
+            "utilisation": (p1.bytes.saturating_sub(p0.bytes)) as f64 * 8.0 / dt / rate_bps as f64,
         },
         "queues_rx": queue_delta(&q0.0, &q1.0),
         "queues_rx2": queue_delta(&q0.1, &q1.1),
@@ -381,7 +384,9 @@ fn run_cond(
 }
 
 /// Runs the experiment.
-pub fn run(c: &Common) -> Result<()> {
+pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
+    anyhow::ensure!(rate_mbit > 0, "--rate-mbit must be at least 1");
+    let rate_bps = rate_mbit * 1_000_000;
     std::fs::create_dir_all(&c.out).with_context(|| format!("create {}", c.out.display()))?;
     let (bulk_counts, reps, t): (&[u32], u32, Timing) = if c.quick {
         (
@@ -430,7 +435,7 @@ pub fn run(c: &Common) -> Result<()> {
     let l_rx = tb.link(&sw, &rx)?;
     let l_rx2 = tb.link(&sw, &rx2)?;
     tb.route_all()?;
-    let spec = BottleneckSpec::strict_priority(RATE, BUFFER);
+    let spec = BottleneckSpec::strict_priority(rate_bps, BUFFER);
     let port_rx = l_rx.bottleneck_a_to_b(&spec)?;
     let port_rx2 = l_rx2.bottleneck_a_to_b(&spec)?;
     for h in &hosts {
@@ -446,7 +451,7 @@ pub fn run(c: &Common) -> Result<()> {
         let dir = scratch.path(h.name());
         std::fs::create_dir_all(&dir)?;
         let policy_path = dir.join("policy.yaml");
-        std::fs::write(&policy_path, policy_text(Policy::Flat, &ifname))?;
+        std::fs::write(&policy_path, policy_text(Policy::Flat, &ifname, rate_bps))?;
         let agent = Agent::start(h, &policy_path, &dir.join("state"));
         senders.push(Sender {
             host: h,
@@ -462,7 +467,7 @@ pub fn run(c: &Common) -> Result<()> {
                 "qjump-policy-{}.yaml",
                 if p == Policy::Flat { "flat" } else { "levels" }
             ),
-            &policy_text(p, "<sender interface>"),
+            &policy_text(p, "<sender interface>", rate_bps),
         )?;
     }
     let enforcement = status_of(&senders[0].agent)?["enforcement"].clone();
@@ -490,15 +495,24 @@ pub fn run(c: &Common) -> Result<()> {
         }
         for cond in order {
             if cond.policy != current {
-                switch_policy(&senders, cond.policy)?;
+                switch_policy(&senders, cond.policy, rate_bps)?;
                 current = cond.policy;
                 if current == Policy::QJump && levels_status.is_null() {
                     levels_status = status_of(&senders[0].agent)?["policy"]["levels"].clone();
                 }
             }
             let seed = c.seed + rep as u64;
-            let (rec, s, clean) = run_cond(&senders, &rx, &rx2, (&port_rx, &port_rx2), cond, t, seed)
-                .with_context(|| format!("condition {} (rep {rep})", cond.key()))?;
+            let (rec, s, clean) = run_cond(
+                &senders,
+                &rx,
+                &rx2,
+                (&port_rx, &port_rx2),
+                cond,
+                t,
+                seed,
+                rate_bps,
+            )
+            .with_context(|| format!("condition {} (rep {rep})", cond.key()))?;
             let r = &rec["rpc"];
             eprintln!(
                 "qjump: rep {rep} {:<26} p50 {:>8.0} us  p99 {:>8.0} us  p99.9 {:>8.0} us  lost {}  bulk {:>6.2} Mbit/s  port drops {}",
@@ -678,7 +692,7 @@ pub fn run(c: &Common) -> Result<()> {
         "params": {
             "seed": c.seed,
             "reps": reps,
-            "rate_bps": RATE,
+            "rate_bps": rate_bps,
             "buffer_bytes_per_queue": BUFFER,
             "rpc_rate": RPC_RATE,
             "rpc_bytes": RPC_SIZE,
