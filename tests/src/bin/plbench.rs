@@ -140,47 +140,20 @@ fn worst_case_policy() -> PolicyTable {
 
 fn main() -> Result<()> {
     let Bench::Datapath { repeat, trials, out } = Cli::parse().bench;
-    let tcp4 = packet::ipv4(
-        [10, 0, 0, 1],
-        [10, 0, 0, 2],
-        L4::Tcp {
+    // A 64-byte TCP segment to the class with pacing and a DSCP level, with a DSCP and an
+    // optional 802.1Q tag.
+    let tcp4_with = |dscp: u8, vlan: Option<(u16, u8)>| {
+        let l4 = L4::Tcp {
             sport: 40000,
             dport: 11211,
-        },
-        0,
-        0,
-        &[],
-        None,
-        64,
-    );
+        };
+        packet::ipv4([10, 0, 0, 1], [10, 0, 0, 2], l4, dscp, 0, &[], vlan, 64)
+    };
+    let tcp4 = tcp4_with(0, None);
     // The same segment with the level's DSCP already in it, as TCP sends it once sock_ops has
     // set the socket's IP_TOS: the classifier finds nothing to rewrite.
-    let tcp4_tos = packet::ipv4(
-        [10, 0, 0, 1],
-        [10, 0, 0, 2],
-        L4::Tcp {
-            sport: 40000,
-            dport: 11211,
-        },
-        46,
-        0,
-        &[],
-        None,
-        64,
-    );
-    let tcp4_vlan = packet::ipv4(
-        [10, 0, 0, 1],
-        [10, 0, 0, 2],
-        L4::Tcp {
-            sport: 40000,
-            dport: 11211,
-        },
-        0,
-        0,
-        &[],
-        Some((100, 0)),
-        64,
-    );
+    let tcp4_tos = tcp4_with(46, None);
+    let tcp4_vlan = tcp4_with(0, Some((100, 0)));
     let src6 = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
     let udp6 = packet::ipv6(
         src6,
