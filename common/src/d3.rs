@@ -501,10 +501,13 @@ impl D3Feedback {
     }
 }
 
-/// Receiver fast path: the feedback bytes to echo for request bytes (`None` if invalid).
+/// Receiver fast path: the feedback bytes to echo for request bytes (`None` if invalid, and
+/// for a FIN request: its slots are zero and its sender, done with the transfer, waits for no
+/// answer; an echo would only arrive at a sender that has nothing outstanding).
 #[inline]
 pub fn feedback_for(req: &[u8; REQ_LEN]) -> Option<[u8; FB_LEN]> {
     match D3Request::decode(req) {
+        Ok(r) if r.flags & FLAG_FIN != 0 => None,
         Ok(r) => Some(D3Feedback::from_request(&r).encode()),
         Err(_) => None,
     }
@@ -1430,6 +1433,10 @@ mod tests {
             [0xFD, 12, 0xD3, 0x03, 0x12, 0x90, 200, 150, 0, 0, 0, 0]
         );
         assert_eq!(feedback_for(&b), Some(fb.encode()));
+        // A FIN request gets no echo.
+        let mut fin = b;
+        fin[OFF_FLAGS_HOP] |= FLAG_FIN;
+        assert_eq!(feedback_for(&fin), None);
         assert_eq!(fb.min_units(), Some(150));
         assert_eq!(fb.min_rate(), Some(150 * (2048 << 9)));
     }
