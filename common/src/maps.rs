@@ -280,9 +280,11 @@ pub const TABLE_D3_RECEIVER: u32 = 1 << 2;
 /// No per-flow clocks in the tc program: nothing (no fq) would hold packets until their
 /// departure, so TCP paces itself (sock_ops) and `flow_rate` serves only sock_ops.
 pub const TABLE_NO_FLOW_CLOCKS: u32 = 1 << 1;
-/// Some rule matches on DSCP: sock_ops must not set a socket's TOS, or its segments would
-/// reach the tc classifier already marked and could match a different rule there.
-pub const TABLE_MATCHES_DSCP: u32 = 1 << 3;
+/// sock_ops may set TCP sockets' TOS to their level's DSCP: every interface with a route is
+/// managed (a socket's segments carry that DSCP wherever they leave; `IP_TOS` also sets the
+/// socket's priority from the TOS, which the classifier overrides on managed interfaces), and
+/// no rule matches on DSCP (a segment marked by its socket could match another rule at tc).
+pub const TABLE_SOCK_TOS: u32 = 1 << 3;
 
 /// A whole compiled policy: what one slot of [`names::TABLES`] holds.
 ///

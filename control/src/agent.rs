@@ -24,6 +24,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
+use paceline_common::maps::TABLE_SOCK_TOS;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{
@@ -374,7 +375,24 @@ pub async fn run(opts: Options) -> Result<()> {
     })?;
     let request = validated.enforcement();
     let mode = decide_mode(request, &features)?;
-    let compiled = policy::compile(&validated, &CompileContext { mode, previous: None });
+    let compiled = policy::compile(
+        &validated,
+        &CompileContext {
+            mode,
+            previous: None,
+            all_routes_managed: all_routes_managed(&validated.interfaces),
+        },
+    );
+    if compiled.table.flags & TABLE_SOCK_TOS != 0 {
+        log::info!(
+            "sock_ops marks TCP sockets with their level's DSCP (every route leaves through a managed interface)"
+        );
+    } else {
+        log::info!(
+            "sock_ops leaves TCP sockets' DSCP alone: the classifier rewrites it (some route leaves through an \
+             interface the policy does not manage, or a rule matches on DSCP)"
+        );
+    }
     for w in &compiled.warnings {
         log::warn!("policy: {w}");
     }
@@ -608,6 +626,16 @@ async fn event_loop(
     }
 }
 
+/// True when every interface this host has a route through (`lo` aside) is managed: only then
+/// may sock_ops mark sockets, whose traffic could otherwise leave marked through an interface
+/// the policy does not cover.
+fn all_routes_managed(managed: &[String]) -> bool {
+    match policy::host::route_interfaces() {
+        Some(routes) => routes.iter().all(|i| managed.contains(i)),
+        None => false,
+    }
+}
+
 /// A digest of the policy file's bytes (`None` while it cannot be read).
 fn file_digest(path: &Path) -> Option<u64> {
     use std::hash::{Hash as _, Hasher as _};
@@ -705,6 +733,7 @@ fn try_reload(
         &CompileContext {
             mode,
             previous: Some(&g.compiled),
+            all_routes_managed: all_routes_managed(&validated.interfaces),
         },
     );
     if !force && compiled.hash == g.compiled.hash {

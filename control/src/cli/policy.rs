@@ -102,7 +102,14 @@ fn compile_text(text: &str, name: &str) -> Result<serde_json::Value, i32> {
         2
     })?;
     let mode = v.enforcement().fixed().unwrap_or(EnforcementMode::Fq);
-    let mut j = policy::render::json(&policy::compile(&v, &CompileContext { mode, previous: None }));
+    let mut j = policy::render::json(&policy::compile(
+        &v,
+        &CompileContext {
+            mode,
+            previous: None,
+            all_routes_managed: false,
+        },
+    ));
     // Where the policy came from is not part of what it says.
     if let Some(o) = j.as_object_mut() {
         for k in ["file", "sha256", "warnings"] {
@@ -219,7 +226,14 @@ fn check(a: CheckArgs) -> Result<i32> {
         Some(Mode::None) => EnforcementMode::None,
         None => validated.enforcement().fixed().unwrap_or(EnforcementMode::Fq),
     };
-    let compiled = policy::compile(&validated, &CompileContext { mode, previous: None });
+    let compiled = policy::compile(
+        &validated,
+        &CompileContext {
+            mode,
+            previous: None,
+            all_routes_managed: false,
+        },
+    );
     if a.json {
         println!(
             "{}",

@@ -23,8 +23,8 @@ use std::collections::{HashMap, HashSet};
 use ipnet::IpNet;
 use paceline_common::maps::{
     CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_CLASSES,
-    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_MATCHES_DSCP, TABLE_NEEDS_CGROUP,
-    TABLE_NO_FLOW_CLOCKS, level_slot,
+    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_NEEDS_CGROUP, TABLE_NO_FLOW_CLOCKS,
+    TABLE_SOCK_TOS, level_slot,
 };
 use paceline_common::qjump::Network;
 
@@ -74,6 +74,10 @@ pub struct CompileContext<'a> {
     /// The policy running now: classes that exist in both keep their index, so their clocks
     /// and counters keep their meaning across a reload.
     pub previous: Option<&'a Compiled>,
+    /// Every interface this host has a route through is one of the policy's: sock_ops may
+    /// then mark TCP sockets with their level's DSCP (`TABLE_SOCK_TOS`, unless a rule
+    /// matches on DSCP). `false` where that is not known (`policy check`).
+    pub all_routes_managed: bool,
 }
 
 /// The QJump network as reported.
@@ -585,6 +589,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
     classes.sort_by_key(|c| c.index);
 
     let mut rules = Vec::new();
+    let mut dscp_rules = false;
     for (ri, r) in v.rules.iter().enumerate() {
         let class = idx[r.class];
         table.rules[ri] = table_rule(r, class);
@@ -592,7 +597,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
             table.flags |= TABLE_NEEDS_CGROUP;
         }
         if r.dscp.is_some() {
-            table.flags |= TABLE_MATCHES_DSCP;
+            dscp_rules = true;
         }
         rules.push(RuleInfo {
             origin: rule_origin(r),
@@ -600,6 +605,9 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
             class_index: class,
             matches: rule_text(r),
         });
+    }
+    if ctx.all_routes_managed && !dscp_rules {
+        table.flags |= TABLE_SOCK_TOS;
     }
     // Without fq nothing holds packets until their timestamp: a per-flow clock would only run
     // ahead and turn into a policer (drops at the horizon). TCP flows pace themselves through

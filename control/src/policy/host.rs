@@ -165,41 +165,93 @@ fn dedup(v: Vec<String>) -> Vec<String> {
 const RTF_UP: u32 = 0x0001;
 const RTF_REJECT: u32 = 0x0200;
 
+/// The interfaces any up, non-reject route (IPv4 or IPv6) leaves through, `lo` excluded, read
+/// from `/proc/net/route` and `/proc/net/ipv6_route` (per network namespace): where this
+/// host's traffic can go. `None` when neither can be read.
+pub fn route_interfaces() -> Option<Vec<String>> {
+    let v4 = std::fs::read_to_string("/proc/net/route").ok();
+    let v6 = std::fs::read_to_string("/proc/net/ipv6_route").ok();
+    if v4.is_none() && v6.is_none() {
+        return None;
+    }
+    let mut out = Vec::new();
+    if let Some(t) = v4 {
+        out.extend(parse_route_ifaces_v4(&t));
+    }
+    if let Some(t) = v6 {
+        out.extend(parse_route_ifaces_v6(&t));
+    }
+    Some(dedup(out))
+}
+
+/// One usable route: up and not a reject route.
+struct Route<'a> {
+    iface: &'a str,
+    default: bool,
+}
+
+/// The usable routes of `/proc/net/route` (header line first).
+fn routes_v4(text: &str) -> impl Iterator<Item = Route<'_>> {
+    text.lines().skip(1).filter_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let flags = u32::from_str_radix(f.get(3)?, 16).unwrap_or(0);
+        (f.len() >= 8 && flags & RTF_UP != 0 && flags & RTF_REJECT == 0).then(|| Route {
+            iface: f[0],
+            default: f[1] == "00000000" && f[7] == "00000000",
+        })
+    })
+}
+
+/// The usable routes of `/proc/net/ipv6_route`.
+fn routes_v6(text: &str) -> impl Iterator<Item = Route<'_>> {
+    text.lines().filter_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let flags = u32::from_str_radix(f.get(8)?, 16).unwrap_or(0);
+        (f.len() >= 10 && flags & RTF_UP != 0 && flags & RTF_REJECT == 0).then(|| Route {
+            iface: f[9],
+            default: f[0].bytes().all(|b| b == b'0') && f[1] == "00",
+        })
+    })
+}
+
+/// Interfaces of every up, non-reject IPv4 route, `lo` excluded.
+pub fn parse_route_ifaces_v4(text: &str) -> Vec<String> {
+    dedup(
+        routes_v4(text)
+            .filter(|r| r.iface != "lo")
+            .map(|r| r.iface.to_string())
+            .collect(),
+    )
+}
+
+/// Interfaces of every up, non-reject IPv6 route, `lo` excluded.
+pub fn parse_route_ifaces_v6(text: &str) -> Vec<String> {
+    dedup(
+        routes_v6(text)
+            .filter(|r| r.iface != "lo")
+            .map(|r| r.iface.to_string())
+            .collect(),
+    )
+}
+
 /// Interfaces with an IPv4 default route (`Destination` and `Mask` 0, up, not a reject route).
 pub fn parse_route_v4(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 8 {
-            continue;
-        }
-        let flags = u32::from_str_radix(f[3], 16).unwrap_or(0);
-        if f[1] == "00000000" && f[7] == "00000000" && flags & RTF_UP != 0 && flags & RTF_REJECT == 0 {
-            out.push(f[0].to_string());
-        }
-    }
-    dedup(out)
+    dedup(
+        routes_v4(text)
+            .filter(|r| r.default)
+            .map(|r| r.iface.to_string())
+            .collect(),
+    )
 }
 
 /// Interfaces with an IPv6 default route (`::/0`, up, not a reject route, not `lo`).
 pub fn parse_route_v6(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 10 {
-            continue;
-        }
-        let flags = u32::from_str_radix(f[8], 16).unwrap_or(0);
-        if f[0].bytes().all(|b| b == b'0')
-            && f[1] == "00"
-            && flags & RTF_UP != 0
-            && flags & RTF_REJECT == 0
-            && f[9] != "lo"
-        {
-            out.push(f[9].to_string());
-        }
-    }
-    dedup(out)
+    dedup(
+        routes_v6(text)
+            .filter(|r| r.default && r.iface != "lo")
+            .map(|r| r.iface.to_string())
+            .collect(),
+    )
 }
 
 /// The mount point of the first cgroup2 file system in a mountinfo text.
@@ -334,6 +386,20 @@ mod tests {
                  eth1\t00000000\t010200C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n\
                  eth2\t00000000\t00000000\t0201\t0\t0\t0\t00000000\t0\t0\t0\n";
         assert_eq!(parse_route_v4(t), vec!["eth0", "eth1"]);
+    }
+
+    #[test]
+    fn every_route_interface() {
+        let v4 = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                  eth0\t00000000\t0101A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+                  mgmt0\t0000A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  dead0\t0000A8C0\t00000000\t0000\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  lo\t0000007F\t00000000\t0001\t0\t0\t0\t000000FF\t0\t0\t0\n";
+        assert_eq!(parse_route_ifaces_v4(v4), ["eth0", "mgmt0"]);
+        let v6 = "fe800000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001 eth0\n\
+                  00000000000000000000000000000001 80 00000000000000000000000000000000 00 00000000000000000000000000000000 00000000 00000002 00000000 80200001 lo\n\
+                  fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001 stor0\n";
+        assert_eq!(parse_route_ifaces_v6(v6), ["eth0", "stor0"]);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use paceline_common::classify::{UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK};
 use paceline_common::maps::{
     CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, Rule,
-    TABLE_MATCHES_DSCP, TABLE_NEEDS_CGROUP, level_slot,
+    TABLE_NEEDS_CGROUP, TABLE_SOCK_TOS, level_slot,
 };
 
 use super::*;
@@ -52,6 +52,7 @@ fn fq(v: &Validated) -> Compiled {
         &CompileContext {
             mode: EnforcementMode::Fq,
             previous: None,
+            all_routes_managed: false,
         },
     )
 }
@@ -59,7 +60,14 @@ fn fq(v: &Validated) -> Compiled {
 /// Compiled for the mode the policy asks for (fq for auto).
 fn as_requested(v: &Validated) -> Compiled {
     let mode = v.enforcement().fixed().unwrap_or(EnforcementMode::Fq);
-    compile(v, &CompileContext { mode, previous: None })
+    compile(
+        v,
+        &CompileContext {
+            mode,
+            previous: None,
+            all_routes_managed: false,
+        },
+    )
 }
 
 fn schema_validator() -> jsonschema::Validator {
@@ -145,7 +153,14 @@ fn shipped_policies_match_the_schema_and_validate_offline() {
             EnforcementMode::SockopsOnly,
             EnforcementMode::None,
         ] {
-            let c = compile(&v, &CompileContext { mode, previous: None });
+            let c = compile(
+                &v,
+                &CompileContext {
+                    mode,
+                    previous: None,
+                    all_routes_managed: false,
+                },
+            );
             let report = render::check_report(&c);
             for line in report.lines() {
                 assert!(
@@ -440,9 +455,10 @@ spec:
 }
 
 #[test]
-fn a_rule_on_dscp_keeps_sock_ops_off_the_tos() {
-    // sock_ops marks TCP sockets with their level's DSCP, unless a rule matches on DSCP: then
-    // a marked segment could classify differently at tc than the unmarked one.
+fn sock_ops_marks_sockets_only_when_every_route_is_managed_and_no_rule_reads_dscp() {
+    // sock_ops marks TCP sockets with their level's DSCP only when the agent found every route
+    // leaving through a managed interface, and no rule matches on DSCP (a marked segment
+    // could then classify differently at tc than the unmarked one).
     let base = r#"
 apiVersion: paceline/v1
 kind: Policy
@@ -455,12 +471,19 @@ spec:
   default_class: b
 "#;
     let host = FakeHost::new().with_interface("eth0", None);
-    assert_eq!(fq(&ok(base, &host)).table.flags & TABLE_MATCHES_DSCP, 0);
+    let flags = |text: &str, all_routes_managed: bool| {
+        let v = ok(text, &host);
+        let ctx = CompileContext {
+            mode: EnforcementMode::Fq,
+            previous: None,
+            all_routes_managed,
+        };
+        compile(&v, &ctx).table.flags & TABLE_SOCK_TOS
+    };
+    assert_eq!(flags(base, true), TABLE_SOCK_TOS);
+    assert_eq!(flags(base, false), 0, "a route through an unmanaged interface");
     let on_dscp = base.replace("dst_port: 80}]", "dst_port: 80}, {class: a, dscp: 10}]");
-    assert_eq!(
-        fq(&ok(&on_dscp, &host)).table.flags & TABLE_MATCHES_DSCP,
-        TABLE_MATCHES_DSCP
-    );
+    assert_eq!(flags(&on_dscp, true), 0, "a rule matches on DSCP");
 }
 
 #[test]
@@ -599,7 +622,7 @@ fn small_policy_compiles_to_the_exact_table() {
     t.n_rules = 3;
     t.n_classes = 4;
     t.default_class = 2;
-    t.flags = TABLE_NEEDS_CGROUP | TABLE_MATCHES_DSCP;
+    t.flags = TABLE_NEEDS_CGROUP;
     t.horizon_ns = 50_000_000;
     t.classes[0] = ClassConfig {
         skb_priority: 7,
@@ -695,6 +718,7 @@ fn htb_plan_and_class_ids() {
         &CompileContext {
             mode: EnforcementMode::Htb,
             previous: None,
+            all_routes_managed: false,
         },
     );
     let plan = c.htb.as_ref().expect("plan");
@@ -763,6 +787,7 @@ fn htb_without_a_link_rate() {
         &CompileContext {
             mode: EnforcementMode::Htb,
             previous: None,
+            all_routes_managed: false,
         },
     );
     assert_eq!(c.htb.as_ref().map(|p| p.root_rate), Some(1_250_000_000));
@@ -778,6 +803,7 @@ fn htb_without_a_link_rate() {
         &CompileContext {
             mode: EnforcementMode::Htb,
             previous: None,
+            all_routes_managed: false,
         },
     );
     assert!(c.htb.is_none());
@@ -807,6 +833,7 @@ fn modes_change_what_the_table_enforces() {
         &CompileContext {
             mode: EnforcementMode::None,
             previous: None,
+            all_routes_managed: false,
         },
     );
     assert!(
@@ -828,6 +855,7 @@ fn modes_change_what_the_table_enforces() {
         &CompileContext {
             mode: EnforcementMode::SockopsOnly,
             previous: None,
+            all_routes_managed: false,
         },
     );
     assert_eq!(
@@ -891,6 +919,7 @@ fn class_indices_are_stable_across_reloads() {
         &CompileContext {
             mode: EnforcementMode::Fq,
             previous: Some(&c1),
+            all_routes_managed: false,
         },
     );
     assert_eq!(
@@ -927,6 +956,7 @@ fn class_indices_are_stable_across_reloads() {
         &CompileContext {
             mode: EnforcementMode::Fq,
             previous: Some(&full),
+            all_routes_managed: false,
         },
     );
     assert_eq!(c.class_names[10].as_deref(), Some("x"));
@@ -1070,7 +1100,7 @@ fn json_output() {
     assert_eq!(j["classes"][0]["rto_min_us"], 5_000);
     assert_eq!(j["default_class"], "bulk");
     assert_eq!(j["table"]["n_rules"], 3);
-    assert_eq!(j["table"]["flags"], TABLE_NEEDS_CGROUP | TABLE_MATCHES_DSCP);
+    assert_eq!(j["table"]["flags"], TABLE_NEEDS_CGROUP);
     assert_eq!(j["rules"][0]["match"], "tcp dst 10.1.0.0/16 dst_port 11211");
     assert_eq!(j["sha256"].as_str().unwrap().len(), 64);
     let h = render::json(&compile(
@@ -1078,6 +1108,7 @@ fn json_output() {
         &CompileContext {
             mode: EnforcementMode::Htb,
             previous: None,
+            all_routes_managed: false,
         },
     ));
     assert_eq!(h["htb"]["classes"][4]["classid"], "1:201");

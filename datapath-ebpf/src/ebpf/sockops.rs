@@ -5,10 +5,11 @@
 //!
 //! Settings: SO_MAX_PACING_RATE (the class's per-flow rate; TCP then paces itself, which is the
 //! per-flow enforcement on kernels without sch_fq), TCP_BPF_RTO_MIN and TCP_BPF_DELACK_MAX (the
-//! incast mitigations of seed 002), and IP_TOS / IPV6_TCLASS with the DSCP of the class's level:
-//! TCP then sends its segments already marked, and the tc classifier, which still checks every
-//! packet, has nothing to rewrite. A rewrite at tc must first make a TCP segment's headers
-//! private (TCP keeps a clone for retransmission), so this saves a copy per segment.
+//! incast mitigations of seed 002), and IP_TOS / IPV6_TCLASS with the DSCP of the class's level
+//! where the agent allows it (`TABLE_SOCK_TOS`): TCP then sends its segments already marked,
+//! and the tc classifier, which still checks every packet, has nothing to rewrite. A rewrite at
+//! tc must first make a TCP segment's headers private (TCP keeps a clone for retransmission),
+//! so this saves a copy per segment.
 
 use core::ffi::c_void;
 
@@ -21,8 +22,7 @@ use aya_ebpf::{
 use paceline_common::{
     classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, classify},
     maps::{
-        ClassConfig, LEVEL_SET_DSCP, MAX_LEVELS, PolicyTable, TABLE_MATCHES_DSCP, TABLE_NO_FLOW_CLOCKS,
-        v4_mapped,
+        ClassConfig, LEVEL_SET_DSCP, MAX_LEVELS, PolicyTable, TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, v4_mapped,
     },
 };
 
@@ -114,9 +114,9 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable) {
     // above so the two pacers do not compound their jitter (both at the same rate run ~3% slow).
     let headroom = table.flags & TABLE_NO_FLOW_CLOCKS == 0;
     let level = &table.levels[(class.level as usize) & (MAX_LEVELS - 1)];
-    // Not when a rule matches on DSCP: a segment marked by its socket could classify
-    // differently at tc than the unmarked one the policy was written for.
-    let tos = if level.flags & LEVEL_SET_DSCP != 0 && table.flags & TABLE_MATCHES_DSCP == 0 {
+    // Only where the agent allows it (`TABLE_SOCK_TOS`): every route leaves through a managed
+    // interface, and no rule matches on DSCP.
+    let tos = if level.flags & LEVEL_SET_DSCP != 0 && table.flags & TABLE_SOCK_TOS != 0 {
         tos_via.map(|(sol, name)| (sol, name, (level.dscp as u32 & 0x3f) << 2))
     } else {
         None
