@@ -406,6 +406,47 @@ fn class_tcp_settings_reach_the_socket() {
 }
 
 #[test]
+fn socket_dscp_is_left_to_the_classifier_when_a_route_is_unmanaged() {
+    if !privileged("socket_dscp_is_left_to_the_classifier_when_a_route_is_unmanaged") {
+        return;
+    }
+    let (tb, a, b, ifname) = two_hosts("agent_tos_unmanaged");
+    // A second link gives host a a route through an interface the policy does not manage: a
+    // mark set on the socket would leave there too, so sock_ops must not set one.
+    let c = tb.add_host("c").expect("host c");
+    tb.link(&a, &c).expect("second link");
+    let scratch = Scratch::new("tos-unmanaged");
+    let classes = "    - name: rpc\n      level: high\n";
+    let rules = "    - class: rpc\n      protocol: tcp\n      dst_port: 5402\n";
+    write(&scratch.path("p.yaml"), &policy(&ifname, "auto", classes, rules));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    let _server = b.spawn(&[PLLOAD, "serve", "--port", "5402"]).expect("server");
+    std::thread::sleep(Duration::from_millis(500));
+    let to = format!("{}:5402", b.ipv4());
+    let client = a
+        .spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "4"])
+        .expect("client");
+    std::thread::sleep(Duration::from_secs(2));
+    let ss = a.run(&["ss", "-tin", "--tos", "dport", "5402"]).expect("ss");
+    drop(client);
+    let tos = ss
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("tos:"))
+        .unwrap_or_else(|| panic!("no tos in ss output: {ss}"));
+    assert_eq!(tos, "0", "sock_ops marked a socket whose host has an unmanaged route\n{ss}");
+    // The classifier marks the segments on the managed interface instead.
+    let (packets, rewritten) = (
+        agent.class_counter("rpc", "packets"),
+        agent.class_counter("rpc", "tagged_packets"),
+    );
+    assert!(
+        packets > 100 && rewritten * 10 >= packets * 9,
+        "{rewritten} of {packets} packets of the class rewritten at tc"
+    );
+    agent.stop();
+}
+
+#[test]
 fn reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one() {
     if !privileged("reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one") {
         return;
