@@ -272,6 +272,7 @@ fn policy_status(file: &Path, c: &Compiled, generation: u64) -> PolicyStatus {
                 d3: c.table.classes[k.index as usize].flags & paceline_common::maps::CLASS_D3 != 0,
             })
             .collect(),
+        tcp_dscp_by_socket: c.table.flags & TABLE_SOCK_TOS != 0,
         default_class: c
             .class_names
             .get(c.table.default_class as usize)

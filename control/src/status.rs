@@ -54,6 +54,10 @@ pub struct PolicyStatus {
     pub levels: Vec<LevelStatus>,
     pub classes: Vec<ClassStatus>,
     pub default_class: String,
+    /// sock_ops sets TCP sockets' TOS to their level's DSCP (every route leaves through a
+    /// managed interface and no rule matches on DSCP); otherwise the classifier rewrites it.
+    #[serde(default)]
+    pub tcp_dscp_by_socket: bool,
     pub warnings: Vec<String>,
 }
 

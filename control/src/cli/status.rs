@@ -105,6 +105,15 @@ fn render(b: &Value) -> String {
     let _ = writeln!(o, "  TCP flows:  {}", s(&e["tcp_flows"]));
     let _ = writeln!(o, "  UDP flows:  {}", s(&e["udp_flows"]));
     let _ = writeln!(o, "  aggregates: {}", s(&e["aggregates"]));
+    let _ = writeln!(
+        o,
+        "  TCP DSCP:   {}",
+        if b["policy"]["tcp_dscp_by_socket"] == Value::Bool(true) {
+            "set on the socket by sock_ops"
+        } else {
+            "rewritten by the classifier"
+        }
+    );
     for d in b["degraded"].as_array().into_iter().flatten() {
         let _ = writeln!(o, "degraded: {}", s(d));
     }

@@ -388,6 +388,7 @@ fn class_tcp_settings_reach_the_socket() {
         .find_map(|w| w.strip_prefix("tos:"))
         .unwrap_or_else(|| panic!("no tos in ss output: {ss}"));
     assert_eq!(tos, "0xb8", "the level's DSCP did not reach the socket\n{ss}");
+    assert_eq!(agent.status().expect("status")["policy"]["tcp_dscp_by_socket"], true);
     let (packets, rewritten) = (
         agent.class_counter("rpc", "packets"),
         agent.class_counter("rpc", "tagged_packets"),
@@ -434,6 +435,7 @@ fn socket_dscp_is_left_to_the_classifier_when_a_route_is_unmanaged() {
         .find_map(|w| w.strip_prefix("tos:"))
         .unwrap_or_else(|| panic!("no tos in ss output: {ss}"));
     assert_eq!(tos, "0", "sock_ops marked a socket whose host has an unmanaged route\n{ss}");
+    assert_eq!(agent.status().expect("status")["policy"]["tcp_dscp_by_socket"], false);
     // The classifier marks the segments on the managed interface instead.
     let (packets, rewritten) = (
         agent.class_counter("rpc", "packets"),
