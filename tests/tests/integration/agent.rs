@@ -348,6 +348,32 @@ fn class_aggregate_rate_enforced_for_udp() {
     agent.stop();
 }
 
+/// Runs a 4 s TCP bulk flow from `a` to a server on `b` at `port` and returns `ss -tin --tos`
+/// for it, taken 2 s in (the connection established, sock_ops done).
+fn bulk_and_ss(a: &Host, b: &Host, port: u16) -> String {
+    let _server = b
+        .spawn(&[PLLOAD, "serve", "--port", &port.to_string()])
+        .expect("server");
+    std::thread::sleep(Duration::from_millis(500));
+    let to = format!("{}:{port}", b.ipv4());
+    let client = a
+        .spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "4"])
+        .expect("client");
+    std::thread::sleep(Duration::from_secs(2));
+    let ss = a
+        .run(&["ss", "-tin", "--tos", "dport", &port.to_string()])
+        .expect("ss");
+    drop(client);
+    ss
+}
+
+/// The value of `key` (e.g. `"rto:"`) in `ss` output; panics when absent.
+fn ss_field<'a>(ss: &'a str, key: &str) -> &'a str {
+    ss.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in ss output: {ss}"))
+}
+
 #[test]
 fn class_tcp_settings_reach_the_socket() {
     if !privileged("class_tcp_settings_reach_the_socket") {
@@ -360,22 +386,12 @@ fn class_tcp_settings_reach_the_socket() {
     let rules = "    - class: rpc\n      protocol: tcp\n      dst_port: 5401\n";
     write(&scratch.path("p.yaml"), &policy(&ifname, "auto", classes, rules));
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
-    let _server = b.spawn(&[PLLOAD, "serve", "--port", "5401"]).expect("server");
-    std::thread::sleep(Duration::from_millis(500));
-    let to = format!("{}:5401", b.ipv4());
-    let client = a
-        .spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "4"])
-        .expect("client");
-    std::thread::sleep(Duration::from_secs(2));
     // The kernel's view of the socket: ss reports the current RTO in ms. On a veth the RTT is
     // tens of microseconds, so the RTO sits at its minimum: 200 ms by default, 5 ms here.
-    let ss = a.run(&["ss", "-tin", "--tos", "dport", "5401"]).expect("ss");
-    drop(client);
-    let rto: f64 = ss
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("rto:"))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no rto in ss output: {ss}"));
+    let ss = bulk_and_ss(&a, &b, 5401);
+    let rto: f64 = ss_field(&ss, "rto:")
+        .parse()
+        .unwrap_or_else(|_| panic!("no rto in ss output: {ss}"));
     assert!(
         rto < 50.0,
         "rto {rto} ms: rto_min 5ms did not reach the socket\n{ss}"
@@ -383,12 +399,12 @@ fn class_tcp_settings_reach_the_socket() {
     // The class's level (high) marks DSCP 46: sock_ops set the socket's TOS to 0xb8, so TCP
     // sends its segments marked and the classifier rewrites none of them after the handshake
     // (it still checks every packet; the SYN left before sock_ops ran).
-    let tos = ss
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("tos:"))
-        .unwrap_or_else(|| panic!("no tos in ss output: {ss}"));
+    let tos = ss_field(&ss, "tos:");
     assert_eq!(tos, "0xb8", "the level's DSCP did not reach the socket\n{ss}");
-    assert_eq!(agent.status().expect("status")["policy"]["tcp_dscp_by_socket"], true);
+    assert_eq!(
+        agent.status().expect("status")["policy"]["tcp_dscp_by_socket"],
+        true
+    );
     let (packets, rewritten) = (
         agent.class_counter("rpc", "packets"),
         agent.class_counter("rpc", "tagged_packets"),
@@ -421,21 +437,16 @@ fn socket_dscp_is_left_to_the_classifier_when_a_route_is_unmanaged() {
     let rules = "    - class: rpc\n      protocol: tcp\n      dst_port: 5402\n";
     write(&scratch.path("p.yaml"), &policy(&ifname, "auto", classes, rules));
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
-    let _server = b.spawn(&[PLLOAD, "serve", "--port", "5402"]).expect("server");
-    std::thread::sleep(Duration::from_millis(500));
-    let to = format!("{}:5402", b.ipv4());
-    let client = a
-        .spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "4"])
-        .expect("client");
-    std::thread::sleep(Duration::from_secs(2));
-    let ss = a.run(&["ss", "-tin", "--tos", "dport", "5402"]).expect("ss");
-    drop(client);
-    let tos = ss
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("tos:"))
-        .unwrap_or_else(|| panic!("no tos in ss output: {ss}"));
-    assert_eq!(tos, "0", "sock_ops marked a socket whose host has an unmanaged route\n{ss}");
-    assert_eq!(agent.status().expect("status")["policy"]["tcp_dscp_by_socket"], false);
+    let ss = bulk_and_ss(&a, &b, 5402);
+    let tos = ss_field(&ss, "tos:");
+    assert_eq!(
+        tos, "0",
+        "sock_ops marked a socket whose host has an unmanaged route\n{ss}"
+    );
+    assert_eq!(
+        agent.status().expect("status")["policy"]["tcp_dscp_by_socket"],
+        false
+    );
     // The classifier marks the segments on the managed interface instead.
     let (packets, rewritten) = (
         agent.class_counter("rpc", "packets"),
