@@ -1146,21 +1146,7 @@ fn run_pa_fresh(opts: &pa::PaOpts) -> Result<(Vec<pa::PaResponse>, Vec<f64>)> {
             .round(&pa::requests(q, draws), timeout)
             .with_context(|| format!("query {q}"))?;
         drop(fan);
-        let start = t.iter().map(|x| x.send_ns).min().unwrap_or(0);
-        let end = t.iter().map(|x| x.done_ns).max().unwrap_or(start);
-        query_ms.push((end - start) as f64 / 1e6);
-        for (w, (&(size, deadline_us), x)) in draws.iter().zip(&t).enumerate() {
-            let fct_ms = (x.done_ns - x.send_ns) as f64 / 1e6;
-            let deadline_ms = deadline_us as f64 / 1000.0;
-            responses.push(pa::PaResponse {
-                query: q as u64,
-                worker: w as u32,
-                size,
-                deadline_ms,
-                fct_ms,
-                met: fct_ms <= deadline_ms,
-            });
-        }
+        query_ms.push(pa::score(q, draws, &t, &mut responses) as f64 / 1e6);
         if opts.interval_ms > 0.0 && q + 1 < plan.len() {
             workload::sleep_until_ns(workload::mono_ns() + (opts.interval_ms * 1e6) as u64);
         }

@@ -7,7 +7,7 @@
 //! many bytes. A response meets its deadline when its last byte arrives within the deadline
 //! from the moment its query was sent; application throughput is the share that did.
 
-use super::fanout::Fanout;
+use super::fanout::{Fanout, Timing};
 use super::sockopt::SockOpts;
 use super::stats;
 use super::{SCHEMA_VERSION, Tags, mono_ns, proto};
@@ -142,7 +142,6 @@ pub struct PaReport {
     pub responses: Vec<PaResponse>,
 }
 
-/// The (size, deadline in us) pairs a run with `opts` draws, query by query, worker by worker.
 /// The requests of query `q`, one per worker: (response size, deadline in us) from [`draws`].
 pub(crate) fn requests(q: usize, draws: &[(u64, u64)]) -> Vec<proto::Request> {
     draws
@@ -157,6 +156,28 @@ pub(crate) fn requests(q: usize, draws: &[(u64, u64)]) -> Vec<proto::Request> {
         .collect()
 }
 
+/// Scores answered query `q` (its `draws` and the [`Fanout::round`] timings `t`, worker by
+/// worker): appends one [`PaResponse`] per worker and returns the query's span in ns, from the
+/// first request sent to the last response done.
+pub(crate) fn score(q: usize, draws: &[(u64, u64)], t: &[Timing], responses: &mut Vec<PaResponse>) -> u64 {
+    let start = t.iter().map(|x| x.send_ns).min().unwrap_or(0);
+    let end = t.iter().map(|x| x.done_ns).max().unwrap_or(start);
+    for (w, (&(size, deadline_us), tm)) in draws.iter().zip(t).enumerate() {
+        let fct_ms = (tm.done_ns - tm.send_ns) as f64 / 1e6;
+        let deadline_ms = deadline_us as f64 / 1000.0;
+        responses.push(PaResponse {
+            query: q as u64,
+            worker: w as u32,
+            size,
+            deadline_ms,
+            fct_ms,
+            met: fct_ms <= deadline_ms,
+        });
+    }
+    end - start
+}
+
+/// The (size, deadline in us) pairs a run with `opts` draws, query by query, worker by worker.
 pub fn draws(opts: &PaOpts) -> Result<Vec<Vec<(u64, u64)>>> {
     ensure!(
         opts.size_min >= proto::RESP_HDR as u64,
@@ -192,22 +213,9 @@ pub fn run(opts: &PaOpts, tags: &Tags) -> Result<PaReport> {
     for (q, draws) in plan.iter().enumerate() {
         let reqs = requests(q, draws);
         let t = fan.round(&reqs, timeout).with_context(|| format!("query {q}"))?;
-        let start = t.iter().map(|x| x.send_ns).min().unwrap_or(0);
-        let end = t.iter().map(|x| x.done_ns).max().unwrap_or(start);
-        busy_ns += end - start;
-        query_ms.push((end - start) as f64 / 1e6);
-        for (w, (&(size, deadline_us), tm)) in draws.iter().zip(&t).enumerate() {
-            let fct_ms = (tm.done_ns - tm.send_ns) as f64 / 1e6;
-            let deadline_ms = deadline_us as f64 / 1000.0;
-            responses.push(PaResponse {
-                query: q as u64,
-                worker: w as u32,
-                size,
-                deadline_ms,
-                fct_ms,
-                met: fct_ms <= deadline_ms,
-            });
-        }
+        let span_ns = score(q, draws, &t, &mut responses);
+        busy_ns += span_ns;
+        query_ms.push(span_ns as f64 / 1e6);
         if opts.interval_ms > 0.0 && q + 1 < plan.len() {
             super::sleep_until_ns(mono_ns() + (opts.interval_ms * 1e6) as u64);
         }
