@@ -662,44 +662,19 @@ impl<'a> Agents<'a> {
         Ok(ag)
     }
 
-    /// Makes `text` sender j's policy and waits until its agent applied it.
+    /// Makes `text` sender j's policy and waits until its agent applied it (a SIGHUP after 5 s
+    /// if the file watch missed it).
     fn apply(&mut self, j: usize, text: String) -> Result<()> {
         if self.texts[j] == text {
             return Ok(());
         }
-        let a = &self.list[j];
-        let st0 = a
-            .status()
-            .with_context(|| format!("status of the agent on s{j}"))?;
-        let gen0 = st0["policy"]["generation"].as_u64();
-        let rej0 = st0["reloads"]["rejected"].as_u64().unwrap_or(0);
-        let tmp = self.paths[j].with_extension("yaml.new");
-        std::fs::write(&tmp, &text).with_context(|| format!("write {}", tmp.display()))?;
-        std::fs::rename(&tmp, &self.paths[j])?;
-        let t0 = Instant::now();
-        let mut hup = false;
-        loop {
-            std::thread::sleep(Duration::from_millis(100));
-            if let Some(st) = a.status() {
-                if st["policy"]["generation"].as_u64() != gen0 {
-                    break;
-                }
-                if st["reloads"]["rejected"].as_u64().unwrap_or(0) > rej0 {
-                    bail!("the agent on s{j} rejected its policy: {}", st["reloads"]["last"]);
-                }
-            }
-            if !hup && t0.elapsed() > Duration::from_secs(5) {
-                // the file watch missed it: ask for a reload
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(a.pid() as i32),
-                    nix::sys::signal::Signal::SIGHUP,
-                );
-                hup = true;
-            }
-            if t0.elapsed() > Duration::from_secs(60) {
-                bail!("the agent on s{j} did not apply its new policy within 60 s");
-            }
-        }
+        super::pacing::switch_policy(
+            &self.list[j],
+            &format!("s{j}"),
+            &self.paths[j],
+            &text,
+            Duration::from_secs(5),
+        )?;
         self.texts[j] = text;
         Ok(())
     }
