@@ -126,6 +126,25 @@ impl<'a> Agent<'a> {
         Self::bpffs_dir(&self.state_dir).join("d3_app")
     }
 
+    /// GET `path` from the agent's HTTP endpoint (the default address, 127.0.0.1:9977, in its
+    /// namespace); the whole response, headers included. Panics unless it answers 200.
+    pub fn http_get(&self, path: &str) -> String {
+        use std::io::{Read as _, Write as _};
+        self.host
+            .in_netns(|| {
+                let mut c = std::net::TcpStream::connect("127.0.0.1:9977").expect("connect to the agent");
+                write!(c, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+                let mut body = String::new();
+                c.read_to_string(&mut body).unwrap();
+                assert!(
+                    body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
+                    "{body}"
+                );
+                body
+            })
+            .expect("in netns")
+    }
+
     /// The agent's `/status` document (via `paceline status --json` in its namespace).
     pub fn status(&self) -> Option<Value> {
         let out = self

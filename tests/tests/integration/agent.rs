@@ -161,7 +161,7 @@ fn agent_counts_tags_real_traffic_and_leaves_nothing_behind() {
     assert!(other >= 30, "other class counted {other} packets, sent 30");
     assert!(agent.class_counter("probe", "tagged_packets") >= 50);
 
-    let metrics = http_get(&a, "/metrics");
+    let metrics = agent.http_get("/metrics");
     for name in [
         "paceline_class_packets_total{class=\"probe\",level=\"high\"}",
         "paceline_class_bytes_total",
@@ -187,24 +187,6 @@ fn agent_counts_tags_real_traffic_and_leaves_nothing_behind() {
     assert!(log.contains("nothing left behind"), "log: {log}");
     assert_eq!(tc_snapshot(&a, &ifname), before, "qdiscs and filters restored");
     assert!(!scratch.path("state/state.json").exists(), "no state left");
-}
-
-/// GET `path` from the agent's HTTP endpoint inside `host`'s namespace.
-fn http_get(host: &Host, path: &str) -> String {
-    use std::io::{Read as _, Write as _};
-    let path = path.to_string();
-    host.in_netns(move || {
-        let mut c = std::net::TcpStream::connect("127.0.0.1:9977").expect("connect to the agent");
-        write!(c, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-        let mut body = String::new();
-        c.read_to_string(&mut body).unwrap();
-        assert!(
-            body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
-            "{body}"
-        );
-        body
-    })
-    .expect("in netns")
 }
 
 fn recv_tos(s: &std::net::UdpSocket) -> Option<u8> {

@@ -88,19 +88,6 @@ spec:
     )
 }
 
-/// The agent's Prometheus exposition, from inside `host`.
-fn metrics(host: &paceline_tests::testbed::Host) -> String {
-    host.in_netns(|| {
-        use std::io::{Read as _, Write as _};
-        let mut c = std::net::TcpStream::connect("127.0.0.1:9977").unwrap();
-        c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-        let mut b = String::new();
-        c.read_to_string(&mut b).unwrap();
-        b
-    })
-    .unwrap()
-}
-
 /// A histogram's cumulative count at bucket `le` (as printed, e.g. "4194304" or "+Inf").
 fn bucket(metrics: &str, name: &str, le: &str) -> u64 {
     let key = format!("le=\"{le}\"}}");
@@ -186,7 +173,7 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
         assert!(out.success(), "client failed: {}", out.stderr);
     }
     eprintln!("both transfers done after {:?}", started.elapsed());
-    let rx_metrics = metrics(&star.receiver);
+    let rx_metrics = receiver.http_get("/metrics");
     // The receiver echoed the requests (counted on its receiving sockets' class).
     let echoes: u64 = rx_metrics
         .lines()
@@ -214,7 +201,7 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
         assert!(c["grants"].as_u64().unwrap() >= 1, "sender {i} got no grant: {c}");
         assert_eq!(c["deadline_flows"], 1, "{c}");
         assert_eq!(c["deadlines_met"], 1, "sender {i} missed its deadline: {c}");
-        let m = metrics(&star.senders[i]);
+        let m = a.http_get("/metrics");
         let g = "paceline_d3_granted_rate_bytes_per_second";
         let (upto4, all) = (bucket(&m, g, "4194304"), bucket(&m, g, "+Inf"));
         eprintln!("sender {i}: {} of {all} grants above 4 MB/s", all - upto4);
