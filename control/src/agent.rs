@@ -595,7 +595,7 @@ async fn event_loop(
     let _watcher = watch_file(&opts.policy, tx)?;
     // Raw bytes last looked at: unrelated churn in the directory, or a rejected file that
     // has not changed since, must not trigger another parse (or another rejection).
-    let mut last_bytes = file_digest(&opts.policy);
+    let mut last_bytes = Some(digest(shared.lock().policy_text.as_bytes()));
     let interval_ns = shared.lock().router.as_ref().map(|r| r.interval_ns);
     let mut d3_timer = tokio::time::interval(Duration::from_nanos(interval_ns.unwrap_or(3_600_000_000_000)));
     d3_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -612,15 +612,19 @@ async fn event_loop(
             }
             _ = term.recv() => { log::info!("SIGTERM: shutting down"); return Ok(()); }
             _ = int.recv() => { log::info!("SIGINT: shutting down"); return Ok(()); }
-            _ = hup.recv() => reload(opts, shared, dir, host, "SIGHUP", true),
+            _ = hup.recv() => reload(opts, shared, dir, host, "SIGHUP", true, None),
             Some(()) = changes.recv() => {
                 // Editors write in several steps: wait for the file to settle.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 while changes.try_recv().is_ok() {}
-                let now = file_digest(&opts.policy);
+                let bytes = std::fs::read(&opts.policy).ok();
+                let now = bytes.as_deref().map(digest);
                 if now != last_bytes {
                     last_bytes = now;
-                    reload(opts, shared, dir, host, "file change", false);
+                    // The bytes just read are the policy to check (text that is not UTF-8 is
+                    // read again by the reload, which reports it).
+                    let text = bytes.and_then(|b| String::from_utf8(b).ok());
+                    reload(opts, shared, dir, host, "file change", false, text);
                 }
             }
         }
@@ -637,20 +641,19 @@ fn all_routes_managed(managed: &[String]) -> bool {
     }
 }
 
-/// A digest of the policy file's bytes (`None` while it cannot be read).
-fn file_digest(path: &Path) -> Option<u64> {
+/// A digest of the policy file's bytes.
+fn digest(bytes: &[u8]) -> u64 {
     use std::hash::{Hash as _, Hasher as _};
-    let bytes = std::fs::read(path).ok()?;
     let mut h = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut h);
-    Some(h.finish())
+    h.finish()
 }
 
 /// Watches the directory that holds the policy, and the directory its symlinks resolve to.
 ///
 /// Editors replace files by rename, and Kubernetes ConfigMap volumes swap a `..data` symlink
 /// without touching the policy's own name, so any change in those directories wakes the
-/// reload path; `try_reload` then compares the file's hash and ignores unrelated churn.
+/// reload path; the watch loop then compares the file's digest and ignores unrelated churn.
 fn watch_file(path: &Path, tx: tokio::sync::mpsc::UnboundedSender<()>) -> Result<notify::RecommendedWatcher> {
     use notify::Watcher as _;
     let parent = |p: &Path| {
@@ -681,8 +684,17 @@ fn watch_file(path: &Path, tx: tokio::sync::mpsc::UnboundedSender<()>) -> Result
 }
 
 /// Applies the policy file if it is valid; otherwise keeps the running policy.
-fn reload(opts: &Options, shared: &Arc<Shared>, dir: &StateDir, host: &SystemHost, why: &str, force: bool) {
-    let outcome = try_reload(opts, shared, host, force);
+/// `text`: the policy file's content when the caller already read it (`None`: read it here).
+fn reload(
+    opts: &Options,
+    shared: &Arc<Shared>,
+    dir: &StateDir,
+    host: &SystemHost,
+    why: &str,
+    force: bool,
+    text: Option<String>,
+) {
+    let outcome = try_reload(opts, shared, host, force, text);
     {
         let mut g = shared.lock();
         match &outcome {
@@ -722,9 +734,13 @@ fn try_reload(
     shared: &Arc<Shared>,
     host: &SystemHost,
     force: bool,
+    text: Option<String>,
 ) -> Result<Option<u64>, Vec<String>> {
-    let text =
-        policy::read(&opts.policy).map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    let text = match text {
+        Some(t) => t,
+        None => policy::read(&opts.policy)
+            .map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?,
+    };
     let validated = policy::parse_str(&text, &opts.policy.display().to_string(), host)
         .map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
     let mut g = shared.lock();
