@@ -58,11 +58,16 @@ impl StandingQueue {
         self.window
     }
 
-    /// Records this interval's sample and returns the standing queue: the window's minimum.
-    /// The window starts out empty (zeros): a queue counts once it has lasted a whole window.
+    /// Records this interval's sample and returns the standing queue.
     pub fn push(&mut self, q: u64) -> u64 {
         self.samples[self.next] = q;
         self.next = (self.next + 1) % self.window;
+        self.value()
+    }
+
+    /// The standing queue: the window's minimum. The window starts out empty (zeros): a queue
+    /// counts once it has lasted a whole window.
+    pub fn value(&self) -> u64 {
         self.samples[..self.window].iter().copied().min().unwrap_or(0)
     }
 }
@@ -77,9 +82,8 @@ pub struct Link {
     last_sent: u64,
     last_requests: u64,
     pub resets: u64,
-    /// The last queue sample, and the standing queue the controller used.
+    /// The last queue sample, and the filter that gives the standing queue the controller used.
     pub last_queue: u64,
-    pub standing_queue: u64,
     queue: StandingQueue,
 }
 
@@ -106,20 +110,12 @@ pub struct LinkReport {
     pub standing_queue_bytes: u64,
 }
 
-/// What one controller step did.
-#[derive(Clone, Copy, Debug)]
-pub struct Step {
-    /// `capacity_tick`'s `TICK_*` bits.
-    pub tick: u32,
-    /// The standing queue it acted on.
-    pub standing_queue: u64,
-}
-
 /// One controller interval of a link, without the datapath: the queue sample goes through the
 /// standing-queue filter, `capacity_tick` updates C, and a queue lowers C by at most
 /// 1/`MAX_DECREASE_DEN` per interval. beta * q / T with beta = 1 removes a whole queue's worth
 /// of rate per interval: on a 100 Mbit/s link a 30 KB queue took C from the line rate to its
 /// floor in one 1 ms tick and every grant went to 0 (the paper's constants suit 1 Gbit/s).
+/// Returns `capacity_tick`'s `TICK_*` bits.
 pub fn control_step(
     state: &mut D3LinkState,
     cfg: &D3LinkConfig,
@@ -127,7 +123,7 @@ pub fn control_step(
     sent: u64,
     q: u64,
     interval_ns: u64,
-) -> Step {
+) -> u32 {
     let standing_queue = queue.push(q);
     let before = state.capacity;
     let tick = d3::capacity_tick(state, cfg, sent, standing_queue, interval_ns);
@@ -135,7 +131,7 @@ pub fn control_step(
     if tick & TICK_RESET == 0 && state.capacity < floor {
         state.capacity = floor.max(cfg.capacity_min);
     }
-    Step { tick, standing_queue }
+    tick
 }
 
 pub struct Router {
@@ -181,7 +177,6 @@ impl Router {
                 last_requests: 0,
                 resets: 0,
                 last_queue: 0,
-                standing_queue: 0,
                 queue: StandingQueue::new(l.capacity, interval_ns),
             });
         }
@@ -217,7 +212,6 @@ impl Router {
             l.last_queue = q;
             let before = l.state.capacity;
             let out = control_step(&mut l.state, &l.cfg, &mut l.queue, sent, q, self.interval_ns);
-            l.standing_queue = out.standing_queue;
             if q > 0 || l.state.flows > 0 {
                 log::trace!(
                     "D3 {}: C {} -> {} B/s, D {}, A {}, N {}, sent {} B, queue {} B (standing {} B)",
@@ -229,7 +223,7 @@ impl Router {
                     l.state.flows,
                     sent,
                     q,
-                    l.standing_queue
+                    l.queue.value()
                 );
             }
             dp.set_d3_link_ctl(
@@ -239,7 +233,7 @@ impl Router {
                     capacity: l.state.capacity,
                 },
             )?;
-            if out.tick & TICK_RESET != 0 {
+            if out & TICK_RESET != 0 {
                 // No request for a while: nothing adds concurrently, so zeroing is safe.
                 let mut z = c;
                 z.demand = 0;
@@ -276,7 +270,7 @@ impl Router {
                     sent_bytes: c.sent_bytes,
                     idle_resets: l.resets,
                     queue_bytes: l.last_queue,
-                    standing_queue_bytes: l.standing_queue,
+                    standing_queue_bytes: l.queue.value(),
                 })
             })
             .collect()
