@@ -7,7 +7,8 @@
 //! - [`edt`]: Earliest-Departure-Time clock arithmetic (what the tc program computes per packet).
 //! - [`classify`]: first-match rule classification over a parsed packet or socket tuple.
 //! - [`qjump`]: QJump network epoch and per-level rate limits (NSDI 2015).
-//! - [`d3`]: D3 deadline-driven rate allocation and its wire format (SIGCOMM 2011).
+//! - [`d3`]: D3 deadline-driven rate allocation (SIGCOMM 2011), cut by role: wire format,
+//!   option scanning and checksum, units, host, router, capacity controller.
 #![no_std]
 // The datapath cannot panic (there is no unwinding in BPF); tests may.
 #![cfg_attr(not(test), deny(clippy::panic, clippy::unwrap_used, clippy::expect_used))]
