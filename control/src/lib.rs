@@ -9,7 +9,8 @@
 //! - [`datapath`]: the loaded eBPF object, typed maps, policy writes and counter snapshots.
 //! - [`attach`]: tc attachment (tcx or clsact) and sock_ops on the cgroup v2 root.
 //! - [`qdisc`]: fq / mq+fq / HTB root qdiscs through `tc`, and their removal.
-//! - [`d3router`]: the D3 router links: attach, capacity controller ([`qstats`] reads the queue).
+//! - [`d3router`]: the D3 router links: the capacity controller's loop (counters and the queue
+//!   in, C out; [`qstats`] reads the queue); the controller is `paceline_common::d3`.
 //! - [`d3app`]: what applications call to give a socket a size and a deadline (D3).
 //! - [`features`]: what the running kernel offers, probed at start.
 //! - [`state`]: the lock and the record of host changes that a start after `kill -9` undoes.

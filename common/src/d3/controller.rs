@@ -1,9 +1,12 @@
-//! The capacity controller: C, the capacity a router link hands out, moved once per interval T
-//! ([`capacity_tick`], the paper's soft state): under-use raises C, a queue lowers it, an idle
-//! link resets.
+//! The capacity controller, all of it: C, the capacity a router link hands out, moved once per
+//! interval T. [`capacity_tick`] is the paper's soft state (under-use raises C, a queue lowers
+//! it, an idle link resets); the agent runs it through [`control_step`], which feeds it the
+//! standing queue ([`StandingQueue`]) instead of the sample at the tick and limits how far a
+//! queue lowers C in one interval, on a link configured by [`agent_link_config`]. The agent's
+//! loop (`control/src/d3router.rs`) only reads counters and queues and writes maps.
 
 use super::router::{CAP_MODE_PAPER, D3LinkConfig, D3LinkState};
-use super::units::bytes_per_second;
+use super::units::{NS_PER_S, bytes_per_second};
 
 /// alpha = 1 / `ALPHA_DEN` (paper: 0.1). beta = 1.
 pub const ALPHA_DEN: u64 = 10;
@@ -76,6 +79,135 @@ pub fn capacity_tick(
     out
 }
 
+/// [`control_step`] lowers C by at most 1/`MAX_DECREASE_DEN` per interval.
+pub const MAX_DECREASE_DEN: u64 = 5;
+
+/// Quiet time after which the agent's links reset their counters ([`agent_link_config`]).
+pub const IDLE_RESET_NS: u64 = 100_000_000;
+
+/// The largest burst a sender hands the link at once: a 64 KB TSO/GSO packet (and the GRO
+/// packets a forwarding router sees are as large).
+pub const MAX_BURST_BYTES: u64 = 65_536;
+
+/// Most queue samples the standing-queue filter keeps.
+const QUEUE_WINDOW_MAX: usize = 64;
+
+/// The configuration the agent runs a router link of `line_rate` bytes/s with, ticking every
+/// `interval_ns`: [`D3LinkConfig::for_line_rate`] with the policy's base rate and per-flow cap,
+/// and two changes measured on the testbed (`docs/d3.md`, "What the agent configures"):
+/// - no overbooking: the controller may lower C under a queue and raise it back, but not
+///   above the link. Above it, an idle link's first flow is granted more than the link
+///   (measured: 13.7 MB/s on 12.5 MB/s) and the next ones wait.
+/// - "idle" means no request for about [`IDLE_RESET_NS`]: a flow paced at the base rate sends
+///   a request only every ~10-20 ms (one per segment-carrying RTT), and resetting under live
+///   flows forgets their allocations.
+#[inline]
+pub fn agent_link_config(line_rate: u64, base_rate: u64, flow_cap: u64, interval_ns: u64) -> D3LinkConfig {
+    let mut cfg = D3LinkConfig::for_line_rate(line_rate);
+    cfg.base_rate = base_rate;
+    cfg.flow_cap = flow_cap;
+    cfg.capacity_max = line_rate;
+    let idle = IDLE_RESET_NS.checked_div(interval_ns).unwrap_or(IDLE_RESET_NS);
+    cfg.idle_reset_intervals = idle.clamp(4, u32::MAX as u64) as u32;
+    cfg
+}
+
+/// The standing queue: the smallest of the queue samples of the last `window` intervals.
+/// One sample per tick sees every burst in flight (on a 100 Mbit/s link a single 15 KB GRO
+/// packet is 1.2 ms of queue, longer than the 1 ms tick), and `q/T` on such a sample cut C by
+/// the 20% step limit on most ticks of a two-flow run: C hovered at 3-9 MB/s on a 12.5 MB/s
+/// link, the fair share `(C - D)/N` was about 0 and deadline flows finished at their
+/// deadline instead of early. A queue that persists through a whole window is one the flows
+/// built; the window is long enough for the link to drain two maximal bursts.
+#[derive(Clone)]
+#[cfg_attr(not(target_arch = "bpf"), derive(Debug))]
+pub struct StandingQueue {
+    samples: [u64; QUEUE_WINDOW_MAX],
+    window: usize,
+    next: usize,
+}
+
+impl StandingQueue {
+    /// A filter for a link of `line_rate` bytes/s ticking every `interval_ns`: the window
+    /// covers the drain time of two maximal bursts, and at least 4 intervals.
+    pub fn new(line_rate: u64, interval_ns: u64) -> StandingQueue {
+        // Two bursts' bytes times 1e9 is 1.3e14: no overflow, no u128.
+        const TWO_BURSTS_X_NS: u64 = 2 * MAX_BURST_BYTES * NS_PER_S;
+        let drain_ns = TWO_BURSTS_X_NS.checked_div(line_rate.max(1)).unwrap_or(0);
+        let interval = interval_ns.max(1);
+        let whole = drain_ns.checked_div(interval).unwrap_or(0);
+        let ticks = if drain_ns.checked_rem(interval).unwrap_or(0) != 0 {
+            whole + 1
+        } else {
+            whole
+        };
+        StandingQueue {
+            samples: [0; QUEUE_WINDOW_MAX],
+            window: ticks.clamp(4, QUEUE_WINDOW_MAX as u64) as usize,
+            next: 0,
+        }
+    }
+
+    /// Intervals the filter looks back over.
+    pub fn window(&self) -> usize {
+        self.window
+    }
+
+    /// Records this interval's sample and returns the standing queue.
+    pub fn push(&mut self, q: u64) -> u64 {
+        if let Some(s) = self.samples.get_mut(self.next) {
+            *s = q;
+        }
+        self.next = if self.next + 1 >= self.window {
+            0
+        } else {
+            self.next + 1
+        };
+        self.value()
+    }
+
+    /// The standing queue: the window's minimum. The window starts out empty (zeros): a queue
+    /// counts once it has lasted a whole window.
+    pub fn value(&self) -> u64 {
+        let mut m: Option<u64> = None;
+        let mut i = 0;
+        while i < self.window && i < QUEUE_WINDOW_MAX {
+            if let Some(v) = self.samples.get(i) {
+                m = match m {
+                    Some(x) if x <= *v => Some(x),
+                    _ => Some(*v),
+                };
+            }
+            i += 1;
+        }
+        m.unwrap_or(0)
+    }
+}
+
+/// One controller interval of a link: the queue sample `q` goes through the standing-queue
+/// filter, [`capacity_tick`] updates C, and a queue lowers C by at most 1/[`MAX_DECREASE_DEN`]
+/// per interval. beta * q / T with beta = 1 removes a whole queue's worth of rate per
+/// interval: on a 100 Mbit/s link a 30 KB queue took C from the line rate to its floor in one
+/// 1 ms tick and every grant went to 0 (the paper's constants suit 1 Gbit/s). Returns
+/// [`capacity_tick`]'s `TICK_*` bits.
+pub fn control_step(
+    state: &mut D3LinkState,
+    cfg: &D3LinkConfig,
+    queue: &mut StandingQueue,
+    sent: u64,
+    q: u64,
+    interval_ns: u64,
+) -> u32 {
+    let standing_queue = queue.push(q);
+    let before = state.capacity;
+    let tick = capacity_tick(state, cfg, sent, standing_queue, interval_ns);
+    let floor = before - before / MAX_DECREASE_DEN;
+    if tick & TICK_RESET == 0 && state.capacity < floor {
+        state.capacity = floor.max(cfg.capacity_min);
+    }
+    tick
+}
+
 #[cfg(test)]
 #[allow(
     clippy::panic,
@@ -85,6 +217,7 @@ pub fn capacity_tick(
 )]
 mod tests {
     extern crate std;
+    use super::QUEUE_WINDOW_MAX;
     use crate::d3::testutil::*;
     use crate::d3::*;
     use std::vec::Vec;
@@ -206,5 +339,111 @@ mod tests {
         }
         assert_eq!(resets, 1);
         assert_eq!((st.flows, st.demand, st.allocated, st.capacity), (0, 0, 0, GBPS));
+    }
+
+    // ---------------------------------------------------------------- the agent's step
+
+    #[test]
+    fn window_covers_two_bursts_and_at_least_four_ticks() {
+        // 100 Mbit/s: 128 KB drain in 10.5 ms, 11 ticks of 1 ms.
+        assert_eq!(StandingQueue::new(12_500_000, 1_000_000).window(), 11);
+        // 10 Gbit/s: 105 us, below the 4-tick floor.
+        assert_eq!(StandingQueue::new(1_250_000_000, 1_000_000).window(), 4);
+        // 1 Mbit/s: 1 s, capped.
+        assert_eq!(StandingQueue::new(125_000, 1_000_000).window(), QUEUE_WINDOW_MAX);
+    }
+
+    /// (sent bytes, queue sample) per 1 ms tick, from a trace of the end-to-end test
+    /// (`RUST_LOG=paceline::d3router=trace`): two deadline flows through a 100 Mbit/s HTB
+    /// bottleneck arrive as 15 KB GRO packets, so the queue sampled at a tick is usually a
+    /// burst draining, and it empties every few ticks.
+    #[rustfmt::skip]
+    const BURSTY: [(u64, u64); 48] = [
+        (15_398, 1568), (86, 0), (15_022, 0), (15_140, 1514), (0, 0), (15_140, 0),
+        (15_140, 12_112), (15_140, 10_598), (0, 9084), (15_140, 9084), (0, 0), (15_140, 9084),
+        (0, 6056), (0, 0), (15_140, 6056), (0, 0), (0, 0), (15_140, 3028),
+        (0, 0), (30_280, 16_654), (0, 15_140), (0, 0), (30_280, 15_140), (0, 0),
+        (0, 0), (30_280, 12_112), (15_140, 12_112), (15_140, 12_112), (15_140, 10_598), (0, 9084),
+        (15_140, 9084), (15_140, 10_598), (15_140, 10_598), (0, 0), (15_140, 12_112), (4542, 10_598),
+        (10_598, 0), (15_140, 0), (0, 0), (15_140, 1514), (15_140, 1514), (30_280, 19_682),
+        (0, 18_168), (0, 3028), (30_280, 18_168), (0, 3028), (0, 1514), (30_280, 18_168),
+    ];
+
+    fn mean_capacity(filter: impl Fn() -> StandingQueue) -> f64 {
+        let cfg = D3LinkConfig {
+            capacity_max: 12_500_000,
+            ..D3LinkConfig::for_line_rate(12_500_000)
+        };
+        let mut st = D3LinkState::new(&cfg);
+        let mut f = filter();
+        let mut sum = 0u64;
+        let mut n = 0u64;
+        for _ in 0..10 {
+            for &(sent, q) in &BURSTY {
+                st.requests = 1;
+                control_step(&mut st, &cfg, &mut f, sent, q, 1_000_000);
+                sum += st.capacity;
+                n += 1;
+            }
+        }
+        sum as f64 / n as f64
+    }
+
+    #[test]
+    fn bursts_in_flight_leave_capacity_near_the_line_rate() {
+        // With the filter of a 100 Mbit/s link C stays near the line rate (11.7 MB/s here):
+        // the queue emptied within every window.
+        let filtered = mean_capacity(|| StandingQueue::new(12_500_000, 1_000_000));
+        assert!(
+            filtered > 11_500_000.0,
+            "mean C {filtered:.0} B/s with the filter"
+        );
+        // Acting on every sample (a window of one tick), C averaged 2.7 MB/s, a fifth of the
+        // line: below the two flows' demand, so the fair share (C - D)/N was 0.
+        let mut raw = StandingQueue::new(12_500_000, 1_000_000);
+        raw.window = 1;
+        let unfiltered = mean_capacity(|| raw.clone());
+        assert!(
+            unfiltered < 8_000_000.0,
+            "mean C {unfiltered:.0} B/s without the filter"
+        );
+    }
+
+    #[test]
+    fn bursts_are_not_a_standing_queue_but_a_persistent_queue_is() {
+        let mut f = StandingQueue::new(1_250_000_000, 1_000_000);
+        // Samples that catch bursts in flight, with an empty queue in between.
+        for q in [15_000, 18_000, 0, 9_000, 16_000, 1_500] {
+            assert!(f.push(q) <= 1_500, "a burst pattern read as standing");
+        }
+        // A queue that never drains below 20 KB for a whole window.
+        let mut last = 0;
+        for q in [30_000, 20_000, 25_000, 40_000] {
+            last = f.push(q);
+        }
+        assert_eq!(last, 20_000);
+        // It is reported until a sample below it arrives; then at once.
+        assert_eq!(f.push(50_000), 20_000);
+        assert_eq!(f.push(0), 0);
+    }
+
+    #[test]
+    fn agent_links_do_not_overbook_and_reset_after_100_ms_quiet() {
+        let cfg = agent_link_config(12_500_000, 12_500, 0, 1_000_000);
+        assert_eq!(cfg.capacity_max, cfg.line_rate);
+        assert_eq!(cfg.idle_reset_intervals, 100);
+        assert_eq!(
+            (cfg.base_rate, cfg.flow_cap, cfg.capacity_min),
+            (12_500, 0, 1_250_000)
+        );
+        // At least 4 intervals, and an interval of 0 is taken as 1 ns.
+        assert_eq!(
+            agent_link_config(12_500_000, 0, 0, 50_000_000).idle_reset_intervals,
+            4
+        );
+        assert_eq!(
+            agent_link_config(12_500_000, 0, 0, 0).idle_reset_intervals,
+            100_000_000
+        );
     }
 }

@@ -21,7 +21,10 @@
 //! - `router`: [`D3LinkConfig`], the [`D3LinkState`] aggregate counters, [`process_request`]
 //!   (Snippet 1 of the paper plus burst tolerance, hop chaining and request caps) and
 //!   [`router_rewrite`] (the same, in place on the option bytes).
-//! - `controller`: the soft-state capacity controller [`capacity_tick`].
+//! - `controller`: the soft-state capacity controller, all of it: [`capacity_tick`] (the
+//!   paper's formula), the step limit and standing-queue filter the agent runs it with
+//!   ([`control_step`], [`StandingQueue`]) and the agent's link configuration
+//!   ([`agent_link_config`]).
 //!
 //! Rules for the bpf target, kept throughout (outside the tests): no floats, no `u128`, no
 //! allocation, no recursion, loops bounded by constants, no runtime-indexed `[]` and no

@@ -14,7 +14,8 @@ pub const MAX_ENCODABLE_RATE: u64 = 255 << (UNIT_SHIFT + MAX_SCALE as u32);
 // Headroom above a 100 Gbit/s link (12.5e9 bytes/s).
 const _: () = assert!(MAX_ENCODABLE_RATE > 12_500_000_000);
 
-const NS_PER_S: u64 = 1_000_000_000;
+/// Nanoseconds per second.
+pub(super) const NS_PER_S: u64 = 1_000_000_000;
 
 /// Bytes/s of one unit at `scale` (only the low 4 bits of `scale` count).
 #[inline]

@@ -215,7 +215,8 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
     // scale). Measured: 62-76% of the grants of both flows with the standing-queue filter;
     // 39-52% when the controller cut C on every burst it sampled in the queue, and the flows
     // finished at their deadline instead of a quarter early. The bound sits between; the
-    // controller itself is pinned down by `d3router::tests` on a recorded trace.
+    // controller itself is pinned down on a recorded trace by the tests of
+    // `common/src/d3/controller.rs`.
     eprintln!("{above} of {grants} grants above 4 MB/s");
     assert!(
         grants > 0 && above * 100 >= grants * 56,
