@@ -6,6 +6,8 @@
 //! - `ebpf::pacer`: EDT clocks (per flow, per class, per level).
 //! - `ebpf::tag`: DSCP and PCP rewrites.
 //! - `ebpf::sockops`: per-class TCP settings at connection time.
+//! - `ebpf::tcp`: the socket helpers sock_ops shares (setsockopt wrappers, TCP's payload rate).
+//! - `ebpf::d3host`, `ebpf::d3router`: D3 on end hosts (sock_ops callbacks) and routers (tc).
 //!
 //! Entry points are thin; the per-packet work is classify (`paceline_common::classify`),
 //! pace, tag, count. Nothing logs per packet.

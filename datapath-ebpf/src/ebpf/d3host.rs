@@ -13,8 +13,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     btf_maps::SkStorage,
     helpers::{
-        bpf_ktime_get_ns, bpf_load_hdr_opt, bpf_reserve_hdr_opt, bpf_setsockopt, bpf_sk_storage_get,
-        bpf_store_hdr_opt,
+        bpf_ktime_get_ns, bpf_load_hdr_opt, bpf_reserve_hdr_opt, bpf_sk_storage_get, bpf_store_hdr_opt,
     },
     macros::{btf_map, map},
     maps::PerCpuArray,
@@ -28,7 +27,7 @@ use paceline_common::{
     },
 };
 
-use super::sockops::payload_rate;
+use super::tcp;
 
 #[btf_map]
 static PL_D3_SOCK: SkStorage<D3Sock> = SkStorage::new();
@@ -45,8 +44,6 @@ const CB_RTT: i32 = 1 << 3;
 const CB_STATE: i32 = 1 << 2;
 const CB_PARSE_UNKNOWN_HDR_OPT: i32 = 1 << 5;
 const CB_WRITE_HDR_OPT: i32 = 1 << 6;
-const SOL_SOCKET: i32 = 1;
-const SO_MAX_PACING_RATE: i32 = 47;
 const TCP_FIN_WAIT1: u32 = 4;
 const TCP_LAST_ACK: u32 = 9;
 /// Feedback rides the receiver's next ACK, which a delayed ACK can hold for up to 40 ms.
@@ -160,26 +157,10 @@ fn pace(ctx: &SockOpsContext, st: &mut D3Sock, wire_rate: u64) {
         return;
     }
     // SAFETY: reading the program's own context.
-    let (mss, v6) = unsafe { ((*ctx.ops).mss_cache, (*ctx.ops).family == 10) };
-    let r = payload_rate(wire_rate, mss, v6);
-    let mut v: u32 = if r > u32::MAX as u64 {
-        u32::MAX
-    } else if r == 0 {
-        1
-    } else {
-        r as u32
-    };
-    // SAFETY: the context pointer and a live 4-byte value.
-    let ok = unsafe {
-        bpf_setsockopt(
-            ctx.ops.cast(),
-            SOL_SOCKET,
-            SO_MAX_PACING_RATE,
-            (&mut v as *mut u32).cast(),
-            4,
-        )
-    } == 0;
-    if ok {
+    let (mss, v6) = unsafe { ((*ctx.ops).mss_cache, (*ctx.ops).family == tcp::AF_INET6) };
+    // A payload rate that rounds to 0 is set as 1 byte/s.
+    let r = tcp::payload_rate(wire_rate, mss, v6).max(1);
+    if tcp::set_max_pacing_rate(ctx.ops, r) {
         st.applied_rate = wire_rate;
     }
 }

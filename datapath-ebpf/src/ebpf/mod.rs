@@ -7,6 +7,7 @@ mod pacer;
 mod parse;
 mod sockops;
 mod tag;
+mod tcp;
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},

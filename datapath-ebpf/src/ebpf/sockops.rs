@@ -11,11 +11,9 @@
 //! tc must first make a TCP segment's headers private (TCP keeps a clone for retransmission),
 //! so this saves a copy per segment.
 
-use core::ffi::c_void;
-
 use aya_ebpf::{
     bindings::{BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB, bpf_sock_ops},
-    helpers::{bpf_get_netns_cookie, bpf_setsockopt},
+    helpers::bpf_get_netns_cookie,
     macros::sock_ops,
     programs::SockOpsContext,
 };
@@ -26,18 +24,13 @@ use paceline_common::{
     },
 };
 
-use super::{d3host, maps};
-
-const AF_INET6: u32 = 10;
-const SOL_SOCKET: i32 = 1;
-const SO_MAX_PACING_RATE: i32 = 47;
-const SOL_TCP: i32 = 6;
-const TCP_BPF_DELACK_MAX: i32 = 1003;
-const TCP_BPF_RTO_MIN: i32 = 1004;
-const SOL_IP: i32 = 0;
-const IP_TOS: i32 = 1;
-const SOL_IPV6: i32 = 41;
-const IPV6_TCLASS: i32 = 67;
+use super::{
+    d3host, maps,
+    tcp::{
+        self, AF_INET6, IP_TOS, IPV6_TCLASS, SO_MAX_PACING_RATE, SOL_IP, SOL_IPV6, SOL_SOCKET, SOL_TCP,
+        TCP_BPF_DELACK_MAX, TCP_BPF_RTO_MIN,
+    },
+};
 
 /// The network namespace the agent manages (its netns cookie), set at load. sock_ops runs for
 /// every socket under the cgroup root, in every namespace; the agent configures only its own.
@@ -167,20 +160,6 @@ unsafe fn ip6(a: *const [u32; 4]) -> [u32; 4] {
     }
 }
 
-/// The payload rate TCP must pace at for its frames to leave at `wire_rate` (bytes/s): TCP's
-/// pacing counts segment payload, while paceline's rates (and fq's EDT clocks) count whole
-/// frames: Ethernet 14 + IP 20/40 + TCP 20 + timestamps 12 bytes on top of each `mss`.
-#[inline(always)]
-pub fn payload_rate(wire_rate: u64, mss: u32, v6: bool) -> u64 {
-    let hdr: u64 = if v6 { 86 } else { 66 };
-    let mss = mss as u64;
-    if mss == 0 {
-        wire_rate
-    } else {
-        wire_rate * mss / (mss + hdr)
-    }
-}
-
 /// Applies the class's settings (and the TOS byte, through `(level, name, value)`); returns
 /// (settings applied, settings refused).
 #[inline(always)]
@@ -195,19 +174,18 @@ fn apply(
     let mut ok = 0;
     let mut failed = 0;
     let mut set = |level: i32, name: i32, val: u32| {
-        let mut v = val;
-        // SAFETY: `ops` is the program's context; `v` is a live 4-byte value.
-        let r = unsafe { bpf_setsockopt(ops.cast(), level, name, (&mut v as *mut u32).cast::<c_void>(), 4) };
-        if r == 0 { ok += 1 } else { failed += 1 }
+        if tcp::setsockopt_u32(ops, level, name, val) {
+            ok += 1
+        } else {
+            failed += 1
+        }
     };
     if class.flow_rate != 0 {
-        let mut r = payload_rate(class.flow_rate, mss, v6);
+        let mut r = tcp::payload_rate(class.flow_rate, mss, v6);
         if headroom {
             r += r / 20;
         }
-        // The kernel takes a 4-byte rate in bytes/s here; larger rates saturate (~34 Gbit/s).
-        let rate = if r > u32::MAX as u64 { u32::MAX } else { r as u32 };
-        set(SOL_SOCKET, SO_MAX_PACING_RATE, rate);
+        set(SOL_SOCKET, SO_MAX_PACING_RATE, tcp::pacing_rate_arg(r));
     }
     if class.rto_min_us != 0 {
         set(SOL_TCP, TCP_BPF_RTO_MIN, class.rto_min_us);

@@ -1,0 +1,59 @@
+//! TCP socket helpers shared by the sock_ops callbacks: `sockops` sets a class's options when a
+//! connection is established, `d3host` paces a D3 sender at its grant. Socket option numbers, a
+//! `bpf_setsockopt` wrapper for 4-byte options, and the conversion of paceline's wire rates
+//! into the payload rate TCP paces at.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{bindings::bpf_sock_ops, helpers::bpf_setsockopt};
+
+pub const AF_INET6: u32 = 10;
+pub const SOL_SOCKET: i32 = 1;
+pub const SO_MAX_PACING_RATE: i32 = 47;
+pub const SOL_TCP: i32 = 6;
+pub const TCP_BPF_DELACK_MAX: i32 = 1003;
+pub const TCP_BPF_RTO_MIN: i32 = 1004;
+pub const SOL_IP: i32 = 0;
+pub const IP_TOS: i32 = 1;
+pub const SOL_IPV6: i32 = 41;
+pub const IPV6_TCLASS: i32 = 67;
+
+/// Sets a 4-byte socket option; true when the kernel took it.
+#[inline(always)]
+pub fn setsockopt_u32(ops: *mut bpf_sock_ops, level: i32, name: i32, val: u32) -> bool {
+    let mut v = val;
+    // SAFETY: `ops` is the program's context; `v` is a live 4-byte value.
+    unsafe { bpf_setsockopt(ops.cast(), level, name, (&mut v as *mut u32).cast::<c_void>(), 4) == 0 }
+}
+
+/// SO_MAX_PACING_RATE's value for a payload rate of `payload_rate` bytes/s: the kernel takes a
+/// 4-byte rate in bytes/s here; larger rates saturate (~34 Gbit/s).
+#[inline(always)]
+pub fn pacing_rate_arg(payload_rate: u64) -> u32 {
+    if payload_rate > u32::MAX as u64 {
+        u32::MAX
+    } else {
+        payload_rate as u32
+    }
+}
+
+/// Caps TCP's own pacing at `payload_rate` bytes/s (SO_MAX_PACING_RATE); true when the kernel
+/// took it.
+#[inline(always)]
+pub fn set_max_pacing_rate(ops: *mut bpf_sock_ops, payload_rate: u64) -> bool {
+    setsockopt_u32(ops, SOL_SOCKET, SO_MAX_PACING_RATE, pacing_rate_arg(payload_rate))
+}
+
+/// The payload rate TCP must pace at for its frames to leave at `wire_rate` (bytes/s): TCP's
+/// pacing counts segment payload, while paceline's rates (and fq's EDT clocks) count whole
+/// frames: Ethernet 14 + IP 20/40 + TCP 20 + timestamps 12 bytes on top of each `mss`.
+#[inline(always)]
+pub fn payload_rate(wire_rate: u64, mss: u32, v6: bool) -> u64 {
+    let hdr: u64 = if v6 { 86 } else { 66 };
+    let mss = mss as u64;
+    if mss == 0 {
+        wire_rate
+    } else {
+        wire_rate * mss / (mss + hdr)
+    }
+}
