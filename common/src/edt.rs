@@ -16,6 +16,24 @@
 
 pub const NSEC_PER_SEC: u64 = 1_000_000_000;
 
+/// Bytes each TCP/IPv4 frame carries on the wire besides its payload: Ethernet 14 + IPv4 20 +
+/// TCP 20 + the timestamp option 12 (Linux sends it on every segment). What turns a wire rate
+/// into TCP's payload pacing rate, and a payload into the frames that carry it.
+pub const TCP_FRAME_OVERHEAD_V4: u64 = 14 + 20 + 20 + 12;
+/// The same over IPv6 (a 40-byte IP header).
+pub const TCP_FRAME_OVERHEAD_V6: u64 = 14 + 40 + 20 + 12;
+const _: () = assert!(TCP_FRAME_OVERHEAD_V4 == 66 && TCP_FRAME_OVERHEAD_V6 == 86);
+
+/// [`TCP_FRAME_OVERHEAD_V4`] or [`TCP_FRAME_OVERHEAD_V6`].
+#[inline(always)]
+pub const fn tcp_frame_overhead(v6: bool) -> u64 {
+    if v6 {
+        TCP_FRAME_OVERHEAD_V6
+    } else {
+        TCP_FRAME_OVERHEAD_V4
+    }
+}
+
 /// Time `len` bytes occupy at `rate` bytes/s, in ns (0 when `rate` is 0, i.e. unlimited).
 ///
 /// Exact for `len` up to 18 GB, far above any packet (GSO super-packets are at most 64 KiB).

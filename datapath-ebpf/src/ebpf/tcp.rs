@@ -6,6 +6,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{bindings::bpf_sock_ops, helpers::bpf_setsockopt};
+use paceline_common::edt::tcp_frame_overhead;
 
 pub const AF_INET6: u32 = 10;
 pub const SOL_SOCKET: i32 = 1;
@@ -46,10 +47,10 @@ pub fn set_max_pacing_rate(ops: *mut bpf_sock_ops, payload_rate: u64) -> bool {
 
 /// The payload rate TCP must pace at for its frames to leave at `wire_rate` (bytes/s): TCP's
 /// pacing counts segment payload, while paceline's rates (and fq's EDT clocks) count whole
-/// frames: Ethernet 14 + IP 20/40 + TCP 20 + timestamps 12 bytes on top of each `mss`.
+/// frames: `tcp_frame_overhead` bytes of headers on top of each `mss`.
 #[inline(always)]
 pub fn payload_rate(wire_rate: u64, mss: u32, v6: bool) -> u64 {
-    let hdr: u64 = if v6 { 86 } else { 66 };
+    let hdr = tcp_frame_overhead(v6);
     let mss = mss as u64;
     if mss == 0 {
         wire_rate

@@ -86,6 +86,7 @@ use crate::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Star, StarSpe
 use crate::workload::hook::{D3Hook, DeadlineMarkHook, NoHook, ResponseHook};
 use crate::workload::{self, Tags, pa, serve, stats};
 use anyhow::{Context, Result, bail};
+use paceline_common::edt::TCP_FRAME_OVERHEAD_V4;
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -1155,9 +1156,9 @@ fn run_pa_fresh(opts: &pa::PaOpts) -> Result<(Vec<pa::PaResponse>, Vec<f64>)> {
 }
 
 /// Frames on the wire for a response of `size` bytes: MSS 1448 (timestamps), 66 bytes of
-/// Ethernet, IP and TCP headers per frame.
+/// Ethernet, IPv4 and TCP headers per frame.
 fn wire_bytes(size: u64) -> u64 {
-    size + size.div_ceil(1448) * 66
+    size + size.div_ceil(1448) * TCP_FRAME_OVERHEAD_V4
 }
 
 /// Responses (of the scored queries) an ideal scheduler meets: all of a query's responses

@@ -45,6 +45,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use paceline_common::edt::TCP_FRAME_OVERHEAD_V4;
 use serde_json::{Value, json};
 
 use super::Common;
@@ -61,8 +62,8 @@ const AIM: f64 = 0.01;
 const UDP_OVERLOAD: f64 = 1.5;
 /// Bytes of headers below a UDP payload on the wire (Ethernet 14 + IPv4 20 + UDP 8).
 const UDP_HDR: u64 = 42;
-/// Bytes of headers below a TCP payload (Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12).
-const TCP_HDR: u64 = 66;
+/// Bytes of headers below a TCP payload (Ethernet, IPv4, TCP with timestamps).
+const TCP_HDR: u64 = TCP_FRAME_OVERHEAD_V4;
 const M: u64 = 1_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
