@@ -12,7 +12,7 @@
 //!   Encode/decode over `[u8; N]` and fixed-offset accessors (`req_*`) for in-place rewriting.
 //! - `segment`: the option inside a TCP segment: the option-list scanner
 //!   ([`find_d3_option`]), copies in and out of the option area, and the incremental checksum
-//!   update ([`csum_replace`]).
+//!   update ([`csum_replace`], [`fold`]).
 //! - `units`: rates are 1-byte unit counts; the unit is `2^(UNIT_SHIFT + scale)` bytes/s with
 //!   a 4-bit per-request scale chosen by the sender ([`choose_scale`]); [`desired_rate`] and
 //!   [`bytes_per_second`] divide without `u128`.

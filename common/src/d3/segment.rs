@@ -96,8 +96,10 @@ pub fn write_option<const N: usize>(opts: &mut [u8; TCP_OPTS_MAX], offset: usize
     true
 }
 
+/// A 32-bit one's-complement sum (or a `bpf_csum_diff` result) folded to 16 bits: the carries
+/// added back twice, which folds any `u32` completely.
 #[inline]
-const fn fold(s: u32) -> u16 {
+pub const fn fold(s: u32) -> u16 {
     let s = (s & 0xffff) + (s >> 16);
     let s = (s & 0xffff) + (s >> 16);
     s as u16

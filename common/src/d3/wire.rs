@@ -389,6 +389,31 @@ pub fn req_prev_alloc(b: &[u8; REQ_LEN], slot: usize) -> Option<u8> {
         None
     }
 }
+/// Sets the previous desired rate (units of the previous scale).
+#[inline]
+pub fn req_set_prev_desired(b: &mut [u8; REQ_LEN], units: u8) {
+    b[OFF_PREV_DESIRED] = units;
+}
+/// Sets the scale of `prev_desired` and `prev_alloc`, keeping the current scale.
+#[inline]
+pub fn req_set_prev_scale(b: &mut [u8; REQ_LEN], scale: u8) {
+    b[OFF_SCALES] = (b[OFF_SCALES] & !MAX_SCALE) | (scale & MAX_SCALE);
+}
+/// Writes `prev_alloc[slot]`; false (nothing written) if `slot >= HOPS`.
+#[inline]
+pub fn req_set_prev_alloc(b: &mut [u8; REQ_LEN], slot: usize, units: u8) -> bool {
+    if slot >= HOPS {
+        return false;
+    }
+    match b.get_mut(OFF_PREV_ALLOC + slot) {
+        Some(x) => {
+            *x = units;
+            true
+        }
+        None => false,
+    }
+}
+
 /// The two 16-bit words (even offsets from the option's kind byte) a router at `hop` changes:
 /// the flags/hop word and the word holding `alloc[hop]`. They are TCP checksum words when the
 /// option starts at an even offset from the TCP header (the sender's alignment, see
@@ -469,6 +494,24 @@ mod tests {
         assert_eq!(req_alloc(&b, 6), None);
         assert_eq!(req_prev_alloc(&b, 5), Some(6));
         assert_eq!(req_prev_alloc(&b, 6), None);
+        // The setters a router uses to put its own record into a request.
+        let mut c = b;
+        req_set_prev_desired(&mut c, 7);
+        req_set_prev_scale(&mut c, 3);
+        assert!(req_set_prev_alloc(&mut c, 2, 99));
+        assert!(!req_set_prev_alloc(&mut c, 6, 99));
+        let d = D3Request::decode(&c).expect("still valid");
+        assert_eq!((d.prev_desired, d.prev_scale, d.scale), (7, 3, 9));
+        assert_eq!(d.prev_alloc, [1, 2, 99, 4, 5, 6]);
+        assert_eq!(
+            D3Request {
+                prev_desired: 12,
+                prev_scale: 8,
+                prev_alloc: r.prev_alloc,
+                ..d
+            },
+            r
+        );
 
         let fb = D3Feedback::from_request(&r);
         assert_eq!(

@@ -370,7 +370,7 @@ pub fn on_parse_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
             s.options_seen += 1;
         }
     }
-    if n == FB_LEN as i64 && buf[1] == FB_LEN as u8 {
+    if n == FB_LEN as i64 && buf[d3::OFF_LEN] == FB_LEN as u8 {
         let mut fb_bytes = [0u8; FB_LEN];
         let mut i = 0;
         while i < FB_LEN {
@@ -407,7 +407,7 @@ pub fn on_parse_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
         }
         return;
     }
-    if n != REQ_LEN as i64 || buf[1] != REQ_LEN as u8 || table.flags & TABLE_D3_RECEIVER == 0 {
+    if n != REQ_LEN as i64 || buf[d3::OFF_LEN] != REQ_LEN as u8 || table.flags & TABLE_D3_RECEIVER == 0 {
         return;
     }
     let Some(fb) = d3::feedback_for(&buf) else { return };

@@ -20,7 +20,7 @@ use paceline_common::{
     classify::PacketInfo,
     d3::{
         self, D3LinkConfig, D3LinkState, D3Request, FLAG_NEW, OUT_BASE_FLOOR, OUT_CLAMPED, OUT_FIN,
-        OUT_HOP_OVERFLOW, OUT_INVALID, OUT_LEFT, OUT_NEW, REQ_LEN, TCP_OPTS_MAX,
+        OUT_HOP_OVERFLOW, OUT_INVALID, OUT_LEFT, OUT_NEW, REQ_LEN, TCP_OPTS_MAX, TCP_OPTS_OFFSET,
     },
     maps::{D3LinkCounters, D3LinkCtl, D3Seen, FlowKey},
 };
@@ -96,14 +96,14 @@ fn try_router(ctx: &TcContext) -> Option<()> {
     }
     let l4 = layout.l4_off?;
     let doff = ctx.load::<u8>(l4 + 12).ok()?;
-    let opts_len = (((doff >> 4) as usize) * 4).saturating_sub(20);
+    let opts_len = (((doff >> 4) as usize) * 4).saturating_sub(TCP_OPTS_OFFSET);
     if opts_len < REQ_LEN {
         return None;
     }
     // Constant lengths only (the verifier cannot follow a computed one through LLVM's range
     // checks): the whole option area, else what a pure ACK with timestamps and a request
     // holds, else a bare request.
-    let base = (l4 + 20) as u32;
+    let base = (l4 + TCP_OPTS_OFFSET) as u32;
     let p = sc.opts.as_mut_ptr().cast();
     // SAFETY: the program's context; `opts` has room for 40 bytes.
     let loaded = unsafe {
@@ -168,14 +168,12 @@ fn try_router(ctx: &TcContext) -> Option<()> {
         // when feedback was lost). A new flow, or one it forgot, is taken at its word. The
         // bytes are patched in the scratch map value: a variable-offset write to the stack
         // is refused by older verifiers (6.1: "invalid size of register fill").
-        let m_hop = (sc.seen.rewritten[d3::OFF_FLAGS_HOP] & d3::HOP_MASK) as usize;
-        if arriving.flags & FLAG_NEW == 0 && m_hop == hop + 1 && hop < d3::HOPS {
-            sc.calc[d3::OFF_PREV_DESIRED] = sc.seen.rewritten[d3::OFF_DESIRED];
-            sc.calc[d3::OFF_SCALES] =
-                (sc.calc[d3::OFF_SCALES] & 0xf0) | (sc.seen.rewritten[d3::OFF_SCALES] >> 4);
-            let a = sc.seen.rewritten.get(d3::OFF_ALLOC + hop).copied();
-            if let (Some(dst), Some(v)) = (sc.calc.get_mut(d3::OFF_PREV_ALLOC + hop), a) {
-                *dst = v;
+        let recorded = &sc.seen.rewritten;
+        if arriving.flags & FLAG_NEW == 0 && d3::req_hop(recorded) as usize == hop + 1 && hop < d3::HOPS {
+            d3::req_set_prev_desired(&mut sc.calc, d3::req_desired(recorded));
+            d3::req_set_prev_scale(&mut sc.calc, d3::req_scale(recorded));
+            if let Some(a) = d3::req_alloc(recorded, hop) {
+                d3::req_set_prev_alloc(&mut sc.calc, hop, a);
             }
         }
     }
@@ -257,7 +255,7 @@ fn same(a: &[u8; REQ_LEN], b: &[u8; REQ_LEN]) -> bool {
 /// between `sc.old` and `sc.new`.
 #[inline(always)]
 fn write_back(ctx: &TcContext, l4: usize, offset: usize, sc: &mut Scratch) -> Option<()> {
-    let off = l4 + 20 + offset;
+    let off = l4 + TCP_OPTS_OFFSET + offset;
     ctx.store(off, &sc.new, 0).ok()?;
     // SAFETY: two buffers of REQ_LEN (a multiple of 4) bytes in the scratch map value.
     let diff = unsafe {
@@ -276,9 +274,7 @@ fn write_back(ctx: &TcContext, l4: usize, offset: usize, sc: &mut Scratch) -> Op
     if offset & 1 != 0 {
         // The option starts at an odd offset of the TCP header: its bytes sit in the other
         // halves of the checksum's 16-bit words.
-        let f = (d & 0xffff) + (d >> 16);
-        let f = ((f & 0xffff) + (f >> 16)) as u16;
-        d = f.swap_bytes() as u32;
+        d = d3::fold(d).swap_bytes() as u32;
     }
     // Size 0 in the flags: `to` is a checksum difference. For CHECKSUM_PARTIAL packets the
     // helper leaves the field alone (the device checksums the new bytes).
