@@ -10,8 +10,8 @@ use aya::{
     programs::{SchedClassifier, SockOps},
 };
 use paceline_common::maps::{
-    AggClock, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, FlowKey, FlowState,
-    GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, names,
+    AggClock, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, DEFAULT_FLOW_TABLE_SIZE, FlowKey,
+    FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, names,
 };
 
 /// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
@@ -44,10 +44,6 @@ impl Default for LoadOptions {
         }
     }
 }
-
-/// Default size of the per-flow table: 65 536 flows, about 9 MiB of kernel memory (measured
-/// with `paceline status`, which reports the map's memlock).
-pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
 
 /// Summed (over CPUs) counters of every class and level.
 #[derive(Clone, Debug, Default)]

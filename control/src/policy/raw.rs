@@ -153,7 +153,7 @@ fn default_horizon() -> DurationText {
     DurationText(Scalar::Str("100ms".into()))
 }
 fn default_flow_table_size() -> i64 {
-    super::validate::DEFAULT_FLOW_TABLE_SIZE as i64
+    paceline_common::maps::DEFAULT_FLOW_TABLE_SIZE as i64
 }
 
 /// `spec.enforcement`.

@@ -18,9 +18,6 @@ use super::lines::LineIndex;
 use super::raw::{self, Scalar};
 use super::units::{self, UnitError};
 
-/// Default entries of the per-flow table (same as `datapath::DEFAULT_FLOW_TABLE_SIZE`).
-pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
-
 /// Inclusive bounds of a quantity and how they are written in messages.
 #[derive(Clone, Copy, Debug)]
 pub struct Bounds {
