@@ -28,6 +28,7 @@ use paceline_common::maps::{
 };
 use paceline_common::qjump::Network;
 
+use super::protocols;
 use super::validate::{EnforcementRequest, Family, LinkRate, RuleSpec, TcpSettings, Validated};
 
 /// How the agent enforces rates on this host (decided from `spec.enforcement` and the kernel).
@@ -346,15 +347,11 @@ fn table_rule(r: &RuleSpec, class: u16) -> Rule {
 fn rule_text(r: &RuleSpec) -> String {
     let mut parts: Vec<String> = Vec::new();
     if let Some(p) = r.protocol {
-        parts.push(match p {
-            6 => "tcp".into(),
-            17 => "udp".into(),
-            1 => "icmp".into(),
-            58 => "icmpv6".into(),
-            132 => "sctp".into(),
-            136 => "udplite".into(),
-            n => format!("proto {n}"),
-        });
+        parts.push(
+            protocols::name(p)
+                .map(String::from)
+                .unwrap_or_else(|| format!("proto {p}")),
+        );
     }
     if let Some(f) = r.family
         && r.src.is_none()

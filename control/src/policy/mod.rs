@@ -18,6 +18,7 @@
 //! - [`raw`]: the file format (stage 1) and the schema.
 //! - [`units`]: rates, sizes, durations: parsing and formatting.
 //! - [`lines`]: path -> line index of a YAML document.
+//! - [`protocols`]: the IP protocols a policy may name (one table: parser, messages, schema).
 //! - [`host`]: [`HostFacts`], [`SystemHost`], [`OfflineHost`], [`FakeHost`].
 //! - [`validate`]: stage 2, [`Validated`].
 //! - [`compile`](mod@compile): stage 3, [`Compiled`], the HTB plan.
@@ -40,6 +41,7 @@
 pub mod compile;
 pub mod host;
 pub mod lines;
+pub mod protocols;
 pub mod raw;
 pub mod render;
 pub mod units;

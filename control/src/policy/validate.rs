@@ -15,6 +15,7 @@ use paceline_common::qjump::Network;
 use super::PolicyError;
 use super::host::HostFacts;
 use super::lines::LineIndex;
+use super::protocols;
 use super::raw::{self, Scalar};
 use super::units::{self, UnitError};
 
@@ -488,41 +489,24 @@ fn factor(s: &Scalar) -> Result<Option<f64>, String> {
 }
 
 pub fn protocol(s: &Scalar) -> Result<u8, String> {
+    let bad = || {
+        format!(
+            "{s} is not a protocol; write {} or a number 0..=255",
+            protocols::names()
+        )
+    };
     match s {
         Scalar::Int(i) if (0..=255).contains(i) => Ok(*i as u8),
         Scalar::Int(i) => Err(format!("{i} is out of range; valid: 0..=255 or a name")),
-        Scalar::Str(t) => match t.trim().to_ascii_lowercase().as_str() {
-            "tcp" => Ok(6),
-            "udp" => Ok(17),
-            "icmp" => Ok(1),
-            "icmpv6" | "ipv6-icmp" => Ok(58),
-            "sctp" => Ok(132),
-            "udplite" => Ok(136),
-            _ => Err(format!(
-                "{s} is not a protocol; write tcp, udp, icmp, icmpv6, sctp, udplite or a number 0..=255"
-            )),
-        },
-        _ => Err(format!(
-            "{s} is not a protocol; write tcp, udp, icmp, icmpv6, sctp, udplite or a number 0..=255"
-        )),
+        Scalar::Str(t) => protocols::by_name(t).ok_or_else(bad),
+        _ => Err(bad()),
     }
 }
 
 fn protocol_name(p: u8) -> String {
-    match p {
-        6 => "tcp".into(),
-        17 => "udp".into(),
-        1 => "icmp".into(),
-        58 => "icmpv6".into(),
-        132 => "sctp".into(),
-        136 => "udplite".into(),
-        n => format!("protocol {n}"),
-    }
-}
-
-/// Protocols whose first four transport bytes are ports (what the datapath parses).
-fn has_ports(p: u8) -> bool {
-    matches!(p, 6 | 17 | 132 | 136)
+    protocols::name(p)
+        .map(String::from)
+        .unwrap_or_else(|| format!("protocol {p}"))
 }
 
 pub fn port(s: &Scalar) -> Result<(u16, u16), String> {
@@ -1469,14 +1453,15 @@ fn rule_parts(
     let mut ok = true;
     // Ports need a protocol with ports.
     if let Some(proto) = protocol {
-        if !has_ports(proto) {
+        if !protocols::has_ports(proto) {
             for (field, v) in [("src_port", src_port), ("dst_port", dst_port)] {
                 if v.is_some() {
                     d.error(
                         format!("{p}.{field}"),
                         format!(
-                            "{} has no ports; ports are matched for tcp, udp, sctp and udplite",
-                            protocol_name(proto)
+                            "{} has no ports; ports are matched for {}",
+                            protocol_name(proto),
+                            protocols::with_ports()
                         ),
                     );
                     ok = false;
