@@ -33,7 +33,7 @@ use crate::{
     datapath::{Datapath, LoadOptions},
     features::Features,
     http, metrics,
-    policy::{self, CompileContext, Compiled, EnforcementMode, EnforcementRequest, SystemHost},
+    policy::{self, CompileContext, Compiled, EnforcementMode, SystemHost, decide_mode},
     qdisc,
     state::{self, State, StateDir},
     status::{self, ClassStatus, Enforcement, IfaceStatus, LevelStatus, PolicyStatus, ReloadEvent, Status},
@@ -167,32 +167,6 @@ impl Inner {
             .as_mut()
             .ok_or_else(|| anyhow!("the agent is shutting down"))
     }
-}
-
-/// Picks how the policy is enforced on this kernel.
-pub fn decide_mode(req: EnforcementRequest, f: &Features) -> Result<EnforcementMode> {
-    let sockops = f.cgroup2.is_some();
-    Ok(match req {
-        EnforcementRequest::Auto if f.sch_fq => EnforcementMode::Fq,
-        EnforcementRequest::Auto if f.sch_htb => EnforcementMode::Htb,
-        EnforcementRequest::Auto if sockops => EnforcementMode::SockopsOnly,
-        EnforcementRequest::Auto => EnforcementMode::None,
-        EnforcementRequest::Fq if !f.sch_fq => bail!(
-            "the policy asks for `enforcement: fq` but this kernel has no sch_fq (kernel {}); \
-             use `auto` to fall back to HTB and TCP pacing",
-            f.kernel_release
-        ),
-        EnforcementRequest::Fq => EnforcementMode::Fq,
-        EnforcementRequest::Htb if !f.sch_htb => {
-            bail!("the policy asks for `enforcement: htb` but this kernel has no sch_htb")
-        }
-        EnforcementRequest::Htb => EnforcementMode::Htb,
-        EnforcementRequest::Sockops if !sockops => {
-            bail!("the policy asks for `enforcement: sockops` but no cgroup v2 is mounted")
-        }
-        EnforcementRequest::Sockops => EnforcementMode::SockopsOnly,
-        EnforcementRequest::None => EnforcementMode::None,
-    })
 }
 
 fn describe(mode: EnforcementMode) -> Enforcement {

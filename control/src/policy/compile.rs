@@ -28,45 +28,9 @@ use paceline_common::maps::{
 };
 use paceline_common::qjump::Network;
 
+use super::enforcement::{EnforcementMode, EnforcementRequest};
 use super::protocols;
-use super::validate::{EnforcementRequest, Family, LinkRate, RuleSpec, TcpSettings, Validated};
-
-/// How the agent enforces rates on this host (decided from `spec.enforcement` and the kernel).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EnforcementMode {
-    /// EDT timestamps held by `fq`.
-    Fq,
-    /// An HTB hierarchy for the aggregates (see [`HtbPlan`]).
-    Htb,
-    /// Only sock_ops' per-socket settings.
-    SockopsOnly,
-    /// Classify, tag and count only.
-    None,
-}
-
-impl EnforcementMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EnforcementMode::Fq => "fq",
-            EnforcementMode::Htb => "htb",
-            EnforcementMode::SockopsOnly => "sockops",
-            EnforcementMode::None => "none",
-        }
-    }
-}
-
-impl EnforcementRequest {
-    /// The mode the policy insists on; `None` for `auto` (the agent picks).
-    pub fn fixed(self) -> Option<EnforcementMode> {
-        match self {
-            EnforcementRequest::Auto => None,
-            EnforcementRequest::Fq => Some(EnforcementMode::Fq),
-            EnforcementRequest::Htb => Some(EnforcementMode::Htb),
-            EnforcementRequest::Sockops => Some(EnforcementMode::SockopsOnly),
-            EnforcementRequest::None => Some(EnforcementMode::None),
-        }
-    }
-}
+use super::validate::{Family, LinkRate, RuleSpec, TcpSettings, Validated};
 
 /// What compilation needs besides the policy.
 #[derive(Clone, Copy, Debug)]

@@ -22,6 +22,7 @@
 //! - [`host`]: [`HostFacts`], [`SystemHost`], [`OfflineHost`], [`FakeHost`].
 //! - [`validate`]: stage 2, [`Validated`].
 //! - [`compile`](mod@compile): stage 3, [`Compiled`], the HTB plan.
+//! - [`enforcement`]: what a policy asks for, what the agent uses, [`decide_mode`] between them.
 //! - [`render`]: the check report and JSON output.
 //!
 //! # Decisions a policy author should know
@@ -39,6 +40,7 @@
 //!   reaches switches only through its DSCP/PCP rewrites.
 
 pub mod compile;
+pub mod enforcement;
 pub mod host;
 pub mod lines;
 pub mod protocols;
@@ -56,12 +58,12 @@ use std::path::Path;
 use sha2::{Digest as _, Sha256};
 
 pub use compile::{
-    ClassInfo, CompileContext, Compiled, EnforcementMode, HtbClass, HtbPlan, LevelInfo, QJumpInfo, RuleInfo,
-    compile,
+    ClassInfo, CompileContext, Compiled, HtbClass, HtbPlan, LevelInfo, QJumpInfo, RuleInfo, compile,
 };
+pub use enforcement::{EnforcementMode, EnforcementRequest, decide_mode};
 pub use host::{FakeHost, HostFacts, OfflineHost, SystemHost};
 pub use raw::schema_json;
-pub use validate::{EnforcementRequest, LinkRate, LinkRateSource, TcpSettings, Validated};
+pub use validate::{LinkRate, LinkRateSource, TcpSettings, Validated};
 
 /// A problem in a policy file, located by file, line (when known) and field path. Also used
 /// for warnings.

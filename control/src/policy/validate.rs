@@ -13,6 +13,7 @@ use paceline_common::maps::{MAX_CLASSES, MAX_LEVELS, MAX_RULES};
 use paceline_common::qjump::Network;
 
 use super::PolicyError;
+use super::enforcement::EnforcementRequest;
 use super::host::HostFacts;
 use super::lines::LineIndex;
 use super::protocols;
@@ -57,41 +58,6 @@ pub const TCP_TIMER: Bounds = Bounds {
 };
 pub const HOSTS: (i64, i64) = (1, 1_000_000);
 pub const FLOW_TABLE: (i64, i64) = (1024, 16_777_216);
-
-/// `spec.enforcement`: what the policy asks the agent to use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EnforcementRequest {
-    /// The best the kernel offers (the agent decides).
-    Auto,
-    Fq,
-    Htb,
-    Sockops,
-    None,
-}
-
-impl EnforcementRequest {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EnforcementRequest::Auto => "auto",
-            EnforcementRequest::Fq => "fq",
-            EnforcementRequest::Htb => "htb",
-            EnforcementRequest::Sockops => "sockops",
-            EnforcementRequest::None => "none",
-        }
-    }
-}
-
-impl From<raw::Enforcement> for EnforcementRequest {
-    fn from(e: raw::Enforcement) -> Self {
-        match e {
-            raw::Enforcement::Auto => EnforcementRequest::Auto,
-            raw::Enforcement::Fq => EnforcementRequest::Fq,
-            raw::Enforcement::Htb => EnforcementRequest::Htb,
-            raw::Enforcement::Sockops => EnforcementRequest::Sockops,
-            raw::Enforcement::None => EnforcementRequest::None,
-        }
-    }
-}
 
 /// Where the host's link rate came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
