@@ -269,23 +269,6 @@ fn fastest_paced_rate(c: &Compiled) -> u64 {
         .max(125_000_000)
 }
 
-fn htb_classes(c: &Compiled) -> Option<(u16, Vec<qdisc::HtbClass>)> {
-    let plan = c.htb.as_ref()?;
-    Some((
-        plan.default_minor,
-        plan.classes
-            .iter()
-            .map(|h| qdisc::HtbClass {
-                minor: h.classid_minor,
-                parent_minor: h.parent_minor,
-                rate: h.rate,
-                ceil: h.ceil,
-                prio: h.prio,
-            })
-            .collect(),
-    ))
-}
-
 /// Runs the agent until SIGTERM/SIGINT.
 pub async fn run(opts: Options) -> Result<()> {
     // From here on SIGTERM/SIGINT/SIGHUP are queued for the event loop instead of killing the
@@ -407,10 +390,10 @@ pub async fn run(opts: Options) -> Result<()> {
                 EnforcementMode::Htb => {
                     st.iface(iface).qdisc = Some(qdisc::Installed::Htb);
                     dir.save(&st)?;
-                    let (default, classes) = htb_classes(&compiled).ok_or_else(|| {
+                    let plan = compiled.htb.as_ref().ok_or_else(|| {
                         anyhow!("no HTB plan: the link rate is unknown; set spec.link_rate")
                     })?;
-                    Some(qdisc::install_htb(iface, default, &classes, false)?)
+                    Some(qdisc::install_htb(iface, plan, false)?)
                 }
                 EnforcementMode::SockopsOnly | EnforcementMode::None => None,
             };
@@ -760,10 +743,10 @@ fn try_reload(
             .map_err(|e| vec![format!("resetting counters slot {slot}: {e:#}")])?;
     }
     if mode == EnforcementMode::Htb
-        && let Some((default, classes)) = htb_classes(&compiled)
+        && let Some(plan) = &compiled.htb
     {
         for iface in g.interfaces.clone() {
-            qdisc::install_htb(&iface, default, &classes, true)
+            qdisc::install_htb(&iface, plan, true)
                 .map_err(|e| vec![format!("{iface}: updating HTB classes: {e:#}")])?;
         }
     }

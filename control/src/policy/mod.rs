@@ -21,7 +21,8 @@
 //! - [`protocols`]: the IP protocols a policy may name (one table: parser, messages, schema).
 //! - [`host`]: [`HostFacts`], [`SystemHost`], [`OfflineHost`], [`FakeHost`].
 //! - [`validate`]: stage 2, [`Validated`].
-//! - [`compile`](mod@compile): stage 3, [`Compiled`], the HTB plan.
+//! - [`compile`](mod@compile): stage 3, [`Compiled`].
+//! - [`htb`]: the HTB hierarchy of `htb` mode ([`HtbPlan`]), compiled with the table.
 //! - [`enforcement`]: what a policy asks for, what the agent uses, [`decide_mode`] between them.
 //! - [`render`]: the check report and JSON output.
 //!
@@ -42,6 +43,7 @@
 pub mod compile;
 pub mod enforcement;
 pub mod host;
+pub mod htb;
 pub mod lines;
 pub mod protocols;
 pub mod raw;
@@ -57,11 +59,10 @@ use std::path::Path;
 
 use sha2::{Digest as _, Sha256};
 
-pub use compile::{
-    ClassInfo, CompileContext, Compiled, HtbClass, HtbPlan, LevelInfo, QJumpInfo, RuleInfo, compile,
-};
+pub use compile::{ClassInfo, CompileContext, Compiled, LevelInfo, QJumpInfo, RuleInfo, compile};
 pub use enforcement::{EnforcementMode, EnforcementRequest, decide_mode};
 pub use host::{FakeHost, HostFacts, OfflineHost, SystemHost};
+pub use htb::{HtbClass, HtbPlan};
 pub use raw::schema_json;
 pub use validate::{LinkRate, LinkRateSource, TcpSettings, Validated};
 
