@@ -338,7 +338,7 @@ pub async fn run(opts: Options) -> Result<()> {
         &CompileContext {
             mode,
             previous: None,
-            all_routes_managed: all_routes_managed(&validated.interfaces),
+            all_routes_managed: policy::host::all_routes_managed(&host, &validated.interfaces),
         },
     );
     if compiled.table.flags & TABLE_SOCK_TOS != 0 {
@@ -588,16 +588,6 @@ async fn event_loop(
     }
 }
 
-/// True when every interface this host has a route through (`lo` aside) is managed: only then
-/// may sock_ops mark sockets, whose traffic could otherwise leave marked through an interface
-/// the policy does not cover.
-fn all_routes_managed(managed: &[String]) -> bool {
-    match policy::host::route_interfaces() {
-        Some(routes) => routes.iter().all(|i| managed.contains(i)),
-        None => false,
-    }
-}
-
 /// A digest of the policy file's bytes.
 fn digest(bytes: &[u8]) -> u64 {
     use std::hash::{Hash as _, Hasher as _};
@@ -707,7 +697,7 @@ fn try_reload(
         &CompileContext {
             mode,
             previous: Some(&g.compiled),
-            all_routes_managed: all_routes_managed(&validated.interfaces),
+            all_routes_managed: policy::host::all_routes_managed(host, &validated.interfaces),
         },
     );
     if !force && compiled.hash == g.compiled.hash {

@@ -42,7 +42,8 @@ pub struct CompileContext<'a> {
     pub previous: Option<&'a Compiled>,
     /// Every interface this host has a route through is one of the policy's: sock_ops may
     /// then mark TCP sockets with their level's DSCP (`TABLE_SOCK_TOS`, unless a rule
-    /// matches on DSCP). `false` where that is not known (`policy check`).
+    /// matches on DSCP). `false` where that is not known (offline). Decided by
+    /// [`all_routes_managed`](super::host::all_routes_managed).
     pub all_routes_managed: bool,
 }
 
