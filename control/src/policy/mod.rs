@@ -20,7 +20,8 @@
 //! - [`lines`]: path -> line index of a YAML document.
 //! - [`protocols`]: the IP protocols a policy may name (one table: parser, messages, schema).
 //! - [`host`]: [`HostFacts`], [`SystemHost`], [`OfflineHost`], [`FakeHost`].
-//! - [`validate`]: stage 2, [`Validated`].
+//! - [`validate`]: stage 2, [`Validated`]; the model, the field parsers, and one file per
+//!   section of `spec` (levels, classes, rules, d3), each with its tests.
 //! - [`compile`](mod@compile): stage 3, [`Compiled`].
 //! - [`htb`]: the HTB hierarchy of `htb` mode ([`HtbPlan`]), compiled with the table.
 //! - [`enforcement`]: what a policy asks for, what the agent uses, [`decide_mode`] between them.
