@@ -19,7 +19,7 @@
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
@@ -32,11 +32,12 @@ use crate::{
     d3router,
     datapath::{Datapath, LoadOptions},
     features::Features,
-    http, metrics,
+    http,
     policy::{self, CompileContext, Compiled, EnforcementMode, SystemHost, decide_mode},
     qdisc,
+    shared::{Inner, Shared},
     state::{self, State, StateDir},
-    status::{self, ClassStatus, Enforcement, IfaceStatus, LevelStatus, PolicyStatus, ReloadEvent, Status},
+    status::{self, Enforcement, IfaceStatus, PolicyStatus, ReloadEvent, Status},
 };
 
 #[derive(Clone, Debug)]
@@ -46,215 +47,6 @@ pub struct Options {
     pub state_dir: PathBuf,
     /// Where maps are pinned (the D3 application map: `<dir>/d3_app`).
     pub bpffs_dir: PathBuf,
-}
-
-/// What the HTTP handlers and the reload path share.
-pub struct Shared {
-    inner: Mutex<Inner>,
-}
-
-struct Inner {
-    /// The text of the policy in force (served at `/policy`, for `paceline policy diff`).
-    policy_text: String,
-    /// `None` once shutdown has detached the programs.
-    dp: Option<Datapath>,
-    router: Option<d3router::Router>,
-    status: Status,
-    compiled: Compiled,
-    mode: EnforcementMode,
-    interfaces: Vec<String>,
-}
-
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // A panic while holding the lock leaves data that is still consistent enough to read.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn metrics(&self) -> Result<String> {
-        let g = self.lock();
-        let dp = g.dp()?;
-        let d3 = if g.status.d3.is_some() {
-            Some(dp.d3_snapshot()?)
-        } else {
-            None
-        };
-        let links = g.router.as_ref().map(|r| r.report(dp)).unwrap_or_default();
-        metrics::render(&dp.snapshot()?, d3.as_deref(), &links, &g.status)
-    }
-
-    /// The text of the policy in force.
-    pub fn policy_text(&self) -> String {
-        self.lock().policy_text.clone()
-    }
-
-    /// One tick of the D3 router's capacity controller.
-    fn d3_tick(&self) -> Result<()> {
-        let mut g = self.lock();
-        let Inner { dp, router, .. } = &mut *g;
-        if let (Some(dp), Some(router)) = (dp.as_mut(), router.as_mut()) {
-            router.tick(dp)?;
-        }
-        Ok(())
-    }
-
-    pub fn live_status(&self) -> Result<http::LiveStatus> {
-        let g = self.lock();
-        let snap = g.dp()?.snapshot()?;
-        let d3 = if g.status.d3.is_some() {
-            Some(g.dp()?.d3_snapshot()?)
-        } else {
-            None
-        };
-        let d3_classes = d3
-            .map(|d| {
-                g.status
-                    .policy
-                    .classes
-                    .iter()
-                    .filter(|c| c.d3)
-                    .map(|c| http::D3Named {
-                        name: c.name.clone(),
-                        counters: (&d[c.index as usize]).into(),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let d3_links = g
-            .router
-            .as_ref()
-            .map(|r| r.report(g.dp().expect("checked above")))
-            .unwrap_or_default();
-        let name = |c: &status::ClassStatus| http::Named {
-            name: c.name.clone(),
-            counters: (&snap.classes[c.index as usize]).into(),
-        };
-        Ok(http::LiveStatus {
-            counters: http::Counters {
-                classes: g.status.policy.classes.iter().map(name).collect(),
-                levels: g
-                    .status
-                    .policy
-                    .levels
-                    .iter()
-                    .map(|l| http::Named {
-                        name: l.name.clone(),
-                        counters: (&snap.levels[l.index as usize]).into(),
-                    })
-                    .collect(),
-                unparsed: http::Unparsed {
-                    non_ip: snap.global.non_ip,
-                    truncated: snap.global.truncated,
-                    ipv6_extension_limit: snap.global.ipv6_ext_limit,
-                },
-                d3_classes,
-                d3_router_links: d3_links,
-            },
-            status: g.status.clone(),
-        })
-    }
-}
-
-impl Inner {
-    fn dp(&self) -> Result<&Datapath> {
-        self.dp
-            .as_ref()
-            .ok_or_else(|| anyhow!("the agent is shutting down"))
-    }
-
-    fn dp_mut(&mut self) -> Result<&mut Datapath> {
-        self.dp
-            .as_mut()
-            .ok_or_else(|| anyhow!("the agent is shutting down"))
-    }
-}
-
-fn describe(mode: EnforcementMode) -> Enforcement {
-    let (m, tcp, udp, agg) = match mode {
-        EnforcementMode::Fq => (
-            "fq",
-            "EDT timestamps held by fq; TCP also paces itself",
-            "EDT timestamps held by fq",
-            "EDT timestamps held by fq",
-        ),
-        EnforcementMode::Htb => (
-            "htb",
-            "TCP's own pacing at the class's flow rate (sock_ops SO_MAX_PACING_RATE)",
-            "not enforced (needs sch_fq)",
-            "HTB classes (skb->priority = HTB class id)",
-        ),
-        EnforcementMode::SockopsOnly => (
-            "sockops",
-            "TCP's own pacing (sock_ops SO_MAX_PACING_RATE)",
-            "not enforced (needs sch_fq)",
-            "not enforced",
-        ),
-        EnforcementMode::None => (
-            "none",
-            "not enforced (enforcement: none)",
-            "not enforced (enforcement: none)",
-            "not enforced (enforcement: none)",
-        ),
-    };
-    Enforcement {
-        mode: m.into(),
-        tcp_flows: tcp.into(),
-        udp_flows: udp.into(),
-        aggregates: agg.into(),
-    }
-}
-
-fn policy_status(file: &Path, c: &Compiled, generation: u64) -> PolicyStatus {
-    let level_name = |i: u32| {
-        c.levels
-            .get(i as usize)
-            .map(|l| l.name.clone())
-            .unwrap_or_default()
-    };
-    PolicyStatus {
-        file: file.display().to_string(),
-        name: c.name.clone(),
-        hash: c.hash.clone(),
-        generation,
-        loaded_at: status::unix_now(),
-        levels: c
-            .levels
-            .iter()
-            .enumerate()
-            .map(|(i, l)| LevelStatus {
-                index: i as u32,
-                name: l.name.clone(),
-                priority: l.priority,
-                factor: l.factor,
-                epoch_seconds: l.epoch_secs,
-                rate_bytes_per_second: l.rate,
-                dscp: l.dscp,
-                pcp: l.pcp,
-            })
-            .collect(),
-        classes: c
-            .classes
-            .iter()
-            .map(|k| ClassStatus {
-                index: k.index as u32,
-                name: k.name.clone(),
-                level: level_name(k.level as u32),
-                flow_rate_bytes_per_second: k.flow_rate,
-                class_rate_bytes_per_second: k.class_rate,
-                tcp_rto_min_us: k.tcp.as_ref().and_then(|t| t.rto_min_us),
-                tcp_delack_max_us: k.tcp.as_ref().and_then(|t| t.delack_max_us),
-                d3: c.table.classes[k.index as usize].flags & paceline_common::maps::CLASS_D3 != 0,
-            })
-            .collect(),
-        tcp_dscp_by_socket: c.table.flags & TABLE_SOCK_TOS != 0,
-        default_class: c
-            .class_names
-            .get(c.table.default_class as usize)
-            .cloned()
-            .flatten()
-            .unwrap_or_default(),
-        warnings: c.warnings.clone(),
-    }
 }
 
 /// The fastest rate any clock of the policy paces at (sizes fq's per-flow queue).
@@ -473,9 +265,9 @@ pub async fn run(opts: Options) -> Result<()> {
         started_at: status::unix_now(),
         kernel: features.clone(),
         degraded,
-        enforcement: describe(mode),
+        enforcement: Enforcement::of(mode),
         interfaces: ifaces,
-        policy: policy_status(&opts.policy, &compiled, generation),
+        policy: PolicyStatus::of(&opts.policy, &compiled, generation),
         d3: compiled.d3.as_ref().map(|d| status::D3Status {
             receiver: d.receiver,
             app_map: opts.bpffs_dir.join("d3_app").display().to_string(),
@@ -489,18 +281,13 @@ pub async fn run(opts: Options) -> Result<()> {
         },
         metrics_addr: opts.metrics_addr.to_string(),
     };
-    let interfaces = compiled.interfaces.clone();
-    let shared = Arc::new(Shared {
-        inner: Mutex::new(Inner {
-            policy_text,
-            dp: Some(dp),
-            router,
-            status,
-            compiled,
-            mode,
-            interfaces,
-        }),
-    });
+    let shared = Arc::new(Shared::new(Inner {
+        policy_text,
+        dp: Some(dp),
+        router,
+        status,
+        compiled,
+    }));
     write_status(&dir, &shared);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -691,7 +478,7 @@ fn try_reload(
     let validated = policy::parse_str(&text, &opts.policy.display().to_string(), host)
         .map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
     let mut g = shared.lock();
-    let mode = g.mode;
+    let mode = g.compiled.mode;
     let compiled = policy::compile(
         &validated,
         &CompileContext {
@@ -704,10 +491,10 @@ fn try_reload(
         return Ok(None);
     }
     let mut restart = Vec::new();
-    if compiled.interfaces != g.interfaces {
+    if compiled.interfaces != g.compiled.interfaces {
         restart.push(format!(
             "spec.interfaces changed ({:?} -> {:?}): restart the agent to apply it",
-            g.interfaces, compiled.interfaces
+            g.compiled.interfaces, compiled.interfaces
         ));
     }
     if decide_mode(validated.enforcement(), &g.status.kernel).ok() != Some(mode) {
@@ -735,7 +522,7 @@ fn try_reload(
     if mode == EnforcementMode::Htb
         && let Some(plan) = &compiled.htb
     {
-        for iface in g.interfaces.clone() {
+        for iface in g.compiled.interfaces.clone() {
             qdisc::install_htb(&iface, plan, true)
                 .map_err(|e| vec![format!("{iface}: updating HTB classes: {e:#}")])?;
         }
@@ -747,7 +534,7 @@ fn try_reload(
     for w in &compiled.warnings {
         log::warn!("policy: {w}");
     }
-    g.status.policy = policy_status(&opts.policy, &compiled, generation);
+    g.status.policy = PolicyStatus::of(&opts.policy, &compiled, generation);
     g.compiled = compiled;
     g.policy_text = text;
     Ok(Some(generation))

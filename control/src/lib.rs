@@ -13,7 +13,9 @@
 //! - [`d3app`]: what applications call to give a socket a size and a deadline (D3).
 //! - [`features`]: what the running kernel offers, probed at start.
 //! - [`state`]: the lock and the record of host changes that a start after `kill -9` undoes.
-//! - [`status`], [`metrics`], [`http`]: what the agent reports and how.
+//! - [`status`]: the typed status model (`/status`, `status.json`, `paceline status`, the tests).
+//! - [`metrics`], [`http`]: the Prometheus text and the HTTP endpoints.
+//! - [`shared`]: what the event loop, reloads and HTTP handlers share, behind one lock.
 pub mod agent;
 pub mod attach;
 pub mod cli;
@@ -26,5 +28,6 @@ pub mod metrics;
 pub mod policy;
 pub mod qdisc;
 pub mod qstats;
+pub mod shared;
 pub mod state;
 pub mod status;
