@@ -26,6 +26,7 @@
 //! - [`htb`]: the HTB hierarchy of `htb` mode ([`HtbPlan`]), compiled with the table.
 //! - [`enforcement`]: what a policy asks for, what the agent uses, [`decide_mode`] between them.
 //! - [`render`]: the check report and JSON output.
+//! - `restart`: [`Compiled::restart_needed`], what a reload cannot apply.
 //!
 //! # Decisions a policy author should know
 //! - Units are always written out; a bare number is refused (`100` could be bits or bytes).
@@ -49,6 +50,7 @@ pub mod lines;
 pub mod protocols;
 pub mod raw;
 pub mod render;
+mod restart;
 pub mod units;
 pub mod validate;
 
