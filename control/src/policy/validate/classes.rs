@@ -7,7 +7,7 @@ use paceline_common::maps::MAX_CLASSES;
 
 use super::Diag;
 use super::d3::{D3_DEADLINE, D3_SIZE};
-use super::fields::{Bounds, RATE, TransposeOk as _, check_name, duration, lookup, rate, size};
+use super::fields::{Bounds, RATE, TransposeOk as _, check_name, duration_in, lookup, rate_in, size_in};
 use super::model::{Class, ClassD3, Level, TcpSettings};
 use crate::policy::raw::{self, Scalar};
 use crate::policy::units;
@@ -21,7 +21,7 @@ pub const TCP_TIMER: Bounds = Bounds {
 };
 
 fn tcp_timer(d: &mut Diag, path: &str, s: &Scalar) -> Option<u32> {
-    let ns = d.check(path, duration(s, TCP_TIMER))?;
+    let ns = d.check(path, duration_in(s, TCP_TIMER))?;
     if ns % 1_000 != 0 {
         d.error(
             path,
@@ -79,11 +79,11 @@ pub(super) fn classes(
         let flow_rate = c
             .flow_rate
             .as_ref()
-            .map(|r| d.check(&format!("{p}.flow_rate"), rate(&r.0, RATE)));
+            .map(|r| d.check(&format!("{p}.flow_rate"), rate_in(&r.0, RATE)));
         let class_rate = c
             .class_rate
             .as_ref()
-            .map(|r| d.check(&format!("{p}.class_rate"), rate(&r.0, RATE)));
+            .map(|r| d.check(&format!("{p}.class_rate"), rate_in(&r.0, RATE)));
         let tcp = c.tcp.as_ref().map(|t| {
             let rto = t
                 .rto_min
@@ -158,11 +158,11 @@ pub(super) fn classes(
                 let dl = k
                     .deadline
                     .as_ref()
-                    .map(|v| d.check(&format!("{p}.d3.deadline"), duration(&v.0, D3_DEADLINE)));
+                    .map(|v| d.check(&format!("{p}.d3.deadline"), duration_in(&v.0, D3_DEADLINE)));
                 let sz = k
                     .size
                     .as_ref()
-                    .map(|v| d.check(&format!("{p}.d3.size"), size(&v.0, D3_SIZE)));
+                    .map(|v| d.check(&format!("{p}.d3.size"), size_in(&v.0, D3_SIZE)));
                 match (dl, sz) {
                     (None, None) => Some(ClassD3 { default: None }),
                     (Some(Some(dl)), Some(Some(sz))) => Some(ClassD3 {

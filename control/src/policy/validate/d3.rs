@@ -2,7 +2,7 @@
 //! this host, listed once, with a capacity above its base rate) and the controller's interval.
 
 use super::Diag;
-use super::fields::{Bounds, RATE, TransposeOk as _, duration, rate};
+use super::fields::{Bounds, RATE, TransposeOk as _, duration_in, rate_in};
 use super::model::{D3Link, D3Spec};
 use crate::policy::host::HostFacts;
 use crate::policy::raw;
@@ -29,7 +29,7 @@ pub(super) fn d3_spec(d: &mut Diag, spec: &raw::Spec, host: &dyn HostFacts) -> O
     let Some(s) = &spec.d3 else { return Some(None) };
     let mut ok = true;
     let first = match &s.first_rtt_rate {
-        Some(r) => match d.check("spec.d3.first_rtt_rate", rate(&r.0, RATE)) {
+        Some(r) => match d.check("spec.d3.first_rtt_rate", rate_in(&r.0, RATE)) {
             Some(v) => Some(v),
             None => {
                 ok = false;
@@ -40,7 +40,7 @@ pub(super) fn d3_spec(d: &mut Diag, spec: &raw::Spec, host: &dyn HostFacts) -> O
     };
     let interval_ns = match &s.interval {
         Some(v) => d
-            .check("spec.d3.interval", duration(&v.0, D3_INTERVAL))
+            .check("spec.d3.interval", duration_in(&v.0, D3_INTERVAL))
             .unwrap_or_else(|| {
                 ok = false;
                 0
@@ -64,15 +64,15 @@ pub(super) fn d3_spec(d: &mut Diag, spec: &raw::Spec, host: &dyn HostFacts) -> O
             );
             ok = false;
         }
-        let cap = d.check(&format!("{p}.capacity"), rate(&l.capacity.0, RATE));
+        let cap = d.check(&format!("{p}.capacity"), rate_in(&l.capacity.0, RATE));
         let base = l
             .base_rate
             .as_ref()
-            .map(|r| d.check(&format!("{p}.base_rate"), rate(&r.0, RATE)));
+            .map(|r| d.check(&format!("{p}.base_rate"), rate_in(&r.0, RATE)));
         let fcap = l
             .flow_cap
             .as_ref()
-            .map(|r| d.check(&format!("{p}.flow_cap"), rate(&r.0, RATE)));
+            .map(|r| d.check(&format!("{p}.flow_cap"), rate_in(&r.0, RATE)));
         let (Some(cap), Some(base), Some(fcap)) = (cap, base.transpose_ok(), fcap.transpose_ok()) else {
             ok = false;
             continue;

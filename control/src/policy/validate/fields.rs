@@ -33,8 +33,8 @@ fn no_unit(s: &Scalar, example: &str) -> String {
     format!("{s} has no unit; write e.g. {}", example.replace('N', &n))
 }
 
-/// A rate in bytes/s within `b`.
-pub fn rate(s: &Scalar, b: Bounds) -> Result<u64, String> {
+/// Parses a rate written in a policy: bytes/s, within `b` (`units::fmt_rate` writes one).
+pub fn rate_in(s: &Scalar, b: Bounds) -> Result<u64, String> {
     let examples = units::RATE_EXAMPLES;
     let v = match s {
         Scalar::Str(t) => units::parse_rate(t),
@@ -56,8 +56,8 @@ pub fn rate(s: &Scalar, b: Bounds) -> Result<u64, String> {
     }
 }
 
-/// A size in bytes within `b`.
-pub fn size(s: &Scalar, b: Bounds) -> Result<u64, String> {
+/// Parses a size written in a policy: bytes, within `b`.
+pub fn size_in(s: &Scalar, b: Bounds) -> Result<u64, String> {
     let examples = units::SIZE_EXAMPLES;
     let v = match s {
         Scalar::Str(t) => units::parse_size(t),
@@ -79,8 +79,8 @@ pub fn size(s: &Scalar, b: Bounds) -> Result<u64, String> {
     }
 }
 
-/// A duration in nanoseconds within `b`.
-pub fn duration(s: &Scalar, b: Bounds) -> Result<u64, String> {
+/// Parses a duration written in a policy: nanoseconds, within `b`.
+pub fn duration_in(s: &Scalar, b: Bounds) -> Result<u64, String> {
     let examples = units::DURATION_EXAMPLES;
     let v = match s {
         Scalar::Str(t) => units::parse_duration(t),
@@ -318,29 +318,33 @@ mod tests {
 
     #[test]
     fn rate_messages() {
-        assert_eq!(rate(&s("10Gbit"), RATE), Ok(1_250_000_000));
+        assert_eq!(rate_in(&s("10Gbit"), RATE), Ok(1_250_000_000));
         assert_eq!(
-            rate(&s("10 Gbits"), RATE).unwrap_err(),
+            rate_in(&s("10 Gbits"), RATE).unwrap_err(),
             r#""10 Gbits" is not a rate; write e.g. "10Gbit", "250Mbit", "1.5Gbit" (write the unit without the plural s: "Gbit")"#
         );
         assert_eq!(
-            rate(&Scalar::Int(100), RATE).unwrap_err(),
+            rate_in(&Scalar::Int(100), RATE).unwrap_err(),
             r#"100 has no unit; write e.g. "100Mbit" (bits/s) or "100MB/s" (bytes/s)"#
         );
         assert_eq!(
-            rate(&s("20Tbit"), RATE).unwrap_err(),
+            rate_in(&s("20Tbit"), RATE).unwrap_err(),
             r#""20Tbit" is out of range; valid: 1kbit..=10Tbit"#
         );
         assert_eq!(
-            rate(&s("100bit"), RATE).unwrap_err(),
+            rate_in(&s("100bit"), RATE).unwrap_err(),
             r#""100bit" is out of range; valid: 1kbit..=10Tbit"#
         );
         assert!(
-            rate(&s("99999999999999999999999Tbit"), RATE)
+            rate_in(&s("99999999999999999999999Tbit"), RATE)
                 .unwrap_err()
                 .contains("is too large")
         );
-        assert!(rate(&s("fast"), RATE).unwrap_err().contains("units: bit, kbit"));
+        assert!(
+            rate_in(&s("fast"), RATE)
+                .unwrap_err()
+                .contains("units: bit, kbit")
+        );
     }
 
     #[test]

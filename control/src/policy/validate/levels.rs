@@ -8,7 +8,7 @@ use paceline_common::maps::MAX_LEVELS;
 use paceline_common::qjump::Network;
 
 use super::Diag;
-use super::fields::{RATE, TransposeOk as _, check_name, factor, int_range, rate};
+use super::fields::{RATE, TransposeOk as _, check_name, factor, int_range, rate_in};
 use super::model::{Level, Limit, LinkRate};
 use crate::policy::raw;
 use crate::policy::units;
@@ -80,7 +80,9 @@ pub(super) fn levels(
                 }
                 None => None,
             },
-            (None, Some(r)) => d.check(&format!("{p}.rate"), rate(&r.0, RATE)).map(Limit::Rate),
+            (None, Some(r)) => d
+                .check(&format!("{p}.rate"), rate_in(&r.0, RATE))
+                .map(Limit::Rate),
             (None, None) => Some(Limit::Unlimited),
         };
         let (Some(priority), Some(limit), Some(dscp), Some(pcp), true) =

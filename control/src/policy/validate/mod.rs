@@ -30,7 +30,7 @@ use super::host::HostFacts;
 use super::lines::LineIndex;
 use super::raw;
 use super::units;
-use fields::{Bounds, RATE, check_name, duration, int_range, lookup, rate, size};
+use fields::{Bounds, RATE, check_name, duration_in, int_range, lookup, rate_in, size_in};
 
 pub const HORIZON: Bounds = Bounds {
     min: 1_000_000,
@@ -151,7 +151,7 @@ fn validate_into(
 
     let (interfaces, interfaces_auto) = interfaces(d, &spec.interfaces, host);
     let horizon_ns = d
-        .check("spec.horizon", duration(&spec.horizon.0, HORIZON))
+        .check("spec.horizon", duration_in(&spec.horizon.0, HORIZON))
         .unwrap_or(0);
     let flow_table_size = d
         .check(
@@ -162,15 +162,15 @@ fn validate_into(
     let spec_link_rate = spec
         .link_rate
         .as_ref()
-        .and_then(|r| d.check("spec.link_rate", rate(&r.0, RATE)));
+        .and_then(|r| d.check("spec.link_rate", rate_in(&r.0, RATE)));
 
     let qjump = spec.qjump.as_ref().and_then(|q| {
         let n = d.check("spec.qjump.hosts", int_range(q.hosts, HOSTS.0, HOSTS.1));
-        let p = d.check("spec.qjump.max_packet", size(&q.max_packet.0, MAX_PACKET));
-        let r = d.check("spec.qjump.link_rate", rate(&q.link_rate.0, RATE));
+        let p = d.check("spec.qjump.max_packet", size_in(&q.max_packet.0, MAX_PACKET));
+        let r = d.check("spec.qjump.link_rate", rate_in(&q.link_rate.0, RATE));
         let e = d.check(
             "spec.qjump.switch_delay",
-            duration(&q.switch_delay.0, SWITCH_DELAY),
+            duration_in(&q.switch_delay.0, SWITCH_DELAY),
         );
         Some(Network {
             hosts: n? as u64,
