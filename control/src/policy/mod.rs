@@ -16,6 +16,7 @@
 //!
 //! # Layout
 //! - [`raw`]: the file format (stage 1) and the schema.
+//! - `error`: [`PolicyError`], a problem located by file, line and field.
 //! - [`units`]: rates, sizes, durations: parsing and formatting.
 //! - [`lines`]: path -> line index of a YAML document.
 //! - [`protocols`]: the IP protocols a policy may name (one table: parser, messages, schema).
@@ -44,6 +45,7 @@
 
 pub mod compile;
 pub mod enforcement;
+mod error;
 pub mod host;
 pub mod htb;
 pub mod lines;
@@ -57,45 +59,17 @@ pub mod validate;
 #[cfg(test)]
 mod tests;
 
-use std::fmt;
 use std::path::Path;
 
 use sha2::{Digest as _, Sha256};
 
 pub use compile::{ClassInfo, CompileContext, Compiled, LevelInfo, QJumpInfo, RuleInfo, compile};
 pub use enforcement::{EnforcementMode, EnforcementRequest, decide_mode};
+pub use error::PolicyError;
 pub use host::{FakeHost, HostFacts, OfflineHost, SystemHost};
 pub use htb::{HtbClass, HtbPlan};
 pub use raw::schema_json;
 pub use validate::{LinkRate, LinkRateSource, TcpSettings, Validated};
-
-/// A problem in a policy file, located by file, line (when known) and field path. Also used
-/// for warnings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PolicyError {
-    pub file: String,
-    /// 1-based.
-    pub line: Option<usize>,
-    /// `spec.classes[2].flow_rate`; empty for problems with the whole file.
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for PolicyError {
-    /// `policies/x.yaml:14: spec.classes[2].flow_rate: "10 Gbits" is not a rate; ...`
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "{}:{l}: ", self.file)?,
-            None => write!(f, "{}: ", self.file)?,
-        }
-        if !self.path.is_empty() {
-            write!(f, "{}: ", self.path)?;
-        }
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for PolicyError {}
 
 /// Reads, parses and validates the policy at `path`.
 pub fn load(path: &Path, host: &dyn HostFacts) -> Result<Validated, Vec<PolicyError>> {

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use paceline_common::maps::MAX_CLASSES;
 
-use super::Diag;
 use super::d3::{D3_DEADLINE, D3_SIZE};
+use super::diag::Diag;
 use super::fields::{Bounds, RATE, TransposeOk as _, check_name, duration_in, lookup, rate_in, size_in};
 use super::model::{Class, ClassD3, Level, TcpSettings};
 use crate::policy::raw::{self, Scalar};

@@ -1,7 +1,7 @@
 //! `spec.d3`: the receiver switch, the first-RTT rate, the router links (each an interface of
 //! this host, listed once, with a capacity above its base rate) and the controller's interval.
 
-use super::Diag;
+use super::diag::Diag;
 use super::fields::{Bounds, RATE, TransposeOk as _, duration_in, rate_in};
 use super::model::{D3Link, D3Spec};
 use crate::policy::host::HostFacts;

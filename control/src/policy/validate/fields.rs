@@ -4,7 +4,7 @@
 use ipnet::{IpNet, Ipv4Net};
 use std::net::IpAddr;
 
-use super::Diag;
+use super::diag::Diag;
 use crate::policy::protocols;
 use crate::policy::raw::Scalar;
 use crate::policy::units::{self, UnitError};

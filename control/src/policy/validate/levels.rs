@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use paceline_common::maps::MAX_LEVELS;
 use paceline_common::qjump::Network;
 
-use super::Diag;
+use super::diag::Diag;
 use super::fields::{RATE, TransposeOk as _, check_name, factor, int_range, rate_in};
 use super::model::{Level, Limit, LinkRate};
 use crate::policy::raw;

@@ -7,6 +7,7 @@
 //!
 //! # Layout
 //! - [`model`]: the validated policy ([`Validated`]) and its parts.
+//! - `diag`: `Diag`, which collects every error and warning with its line.
 //! - [`fields`]: parsers of single values (rates, sizes, durations, ports, marks, addresses,
 //!   names, factors, protocols) with the bounds they are checked against.
 //! - `levels`, `classes`, `rules`, `d3`: one section of `spec` each.
@@ -15,6 +16,7 @@
 
 mod classes;
 mod d3;
+mod diag;
 pub mod fields;
 mod levels;
 pub mod model;
@@ -24,12 +26,13 @@ pub use model::*;
 
 use paceline_common::qjump::Network;
 
-use super::PolicyError;
 use super::enforcement::EnforcementRequest;
+use super::error::PolicyError;
 use super::host::HostFacts;
 use super::lines::LineIndex;
 use super::raw;
 use super::units;
+use diag::Diag;
 use fields::{Bounds, RATE, check_name, duration_in, int_range, lookup, rate_in, size_in};
 
 pub const HORIZON: Bounds = Bounds {
@@ -49,51 +52,6 @@ pub const SWITCH_DELAY: Bounds = Bounds {
 };
 pub const HOSTS: (i64, i64) = (1, 1_000_000);
 pub const FLOW_TABLE: (i64, i64) = (1024, 16_777_216);
-
-/// Collects errors and warnings with their locations.
-struct Diag<'a> {
-    file: &'a str,
-    lines: &'a LineIndex,
-    pub errors: Vec<PolicyError>,
-    pub warnings: Vec<PolicyError>,
-}
-
-impl<'a> Diag<'a> {
-    pub fn new(file: &'a str, lines: &'a LineIndex) -> Self {
-        Diag {
-            file,
-            lines,
-            errors: Vec::new(),
-            warnings: Vec::new(),
-        }
-    }
-    fn make(&self, path: String, message: String) -> PolicyError {
-        PolicyError {
-            file: self.file.to_string(),
-            line: self.lines.line(&path),
-            path,
-            message,
-        }
-    }
-    pub fn error(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        let e = self.make(path.into(), message.into());
-        self.errors.push(e);
-    }
-    pub fn warn(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        let w = self.make(path.into(), message.into());
-        self.warnings.push(w);
-    }
-    /// `Ok` passes through; `Err` is recorded at `path`.
-    pub(super) fn check<T>(&mut self, path: &str, r: Result<T, String>) -> Option<T> {
-        match r {
-            Ok(v) => Some(v),
-            Err(m) => {
-                self.error(path, m);
-                None
-            }
-        }
-    }
-}
 
 /// Validates a parsed file. `file`, `hash` and `lines` describe its text.
 pub(crate) fn validate(

@@ -5,7 +5,7 @@
 use ipnet::IpNet;
 use paceline_common::maps::MAX_RULES;
 
-use super::Diag;
+use super::diag::Diag;
 use super::fields::{TransposeOk as _, int_range, lookup, mark, net, port, protocol, protocol_name};
 use super::model::{Cgroup, Family, RuleSpec};
 use crate::policy::host::HostFacts;
