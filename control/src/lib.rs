@@ -4,8 +4,10 @@
 //!
 //! # Layout
 //! - [`cli`]: the subcommands (`agent`, `policy check|schema`, `status`, `cleanup`), one per file.
-//! - [`agent`]: start-up, reload on file change or SIGHUP, clean shutdown.
-//! - [`policy`]: YAML policy: raw (mirrors the file) -> validated -> compiled (map entries).
+//! - [`agent`]: the agent in stages: start-up ([`agent::run`]), host changes and their undo
+//!   ([`agent::install`]), reloads ([`agent::reload`]), the event loop ([`agent::watch`]).
+//! - [`policy`]: YAML policy: raw (mirrors the file) -> validated -> compiled (map entries);
+//!   the enforcement modes and their choice, the HTB plan, the host facts both stages read.
 //! - [`datapath`]: the loaded eBPF object, typed maps, policy writes and counter snapshots.
 //! - [`attach`]: tc attachment (tcx or clsact) and sock_ops on the cgroup v2 root.
 //! - [`qdisc`]: fq / mq+fq / HTB root qdiscs through `tc`, and their removal.
