@@ -40,6 +40,10 @@ pub const MAX_CLASSES: usize = 64;
 pub const MAX_LEVELS: usize = 8;
 /// Entries of [`names::AGG_CLOCKS`] and of [`CpuState::stats`].
 pub const AGG_SLOTS: usize = MAX_CLASSES + MAX_LEVELS;
+/// Default entries of [`names::FLOWS`] (`spec.flow_table_size`): 65 536 flows, about 9 MiB of
+/// kernel memory (the map's memlock, which `paceline status` reports). The agent resizes the map
+/// at load time; this is also the size compiled into the object.
+pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
 
 /// Index of level `l`'s slot in [`names::AGG_CLOCKS`] / [`CpuState::stats`].
 #[inline(always)]

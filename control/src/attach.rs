@@ -27,6 +27,16 @@ pub enum AttachMode {
     Clsact,
 }
 
+impl AttachMode {
+    /// As the status and the logs write it (`tcx`, `clsact`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttachMode::Tcx => "tcx",
+            AttachMode::Clsact => "clsact",
+        }
+    }
+}
+
 pub struct TcAttachment {
     pub iface: String,
     pub mode: AttachMode,

@@ -10,7 +10,7 @@ use aya::{
     programs::{SchedClassifier, SockOps},
 };
 use paceline_common::maps::{
-    AggClock, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, FlowKey, FlowState,
+    AggClock, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, DEFAULT_FLOW_TABLE_SIZE,
     GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, names,
 };
 
@@ -45,10 +45,6 @@ impl Default for LoadOptions {
     }
 }
 
-/// Default size of the per-flow table: 65 536 flows, about 9 MiB of kernel memory (measured
-/// with `paceline status`, which reports the map's memlock).
-pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
-
 /// Summed (over CPUs) counters of every class and level.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -63,7 +59,6 @@ pub struct Datapath {
     tables: Array<MapData, PolicyTable>,
     cpu: PerCpuArray<MapData, CpuState>,
     clocks: Array<MapData, AggClock>,
-    flows: HashMap<MapData, FlowKey, FlowState>,
     flow_table_memlock: Option<u64>,
     d3_stats: PerCpuArray<MapData, D3ClassStats>,
     d3_link_ctl: HashMap<MapData, u32, D3LinkCtl>,
@@ -97,12 +92,12 @@ impl Datapath {
         let tables = Array::try_from(take(&mut ebpf, names::TABLES)?)?;
         let cpu = PerCpuArray::try_from(take(&mut ebpf, names::CPU)?)?;
         let clocks = Array::try_from(take(&mut ebpf, names::AGG_CLOCKS)?)?;
-        let flows_map = take(&mut ebpf, names::FLOWS)?;
-        let flow_table_memlock = match &flows_map {
-            aya::maps::Map::LruHashMap(m) => memlock_of(m.fd().as_fd()),
-            _ => None,
+        // The flow table stays in the object: only the datapath reads and writes it.
+        let flow_table_memlock = match ebpf.map(names::FLOWS) {
+            Some(aya::maps::Map::LruHashMap(m)) => memlock_of(m.fd().as_fd()),
+            Some(_) => None,
+            None => return Err(anyhow!("map {} missing from the eBPF object", names::FLOWS)),
         };
-        let flows = HashMap::try_from(flows_map)?;
         let d3_stats = PerCpuArray::try_from(take(&mut ebpf, names::D3_STATS)?)?;
         let d3_link_ctl = HashMap::try_from(take(&mut ebpf, names::D3_LINK_CTL)?)?;
         let d3_links = HashMap::try_from(take(&mut ebpf, names::D3_LINKS)?)?;
@@ -117,7 +112,6 @@ impl Datapath {
             tables,
             cpu,
             clocks,
-            flows,
             flow_table_memlock,
             generation: 0,
         })
@@ -261,30 +255,6 @@ impl Datapath {
     /// An aggregate clock's value (tests and diagnostics).
     pub fn agg_clock(&self, slot: u32) -> Result<u64> {
         Ok(self.clocks.get(&slot, 0)?.t_next)
-    }
-
-    /// Sets an aggregate clock (tests only: start from a known state).
-    pub fn set_agg_clock(&mut self, slot: u32, t_next: u64) -> Result<()> {
-        Ok(self.clocks.set(slot, AggClock { t_next }, 0)?)
-    }
-
-    /// A flow's state, if the flow table holds it.
-    pub fn flow(&self, key: &FlowKey) -> Result<Option<FlowState>> {
-        match self.flows.get(key, 0) {
-            Ok(v) => Ok(Some(v)),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Sets a flow's state (D3 grants; tests).
-    pub fn set_flow(&mut self, key: &FlowKey, state: &FlowState) -> Result<()> {
-        Ok(self.flows.insert(key, state, 0)?)
-    }
-
-    /// Number of flows in the flow table (walks the map: diagnostics, not the hot path).
-    pub fn flow_count(&self) -> usize {
-        self.flows.keys().filter(|k| k.is_ok()).count()
     }
 
     /// Kernel memory charged to the flow table, from `/proc/self/fdinfo` (bytes).

@@ -4,8 +4,10 @@
 //!
 //! # Layout
 //! - [`cli`]: the subcommands (`agent`, `policy check|schema`, `status`, `cleanup`), one per file.
-//! - [`agent`]: start-up, reload on file change or SIGHUP, clean shutdown.
-//! - [`policy`]: YAML policy: raw (mirrors the file) -> validated -> compiled (map entries).
+//! - [`agent`]: the agent in stages: start-up ([`agent::run`]), host changes and their undo
+//!   ([`agent::install`]), reloads ([`agent::reload`]), the event loop ([`agent::watch`]).
+//! - [`policy`]: YAML policy: raw (mirrors the file) -> validated -> compiled (map entries);
+//!   the enforcement modes and their choice, the HTB plan, the host facts both stages read.
 //! - [`datapath`]: the loaded eBPF object, typed maps, policy writes and counter snapshots.
 //! - [`attach`]: tc attachment (tcx or clsact) and sock_ops on the cgroup v2 root.
 //! - [`qdisc`]: fq / mq+fq / HTB root qdiscs through `tc`, and their removal.
@@ -14,7 +16,9 @@
 //! - [`d3app`]: what applications call to give a socket a size and a deadline (D3).
 //! - [`features`]: what the running kernel offers, probed at start.
 //! - [`state`]: the lock and the record of host changes that a start after `kill -9` undoes.
-//! - [`status`], [`metrics`], [`http`]: what the agent reports and how.
+//! - [`status`]: the typed status model (`/status`, `status.json`, `paceline status`, the tests).
+//! - [`metrics`], [`http`]: the Prometheus text and the HTTP endpoints.
+//! - [`shared`]: what the event loop, reloads and HTTP handlers share, behind one lock.
 pub mod agent;
 pub mod attach;
 pub mod cli;
@@ -27,5 +31,6 @@ pub mod metrics;
 pub mod policy;
 pub mod qdisc;
 pub mod qstats;
+pub mod shared;
 pub mod state;
 pub mod status;

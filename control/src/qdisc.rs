@@ -13,6 +13,8 @@ use std::process::Command;
 use anyhow::{Context as _, Result, anyhow, bail};
 use serde::Deserialize;
 
+use crate::policy::HtbPlan;
+
 /// Runs `tc` with `args`; the error names the command and carries tc's message.
 pub fn tc(args: &[&str]) -> Result<String> {
     run("tc", args)
@@ -167,19 +169,6 @@ pub fn install_fq(iface: &str, p: FqParams) -> Result<Installed> {
     Ok(Installed::MqFq { queues })
 }
 
-/// One class of an HTB tree under root handle `1:`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HtbClass {
-    pub minor: u16,
-    /// The parent class's minor; 0 = the qdisc itself (the root class).
-    pub parent_minor: u16,
-    /// bytes/s
-    pub rate: u64,
-    /// bytes/s
-    pub ceil: u64,
-    pub prio: u8,
-}
-
 fn bits(rate_bytes: u64) -> String {
     format!("{}bit", rate_bytes.saturating_mul(8).max(8))
 }
@@ -189,23 +178,23 @@ fn quantum(rate_bytes: u64) -> String {
     (rate_bytes / 10).clamp(1514, 200_000).to_string()
 }
 
-/// Installs (or, with `update`, changes in place) an HTB tree: root qdisc `1:` whose
-/// unclassified traffic goes to `default_minor`, and `classes` (parents before children).
-pub fn install_htb(iface: &str, default_minor: u16, classes: &[HtbClass], update: bool) -> Result<Installed> {
+/// Installs (or, with `update`, changes in place) the HTB tree of `plan`: root qdisc `1:` whose
+/// unclassified traffic goes to `plan.default_minor`, and its classes (parents before children).
+pub fn install_htb(iface: &str, plan: &HtbPlan, update: bool) -> Result<Installed> {
     if !update {
         check_replaceable(iface)?;
-        let default = format!("{default_minor:x}");
+        let default = format!("{:x}", plan.default_minor);
         tc(&[
             "qdisc", "replace", "dev", iface, "root", "handle", "1:", "htb", "default", &default,
         ])?;
     }
-    for c in classes {
+    for c in &plan.classes {
         let parent = if c.parent_minor == 0 {
             "1:".to_string()
         } else {
             format!("1:{:x}", c.parent_minor)
         };
-        let classid = format!("1:{:x}", c.minor);
+        let classid = format!("1:{:x}", c.classid_minor);
         let (rate, ceil, prio, quantum) = (bits(c.rate), bits(c.ceil), c.prio.to_string(), quantum(c.rate));
         tc(&[
             "class", "replace", "dev", iface, "parent", &parent, "classid", &classid, "htb", "rate", &rate,

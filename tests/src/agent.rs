@@ -7,6 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use paceline::status::LiveStatus;
 use serde_json::Value;
 
 use crate::testbed::{ChildGuard, Host};
@@ -145,7 +146,8 @@ impl<'a> Agent<'a> {
             .expect("in netns")
     }
 
-    /// The agent's `/status` document (via `paceline status --json` in its namespace).
+    /// The agent's `/status` document (via `paceline status --json` in its namespace, which
+    /// reads it through the typed model, `paceline::status::LiveStatus`).
     pub fn status(&self) -> Option<Value> {
         let out = self
             .host
@@ -159,16 +161,25 @@ impl<'a> Agent<'a> {
         serde_json::from_slice(&out.stdout).ok()
     }
 
+    /// The agent's `/status` document as the agent's own typed model.
+    pub fn live_status(&self) -> Option<LiveStatus> {
+        self.status().map(|v| {
+            serde_json::from_value(v).unwrap_or_else(|e| panic!("/status does not fit LiveStatus: {e}"))
+        })
+    }
+
+    /// A class's counter by its name in `/status` (`packets`, `tcp_sockets_configured`, ...).
     pub fn class_counter(&self, class: &str, counter: &str) -> u64 {
-        let s = self.status().expect("status");
-        s["counters"]["classes"]
-            .as_array()
-            .expect("classes")
+        let s = self.live_status().expect("status");
+        let c = s
+            .counters
+            .classes
             .iter()
-            .find(|c| c["name"] == class)
-            .unwrap_or_else(|| panic!("no class {class} in {s}"))[counter]
+            .find(|c| c.name == class)
+            .unwrap_or_else(|| panic!("no class {class} in {:?}", s.counters.classes));
+        serde_json::to_value(&c.counters).expect("counters")[counter]
             .as_u64()
-            .expect("counter")
+            .unwrap_or_else(|| panic!("no counter {counter} in {:?}", c.counters))
     }
 
     /// Waits until `pred(status)` holds.

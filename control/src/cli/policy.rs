@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use crate::policy::{self, CompileContext, EnforcementMode, HostFacts, OfflineHost, SystemHost};
+use crate::policy::{
+    self, CompileContext, EnforcementMode, HostFacts, OfflineHost, SystemHost, host::all_routes_managed,
+};
 
 #[cfg(test)]
 mod tests {
@@ -92,8 +94,8 @@ pub fn run(c: Command) -> Result<i32> {
     }
 }
 
-/// Compiles a policy text for comparison: offline (host facts differ between machines) and
-/// for the mode the policy asks for.
+/// Compiles a policy text for comparison: offline (host facts differ between machines, so
+/// routes are unknown and sock_ops marks no socket) and for the mode the policy asks for.
 fn compile_text(text: &str, name: &str) -> Result<serde_json::Value, i32> {
     let v = policy::parse_str(text, name, &OfflineHost).map_err(|errors| {
         for e in &errors {
@@ -107,7 +109,7 @@ fn compile_text(text: &str, name: &str) -> Result<serde_json::Value, i32> {
         &CompileContext {
             mode,
             previous: None,
-            all_routes_managed: false,
+            all_routes_managed: all_routes_managed(&OfflineHost, &v.interfaces),
         },
     ));
     // Where the policy came from is not part of what it says.
@@ -231,7 +233,7 @@ fn check(a: CheckArgs) -> Result<i32> {
         &CompileContext {
             mode,
             previous: None,
-            all_routes_managed: false,
+            all_routes_managed: all_routes_managed(host, &validated.interfaces),
         },
     );
     if a.json {

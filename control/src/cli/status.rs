@@ -3,21 +3,22 @@
 use std::net::SocketAddr;
 
 use anyhow::{Context as _, Result};
-use serde_json::Value;
+
+use crate::status::LiveStatus;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The agent's --metrics-addr.
     #[arg(long, default_value = "127.0.0.1:9977")]
     pub addr: SocketAddr,
-    /// Print the raw JSON document.
+    /// Print the JSON document.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(a: Args) -> Result<i32> {
     let url = format!("http://{}/status", a.addr);
-    let body: Value = ureq::get(&url)
+    let status: LiveStatus = ureq::get(&url)
         .call()
         .with_context(|| {
             format!("asking the agent at {url} (is `paceline agent` running with that --metrics-addr?)")
@@ -26,151 +27,134 @@ pub fn run(a: Args) -> Result<i32> {
         .read_json()
         .context("parsing the agent's status")?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&body)?);
+        // Through a JSON value: keys in sorted order, as this command has always printed them.
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::to_value(&status)?)?
+        );
     } else {
-        print!("{}", render(&body));
+        print!("{}", render(&status, crate::status::unix_now()));
     }
     Ok(0)
 }
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        v => v.to_string(),
-    }
+fn yes(b: bool) -> &'static str {
+    if b { "yes" } else { "no" }
 }
 
-fn yes(v: &Value) -> &'static str {
-    if v.as_bool().unwrap_or(false) { "yes" } else { "no" }
+/// An optional text, `-` when absent.
+fn or_dash(v: Option<impl ToString>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
 }
 
-/// Human units: bytes/s as bits/s.
-pub fn rate(bytes_per_sec: Option<u64>) -> String {
-    match bytes_per_sec {
-        None => "unlimited".into(),
-        Some(b) => {
-            let bits = b as f64 * 8.0;
-            let (v, u) = if bits >= 1e9 {
-                (bits / 1e9, "Gbit/s")
-            } else if bits >= 1e6 {
-                (bits / 1e6, "Mbit/s")
-            } else if bits >= 1e3 {
-                (bits / 1e3, "kbit/s")
-            } else {
-                (bits, "bit/s")
-            };
-            format!("{} {u}", sig3(v))
-        }
-    }
-}
-
-/// Three significant digits.
-pub fn sig3(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else if v >= 10.0 {
-        format!("{v:.1}")
+/// A level's rate limit in bits/s for the RATE column, `unlimited` for none: three significant
+/// digits without carrying into the next unit (unlike `units::fmt_rate`, whose reports round
+/// 999.7 Mbit/s up to 1.00 Gbit/s).
+fn rate_column(bytes_per_sec: Option<u64>) -> String {
+    let Some(b) = bytes_per_sec else {
+        return "unlimited".into();
+    };
+    let bits = b as f64 * 8.0;
+    let (v, u) = if bits >= 1e9 {
+        (bits / 1e9, "Gbit/s")
+    } else if bits >= 1e6 {
+        (bits / 1e6, "Mbit/s")
+    } else if bits >= 1e3 {
+        (bits / 1e3, "kbit/s")
     } else {
-        format!("{v:.2}")
-    }
+        (bits, "bit/s")
+    };
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{v:.digits$} {u}")
 }
 
-fn render(b: &Value) -> String {
+/// The human-readable status; `now` (Unix seconds) gives the uptime.
+fn render(b: &LiveStatus, now: u64) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
-    let now = crate::status::unix_now();
-    let up = now.saturating_sub(b["started_at"].as_u64().unwrap_or(now));
-    let _ = writeln!(
-        o,
-        "paceline {}, pid {}, up {}s",
-        s(&b["version"]),
-        s(&b["pid"]),
-        up
-    );
-    let k = &b["kernel"];
+    let st = &b.status;
+    let up = now.saturating_sub(st.started_at);
+    let _ = writeln!(o, "paceline {}, pid {}, up {}s", st.version, st.pid, up);
+    let k = &st.kernel;
     let _ = writeln!(
         o,
         "kernel {}: tcx {}, sch_fq {}, sch_htb {}, clsact {}, btf {}, cgroup2 {}",
-        s(&k["kernel_release"]),
-        yes(&k["tcx"]),
-        yes(&k["sch_fq"]),
-        yes(&k["sch_htb"]),
-        yes(&k["clsact"]),
-        yes(&k["btf"]),
-        s(&k["cgroup2"])
+        k.kernel_release,
+        yes(k.tcx),
+        yes(k.sch_fq),
+        yes(k.sch_htb),
+        yes(k.clsact),
+        yes(k.btf),
+        or_dash(k.cgroup2.as_ref().map(|p| p.display()))
     );
-    let e = &b["enforcement"];
-    let _ = writeln!(o, "enforcement: {}", s(&e["mode"]));
-    let _ = writeln!(o, "  TCP flows:  {}", s(&e["tcp_flows"]));
-    let _ = writeln!(o, "  UDP flows:  {}", s(&e["udp_flows"]));
-    let _ = writeln!(o, "  aggregates: {}", s(&e["aggregates"]));
+    let e = &st.enforcement;
+    let _ = writeln!(o, "enforcement: {}", e.mode);
+    let _ = writeln!(o, "  TCP flows:  {}", e.tcp_flows);
+    let _ = writeln!(o, "  UDP flows:  {}", e.udp_flows);
+    let _ = writeln!(o, "  aggregates: {}", e.aggregates);
     let _ = writeln!(
         o,
         "  TCP DSCP:   {}",
-        if b["policy"]["tcp_dscp_by_socket"] == Value::Bool(true) {
+        if st.policy.tcp_dscp_by_socket {
             "set on the socket by sock_ops"
         } else {
             "rewritten by the classifier"
         }
     );
-    for d in b["degraded"].as_array().into_iter().flatten() {
-        let _ = writeln!(o, "degraded: {}", s(d));
+    for d in &st.degraded {
+        let _ = writeln!(o, "degraded: {d}");
     }
-    for i in b["interfaces"].as_array().into_iter().flatten() {
+    for i in &st.interfaces {
         let _ = writeln!(
             o,
             "interface {}: attach {}, root qdisc {}",
-            s(&i["name"]),
-            s(&i["attach"]),
-            s(&i["qdisc"])
+            i.name,
+            i.attach.as_str(),
+            or_dash(i.qdisc.as_ref())
         );
     }
-    let p = &b["policy"];
+    let p = &st.policy;
     let _ = writeln!(
         o,
         "policy {} ({}), hash {}, generation {}",
-        s(&p["name"]),
-        s(&p["file"]),
-        s(&p["hash"]).chars().take(12).collect::<String>(),
-        s(&p["generation"])
+        or_dash(p.name.as_ref()),
+        p.file,
+        p.hash.chars().take(12).collect::<String>(),
+        p.generation
     );
-    let r = &b["reloads"];
-    let _ = write!(
-        o,
-        "reloads: {} applied, {} rejected",
-        s(&r["applied"]),
-        s(&r["rejected"])
-    );
-    if r["last"]["applied"] == Value::Bool(false) {
+    let r = &st.reloads;
+    let _ = write!(o, "reloads: {} applied, {} rejected", r.applied, r.rejected);
+    if let Some(last) = r.last.as_ref().filter(|l| !l.applied) {
         let _ = write!(o, "; LAST RELOAD REJECTED (running policy kept):");
-        for err in r["last"]["errors"].as_array().into_iter().flatten() {
-            let _ = write!(o, "\n  {}", s(err));
+        for err in &last.errors {
+            let _ = write!(o, "\n  {err}");
         }
     }
     let _ = writeln!(o);
-    let counters = &b["counters"];
+    let counters = &b.counters;
     let _ = writeln!(
         o,
         "\n{:<16} {:>4} {:>14} {:>12} {:>14} {:>10} {:>10}",
         "LEVEL", "PRIO", "RATE", "PACKETS", "BYTES", "DELAYED", "DROPPED"
     );
-    for (l, c) in p["levels"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .zip(counters["levels"].as_array().into_iter().flatten())
-    {
+    for (l, c) in p.levels.iter().zip(&counters.levels) {
+        let c = &c.counters;
         let _ = writeln!(
             o,
             "{:<16} {:>4} {:>14} {:>12} {:>14} {:>10} {:>10}",
-            s(&l["name"]),
-            s(&l["priority"]),
-            rate(l["rate_bytes_per_second"].as_u64()),
-            s(&c["packets"]),
-            s(&c["bytes"]),
-            s(&c["delayed_packets"]),
-            s(&c["dropped_horizon"])
+            l.name,
+            l.priority,
+            rate_column(l.rate_bytes_per_second),
+            c.packets,
+            c.bytes,
+            c.delayed_packets,
+            c.dropped_horizon
         );
     }
     let _ = writeln!(
@@ -178,35 +162,29 @@ fn render(b: &Value) -> String {
         "\n{:<16} {:<12} {:>12} {:>14} {:>10} {:>10} {:>9} {:>9}",
         "CLASS", "LEVEL", "PACKETS", "BYTES", "DELAYED", "DROPPED", "TAGGED", "TCP-SOCK"
     );
-    for (cl, c) in p["classes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .zip(counters["classes"].as_array().into_iter().flatten())
-    {
+    for (cl, c) in p.classes.iter().zip(&counters.classes) {
+        let c = &c.counters;
         let _ = writeln!(
             o,
             "{:<16} {:<12} {:>12} {:>14} {:>10} {:>10} {:>9} {:>9}",
-            s(&cl["name"]),
-            s(&cl["level"]),
-            s(&c["packets"]),
-            s(&c["bytes"]),
-            s(&c["delayed_packets"]),
-            s(&c["dropped_horizon"]),
-            s(&c["tagged_packets"]),
-            s(&c["tcp_sockets_configured"])
+            cl.name,
+            cl.level,
+            c.packets,
+            c.bytes,
+            c.delayed_packets,
+            c.dropped_horizon,
+            c.tagged_packets,
+            c.tcp_sockets_configured
         );
     }
-    let u = &counters["unparsed"];
+    let u = &counters.unparsed;
     let _ = writeln!(
         o,
         "\nunparsed (passed untouched): non-IP {}, truncated {}, IPv6 extension limit {}",
-        s(&u["non_ip"]),
-        s(&u["truncated"]),
-        s(&u["ipv6_extension_limit"])
+        u.non_ip, u.truncated, u.ipv6_extension_limit
     );
-    for w in p["warnings"].as_array().into_iter().flatten() {
-        let _ = writeln!(o, "policy warning: {}", s(w));
+    for w in &p.warnings {
+        let _ = writeln!(o, "policy warning: {w}");
     }
     o
 }
@@ -217,9 +195,41 @@ mod tests {
 
     #[test]
     fn rates_in_bits() {
-        assert_eq!(rate(Some(625_000)), "5.00 Mbit/s");
-        assert_eq!(rate(Some(1_250_000_000)), "10.0 Gbit/s");
-        assert_eq!(rate(Some(90_000_000)), "720 Mbit/s");
-        assert_eq!(rate(None), "unlimited");
+        assert_eq!(rate_column(Some(625_000)), "5.00 Mbit/s");
+        assert_eq!(rate_column(Some(1_250_000_000)), "10.0 Gbit/s");
+        assert_eq!(rate_column(Some(90_000_000)), "720 Mbit/s");
+        assert_eq!(rate_column(None), "unlimited");
+    }
+
+    #[test]
+    fn renders_a_real_status() {
+        let s: LiveStatus = serde_json::from_str(crate::status::tests::LIVE).expect("status");
+        let text = render(&s, s.status.started_at + 3);
+        // What the untyped renderer printed for this document (captured with it).
+        let expected = r#"paceline 0.1.0, pid 8450, up 3s
+kernel 6.18.44-fc-v669: tcx yes, sch_fq no, sch_htb yes, clsact yes, btf yes, cgroup2 /sys/fs/cgroup/unified
+enforcement: htb
+  TCP flows:  TCP's own pacing at the class's flow rate (sock_ops SO_MAX_PACING_RATE)
+  UDP flows:  not enforced (needs sch_fq)
+  aggregates: HTB classes (skb->priority = HTB class id)
+  TCP DSCP:   rewritten by the classifier
+degraded: no sch_fq: EDT timestamps are not enforced by this kernel; per-flow TCP rates are enforced by TCP's own pacing (sock_ops SO_MAX_PACING_RATE), class and level aggregates by HTB where available, UDP per-flow rates not at all
+interface h1a: attach tcx, root qdisc htb
+policy status-capture (/tmp/h1cap/policy.yaml), hash 1b30767275a5, generation 2
+reloads: 1 applied, 1 rejected; LAST RELOAD REJECTED (running policy kept):
+  /tmp/h1cap/policy.yaml:23: spec.default_class: no class named "nosuch"; classes: rpc, other
+
+LEVEL            PRIO           RATE      PACKETS          BYTES    DELAYED    DROPPED
+latency             5    30.9 Mbit/s            3            222          0          0
+bulk                0      unlimited            5            426          0          0
+
+CLASS            LEVEL             PACKETS          BYTES    DELAYED    DROPPED    TAGGED  TCP-SOCK
+rpc              latency                 3            222          0          0         3         0
+other            bulk                    5            426          0          0         5         0
+
+unparsed (passed untouched): non-IP 1, truncated 0, IPv6 extension limit 0
+policy warning: /tmp/h1cap/policy.yaml:16: spec.classes[0].class_rate: 200 Mbit/s is above the rate of level "latency" (30.9 Mbit/s); the level's rate binds
+"#;
+        assert_eq!(text, expected);
     }
 }

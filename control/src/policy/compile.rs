@@ -28,44 +28,10 @@ use paceline_common::maps::{
 };
 use paceline_common::qjump::Network;
 
-use super::validate::{EnforcementRequest, Family, LinkRate, RuleSpec, TcpSettings, Validated};
-
-/// How the agent enforces rates on this host (decided from `spec.enforcement` and the kernel).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EnforcementMode {
-    /// EDT timestamps held by `fq`.
-    Fq,
-    /// An HTB hierarchy for the aggregates (see [`HtbPlan`]).
-    Htb,
-    /// Only sock_ops' per-socket settings.
-    SockopsOnly,
-    /// Classify, tag and count only.
-    None,
-}
-
-impl EnforcementMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EnforcementMode::Fq => "fq",
-            EnforcementMode::Htb => "htb",
-            EnforcementMode::SockopsOnly => "sockops",
-            EnforcementMode::None => "none",
-        }
-    }
-}
-
-impl EnforcementRequest {
-    /// The mode the policy insists on; `None` for `auto` (the agent picks).
-    pub fn fixed(self) -> Option<EnforcementMode> {
-        match self {
-            EnforcementRequest::Auto => None,
-            EnforcementRequest::Fq => Some(EnforcementMode::Fq),
-            EnforcementRequest::Htb => Some(EnforcementMode::Htb),
-            EnforcementRequest::Sockops => Some(EnforcementMode::SockopsOnly),
-            EnforcementRequest::None => Some(EnforcementMode::None),
-        }
-    }
-}
+use super::enforcement::{EnforcementMode, EnforcementRequest};
+use super::htb::{HTB_MAJOR, HtbPlan, htb_leaf, htb_plan};
+use super::protocols;
+use super::validate::{Family, LinkRate, RuleSpec, TcpSettings, Validated};
 
 /// What compilation needs besides the policy.
 #[derive(Clone, Copy, Debug)]
@@ -76,7 +42,8 @@ pub struct CompileContext<'a> {
     pub previous: Option<&'a Compiled>,
     /// Every interface this host has a route through is one of the policy's: sock_ops may
     /// then mark TCP sockets with their level's DSCP (`TABLE_SOCK_TOS`, unless a rule
-    /// matches on DSCP). `false` where that is not known (`policy check`).
+    /// matches on DSCP). `false` where that is not known (offline). Decided by
+    /// [`all_routes_managed`](super::host::all_routes_managed).
     pub all_routes_managed: bool,
 }
 
@@ -134,51 +101,6 @@ pub struct RuleInfo {
     pub class_index: u16,
     /// The conditions, e.g. `tcp dst_port 11211 dst 10.1.0.0/16`, or `any`.
     pub matches: String,
-}
-
-pub const HTB_MAJOR: u16 = 1;
-/// The root class `1:1`; its parent is the qdisc (`parent_minor` 0).
-pub const HTB_ROOT_MINOR: u16 = 0x1;
-/// `1:100 + level index`: a rate-limited level.
-pub const HTB_LEVEL_BASE: u16 = 0x100;
-/// `1:200 + class index`: a class with a class_rate.
-pub const HTB_CLASS_BASE: u16 = 0x200;
-/// `1:300 + level index`: a level's other traffic.
-pub const HTB_OTHER_BASE: u16 = 0x300;
-
-/// The HTB hierarchy of HTB mode; the agent installs it with `tc` on every interface:
-/// `tc qdisc add dev X root handle 1: htb default <default_minor>`, then each class in order
-/// (parents come first) with `parent 1:<parent_minor>` (`parent 1:` when it is 0), and an `fq`
-/// leaf qdisc under each leaf class so per-flow EDT still works.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HtbPlan {
-    /// The link rate, bytes/s.
-    pub root_rate: u64,
-    /// The leaf of the default class: where packets without our class id go.
-    pub default_minor: u16,
-    /// Root first, then per level: its class (if limited), its policy classes' leaves, its
-    /// other-traffic leaf.
-    pub classes: Vec<HtbClass>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HtbClass {
-    pub classid_minor: u16,
-    /// 0 = the qdisc itself.
-    pub parent_minor: u16,
-    /// Bytes/s.
-    pub rate: u64,
-    pub ceil: u64,
-    /// 0 = highest (the level index).
-    pub prio: u8,
-    pub name: String,
-}
-
-impl HtbPlan {
-    /// Is `minor` a leaf (a class packets are steered into)?
-    pub fn is_leaf(&self, minor: u16) -> bool {
-        !self.classes.iter().any(|c| c.parent_minor == minor)
-    }
 }
 
 /// A compiled policy: the table for the datapath and what the agent reports.
@@ -346,15 +268,11 @@ fn table_rule(r: &RuleSpec, class: u16) -> Rule {
 fn rule_text(r: &RuleSpec) -> String {
     let mut parts: Vec<String> = Vec::new();
     if let Some(p) = r.protocol {
-        parts.push(match p {
-            6 => "tcp".into(),
-            17 => "udp".into(),
-            1 => "icmp".into(),
-            58 => "icmpv6".into(),
-            132 => "sctp".into(),
-            136 => "udplite".into(),
-            n => format!("proto {n}"),
-        });
+        parts.push(
+            protocols::name(p)
+                .map(String::from)
+                .unwrap_or_else(|| format!("proto {p}")),
+        );
     }
     if let Some(f) = r.family
         && r.src.is_none()
@@ -413,73 +331,6 @@ fn rule_origin(r: &RuleSpec) -> String {
         (Some(s), None) => format!("{} (src[{s}])", r.path()),
         (None, Some(d)) => format!("{} (dst[{d}])", r.path()),
         (Some(s), Some(d)) => format!("{} (src[{s}], dst[{d}])", r.path()),
-    }
-}
-
-/// The HTB hierarchy for `v` (see [`HtbPlan`]); `None` without a link rate.
-fn htb_plan(v: &Validated, idx: &[u16]) -> Option<HtbPlan> {
-    let root = v.link_rate.as_ref()?.rate;
-    let mut classes = vec![HtbClass {
-        classid_minor: HTB_ROOT_MINOR,
-        parent_minor: 0,
-        rate: root,
-        ceil: root,
-        prio: 0,
-        name: "root".into(),
-    }];
-    for (li, l) in v.levels.iter().enumerate() {
-        let prio = li as u8;
-        let parent = match l.rate {
-            Some(r) => {
-                let minor = HTB_LEVEL_BASE + li as u16;
-                classes.push(HtbClass {
-                    classid_minor: minor,
-                    parent_minor: HTB_ROOT_MINOR,
-                    rate: r,
-                    ceil: r,
-                    prio,
-                    name: format!("level/{}", l.name),
-                });
-                minor
-            }
-            None => HTB_ROOT_MINOR,
-        };
-        for (ci, c) in v.classes.iter().enumerate() {
-            if let (true, Some(cr)) = (c.level == li, c.class_rate) {
-                classes.push(HtbClass {
-                    classid_minor: HTB_CLASS_BASE + idx[ci],
-                    parent_minor: parent,
-                    rate: cr,
-                    ceil: cr,
-                    prio,
-                    name: format!("class/{}", c.name),
-                });
-            }
-        }
-        let other = l.rate.unwrap_or(root);
-        classes.push(HtbClass {
-            classid_minor: HTB_OTHER_BASE + li as u16,
-            parent_minor: parent,
-            rate: other,
-            ceil: other,
-            prio,
-            name: format!("level/{}/other", l.name),
-        });
-    }
-    Some(HtbPlan {
-        root_rate: root,
-        default_minor: htb_leaf(v, v.default_class, idx),
-        classes,
-    })
-}
-
-/// The HTB leaf a class's packets go to.
-fn htb_leaf(v: &Validated, class: usize, idx: &[u16]) -> u16 {
-    let c = &v.classes[class];
-    if c.class_rate.is_some() {
-        HTB_CLASS_BASE + idx[class]
-    } else {
-        HTB_OTHER_BASE + c.level as u16
     }
 }
 

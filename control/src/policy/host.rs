@@ -1,5 +1,5 @@
-//! Facts about the host that validation needs, behind a trait so that validation runs without
-//! a kernel: [`SystemHost`] asks this machine (in the caller's network namespace),
+//! Facts about the host that validation and compilation need, behind a trait so that both run
+//! without a kernel: [`SystemHost`] asks this machine (in the caller's network namespace),
 //! [`OfflineHost`] assumes nothing (`paceline policy check --offline`, CI), [`FakeHost`] is
 //! whatever a test says.
 
@@ -14,6 +14,9 @@ pub trait HostFacts {
     fn interface_exists(&self, name: &str) -> bool;
     /// The interfaces that carry a default route, IPv4 then IPv6, without duplicates.
     fn default_route_interfaces(&self) -> Vec<String>;
+    /// The interfaces any usable route (IPv4 or IPv6) leaves through, `lo` excluded: where
+    /// this host's traffic can go. `None` when that is not known.
+    fn route_interfaces(&self) -> Option<Vec<String>>;
     /// The interface's link rate in bytes/s; `None` when unknown (veth, some virtual NICs).
     fn link_rate(&self, iface: &str) -> Option<u64>;
     /// The id (inode number) of the cgroup v2 directory `path`, relative to the cgroup2 mount;
@@ -65,6 +68,10 @@ impl HostFacts for SystemHost {
         dedup(out)
     }
 
+    fn route_interfaces(&self) -> Option<Vec<String>> {
+        route_interfaces()
+    }
+
     fn link_rate(&self, iface: &str) -> Option<u64> {
         ethtool_speed_mbps(iface).map(|mbps| mbps * 125_000)
     }
@@ -78,8 +85,9 @@ impl HostFacts for SystemHost {
     }
 }
 
-/// Knows nothing: every interface exists, there are no default routes and no link rates, and
-/// cgroups are not resolved (validation compiles cgroup rules with id 0 and warns).
+/// Knows nothing: every interface exists, there are no default routes, no known routes and no
+/// link rates, and cgroups are not resolved (validation compiles cgroup rules with id 0 and
+/// warns).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct OfflineHost;
 
@@ -89,6 +97,9 @@ impl HostFacts for OfflineHost {
     }
     fn default_route_interfaces(&self) -> Vec<String> {
         Vec::new()
+    }
+    fn route_interfaces(&self) -> Option<Vec<String>> {
+        None
     }
     fn link_rate(&self, _: &str) -> Option<u64> {
         None
@@ -106,6 +117,8 @@ impl HostFacts for OfflineHost {
 pub struct FakeHost {
     pub interfaces: Vec<String>,
     pub default_routes: Vec<String>,
+    /// Interfaces of the other routes (the default routes' count as routes too).
+    pub routes: Vec<String>,
     /// Bytes/s by interface; absent = unknown.
     pub link_rates: HashMap<String, u64>,
     /// Ids by path (without the leading `/`).
@@ -128,6 +141,11 @@ impl FakeHost {
         self.default_routes.push(name.to_string());
         self
     }
+    /// A route that is not a default route, through `name`.
+    pub fn with_route(mut self, name: &str) -> Self {
+        self.routes.push(name.to_string());
+        self
+    }
     pub fn with_cgroup(mut self, path: &str, id: u64) -> Self {
         self.cgroups.insert(path.trim_start_matches('/').to_string(), id);
         self
@@ -141,6 +159,11 @@ impl HostFacts for FakeHost {
     fn default_route_interfaces(&self) -> Vec<String> {
         self.default_routes.clone()
     }
+    fn route_interfaces(&self) -> Option<Vec<String>> {
+        Some(dedup(
+            self.default_routes.iter().chain(&self.routes).cloned().collect(),
+        ))
+    }
     fn link_rate(&self, iface: &str) -> Option<u64> {
         self.link_rates.get(iface).copied()
     }
@@ -149,6 +172,18 @@ impl HostFacts for FakeHost {
             .get(path.trim_start_matches('/'))
             .copied()
             .ok_or_else(|| "no such cgroup under /sys/fs/cgroup/unified".to_string())
+    }
+}
+
+/// True when every interface `host` has a route through is one of `managed` (the policy's
+/// interfaces): only then may sock_ops mark sockets, whose traffic could otherwise leave marked
+/// through an interface the policy does not cover (`CompileContext::all_routes_managed`).
+/// False when the routes are not known (offline). The agent and `paceline policy check|diff`
+/// all decide through this.
+pub fn all_routes_managed(host: &dyn HostFacts, managed: &[String]) -> bool {
+    match host.route_interfaces() {
+        Some(routes) => routes.iter().all(|i| managed.contains(i)),
+        None => false,
     }
 }
 
@@ -168,7 +203,7 @@ const RTF_REJECT: u32 = 0x0200;
 /// The interfaces any up, non-reject route (IPv4 or IPv6) leaves through, `lo` excluded, read
 /// from `/proc/net/route` and `/proc/net/ipv6_route` (per network namespace): where this
 /// host's traffic can go. `None` when neither can be read.
-pub fn route_interfaces() -> Option<Vec<String>> {
+fn route_interfaces() -> Option<Vec<String>> {
     let v4 = std::fs::read_to_string("/proc/net/route").ok();
     let v6 = std::fs::read_to_string("/proc/net/ipv6_route").ok();
     if v4.is_none() && v6.is_none() {
@@ -454,6 +489,17 @@ fd000000000000000000000000000000 08 00000000000000000000000000000000 00 00000000
         assert_eq!(h.link_rate("lo"), None);
         assert_eq!(h.link_rate("no-such-if0"), None);
         assert!(!h.default_route_interfaces().iter().any(|i| i == "lo"));
+    }
+
+    #[test]
+    fn routes_managed_only_when_every_route_interface_is() {
+        let managed = ["eth0".to_string(), "eth1".to_string()];
+        let host = FakeHost::new().with_default_route("eth0").with_route("eth1");
+        assert!(all_routes_managed(&host, &managed));
+        assert!(!all_routes_managed(&host.with_route("mgmt0"), &managed));
+        assert!(!all_routes_managed(&OfflineHost, &managed), "unknown routes");
+        // A host whose routes cannot be read says so rather than "none".
+        assert!(SystemHost.route_interfaces().is_some());
     }
 
     #[test]

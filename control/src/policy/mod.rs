@@ -16,12 +16,18 @@
 //!
 //! # Layout
 //! - [`raw`]: the file format (stage 1) and the schema.
+//! - `error`: [`PolicyError`], a problem located by file, line and field.
 //! - [`units`]: rates, sizes, durations: parsing and formatting.
 //! - [`lines`]: path -> line index of a YAML document.
+//! - [`protocols`]: the IP protocols a policy may name (one table: parser, messages, schema).
 //! - [`host`]: [`HostFacts`], [`SystemHost`], [`OfflineHost`], [`FakeHost`].
-//! - [`validate`]: stage 2, [`Validated`].
-//! - [`compile`](mod@compile): stage 3, [`Compiled`], the HTB plan.
+//! - [`validate`]: stage 2, [`Validated`]; the model, the field parsers, and one file per
+//!   section of `spec` (levels, classes, rules, d3), each with its tests.
+//! - [`compile`](mod@compile): stage 3, [`Compiled`].
+//! - [`htb`]: the HTB hierarchy of `htb` mode ([`HtbPlan`]), compiled with the table.
+//! - [`enforcement`]: what a policy asks for, what the agent uses, [`decide_mode`] between them.
 //! - [`render`]: the check report and JSON output.
+//! - `restart`: [`Compiled::restart_needed`], what a reload cannot apply.
 //!
 //! # Decisions a policy author should know
 //! - Units are always written out; a bare number is refused (`100` could be bits or bytes).
@@ -38,56 +44,32 @@
 //!   reaches switches only through its DSCP/PCP rewrites.
 
 pub mod compile;
+pub mod enforcement;
+mod error;
 pub mod host;
+pub mod htb;
 pub mod lines;
+pub mod protocols;
 pub mod raw;
 pub mod render;
+mod restart;
 pub mod units;
 pub mod validate;
 
 #[cfg(test)]
 mod tests;
 
-use std::fmt;
 use std::path::Path;
 
 use sha2::{Digest as _, Sha256};
 
-pub use compile::{
-    ClassInfo, CompileContext, Compiled, EnforcementMode, HtbClass, HtbPlan, LevelInfo, QJumpInfo, RuleInfo,
-    compile,
-};
+pub use compile::{ClassInfo, CompileContext, Compiled, LevelInfo, QJumpInfo, RuleInfo, compile};
+pub use enforcement::{EnforcementMode, EnforcementRequest, decide_mode};
+pub use error::PolicyError;
 pub use host::{FakeHost, HostFacts, OfflineHost, SystemHost};
+pub use htb::{HtbClass, HtbPlan};
 pub use raw::schema_json;
-pub use validate::{EnforcementRequest, LinkRate, LinkRateSource, TcpSettings, Validated};
-
-/// A problem in a policy file, located by file, line (when known) and field path. Also used
-/// for warnings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PolicyError {
-    pub file: String,
-    /// 1-based.
-    pub line: Option<usize>,
-    /// `spec.classes[2].flow_rate`; empty for problems with the whole file.
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for PolicyError {
-    /// `policies/x.yaml:14: spec.classes[2].flow_rate: "10 Gbits" is not a rate; ...`
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "{}:{l}: ", self.file)?,
-            None => write!(f, "{}: ", self.file)?,
-        }
-        if !self.path.is_empty() {
-            write!(f, "{}: ", self.path)?;
-        }
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for PolicyError {}
+pub use validate::{LinkRate, LinkRateSource, TcpSettings, Validated};
 
 /// Reads, parses and validates the policy at `path`.
 pub fn load(path: &Path, host: &dyn HostFacts) -> Result<Validated, Vec<PolicyError>> {

@@ -10,7 +10,7 @@ use std::{borrow::Cow, fmt};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
-use super::units;
+use super::{protocols, units};
 
 /// The `apiVersion` this agent reads.
 pub const API_VERSION: &str = "paceline/v1";
@@ -153,7 +153,7 @@ fn default_horizon() -> DurationText {
     DurationText(Scalar::Str("100ms".into()))
 }
 fn default_flow_table_size() -> i64 {
-    super::validate::DEFAULT_FLOW_TABLE_SIZE as i64
+    paceline_common::maps::DEFAULT_FLOW_TABLE_SIZE as i64
 }
 
 /// `spec.enforcement`.
@@ -431,9 +431,9 @@ scalar_newtype!(
     ProtocolText,
     "Protocol",
     json_schema!({
-        "description": "IP protocol: tcp, udp, icmp, icmpv6, sctp, udplite, or a number 0..=255.",
+        "description": format!("IP protocol: {}, or a number 0..=255.", protocols::names()),
         "anyOf": [
-            { "enum": ["tcp", "udp", "icmp", "icmpv6", "sctp", "udplite"] },
+            { "enum": protocols::NAMES },
             { "type": "integer", "minimum": 0, "maximum": 255 }
         ]
     })

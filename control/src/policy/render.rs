@@ -3,7 +3,8 @@
 
 use serde_json::{Value, json};
 
-use super::compile::{Compiled, HTB_MAJOR};
+use super::compile::Compiled;
+use super::htb::HTB_MAJOR;
 use super::units::{fmt_ns, fmt_rate, fmt_secs, fmt_size};
 use super::validate::TcpSettings;
 

@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use paceline_common::{
     classify::PacketInfo,
-    maps::{AGG_SLOTS, AggClock, CpuState, FlowKey, FlowState, PolicyTable},
+    maps::{AGG_SLOTS, AggClock, CpuState, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, PolicyTable},
 };
 
 #[map(name = "PL_ACTIVE")]
@@ -17,7 +17,7 @@ pub static ACTIVE: Array<u32> = Array::with_max_entries(1, 0);
 pub static TABLES: Array<PolicyTable> = Array::with_max_entries(2, 0);
 
 #[map(name = "PL_FLOWS")]
-pub static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(65_536, 0);
+pub static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 
 #[map(name = "PL_AGG_CLOCKS")]
 pub static AGG_CLOCKS: Array<AggClock> = Array::with_max_entries(AGG_SLOTS as u32, 0);

@@ -7,8 +7,8 @@ use paceline::datapath::{Datapath, LoadOptions};
 use paceline_common::{
     edt::tx_time_ns,
     maps::{
-        CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, Rule,
-        level_slot, v4_mapped,
+        CLASS_SET_PRIORITY, ClassConfig, Counters, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable,
+        Rule, level_slot, v4_mapped,
     },
 };
 use paceline_tests::{
@@ -90,6 +90,25 @@ fn no_policy_passes_and_counts() {
     assert_eq!(o.data, f, "packet must pass untouched");
     assert_eq!(o.ctx.tstamp, 0);
     assert_eq!(o.ctx.priority, 0);
+    // Slot 0's zeroes are a table too: the packet counts in its default class 0 and level 0,
+    // and nowhere else; nothing is paced, dropped or rewritten.
+    let s = dp.snapshot().unwrap();
+    let counted = |c: &Counters| (c.packets, c.bytes);
+    assert_eq!(counted(&s.classes[0]), (1, f.len() as u64), "class 0");
+    assert_eq!(counted(&s.levels[0]), (1, f.len() as u64), "level 0");
+    assert_eq!(s.classes.iter().map(|c| c.packets).sum::<u64>(), 1);
+    assert_eq!(s.levels.iter().map(|c| c.packets).sum::<u64>(), 1);
+    let c = s.classes[0];
+    assert_eq!((c.delayed_packets, c.drops_horizon, c.tagged_packets), (0, 0, 0));
+    assert_eq!(
+        (
+            s.global.non_ip,
+            s.global.truncated,
+            s.global.ipv6_ext_limit,
+            s.global.rewrite_errors
+        ),
+        (0, 0, 0, 0)
+    );
 }
 
 #[test]

@@ -1,0 +1,209 @@
+//! The agent: start-up, reloads, shutdown, in stages.
+//!
+//! Start ([`run`]): take the state-directory lock and undo what a previous agent left behind
+//! (after `kill -9`), probe the kernel, load and compile the policy (a bad policy stops the
+//! start with every error listed), load the datapath, write the policy, then [`install`]: per
+//! interface attach the classifier and install the qdisc the enforcement mode needs; attach
+//! sock_ops; pin D3's map and attach its router links. Then serve `/metrics` and `/status`.
+//!
+//! Then [`watch`]: [`reload`] the policy on a file change or SIGHUP (see that module for what
+//! a reload may change), tick the D3 router's controller, until SIGTERM or SIGINT.
+//!
+//! Shutdown ([`install::uninstall`]): detach everything, delete the qdiscs paceline installed
+//! (the kernel's default root comes back), remove a clsact qdisc paceline added, clear the
+//! state.
+//!
+//! # Layout
+//! - here: [`Options`], [`run`]: the stages in order, and the status they start from.
+//! - [`install`]: the host changes and their undo (on failure, at the next start, at
+//!   shutdown).
+//! - [`reload`]: applying a changed policy live, or refusing it.
+//! - [`watch`]: the event loop (file watcher, signals, D3 timer).
+
+pub mod install;
+pub mod reload;
+pub mod watch;
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+
+use anyhow::{Result, anyhow, bail};
+use paceline_common::maps::TABLE_SOCK_TOS;
+
+use crate::{
+    datapath::{Datapath, LoadOptions},
+    features::Features,
+    http,
+    policy::{self, CompileContext, Compiled, SystemHost, Validated, decide_mode},
+    shared::{Inner, Shared},
+    state::StateDir,
+    status::{self, Enforcement, PolicyStatus, Status},
+};
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub policy: PathBuf,
+    pub metrics_addr: SocketAddr,
+    pub state_dir: PathBuf,
+    /// Where maps are pinned (the D3 application map: `<dir>/d3_app`).
+    pub bpffs_dir: PathBuf,
+}
+
+/// Runs the agent until SIGTERM/SIGINT.
+pub async fn run(opts: Options) -> Result<()> {
+    // From here on SIGTERM/SIGINT/SIGHUP are queued for the event loop instead of killing the
+    // process half-way through the start (which would leave qdiscs behind).
+    let signals = watch::Signals::new()?;
+    let dir = StateDir::lock(&opts.state_dir)?;
+    install::recover(&dir)?;
+
+    let features = probe();
+    let host = SystemHost::new();
+    let (policy_text, validated) = load_policy(&opts, &host)?;
+    let mode = decide_mode(validated.enforcement(), &features)?;
+    let compiled = policy::compile(
+        &validated,
+        &CompileContext {
+            mode,
+            previous: None,
+            all_routes_managed: policy::host::all_routes_managed(&host, &validated.interfaces),
+        },
+    );
+    log_compiled(&compiled);
+    if compiled.interfaces.is_empty() {
+        bail!("the policy selects no interface (spec.interfaces resolved to nothing on this host)");
+    }
+
+    let mut dp = Datapath::load(&LoadOptions {
+        flow_table_size: compiled.flow_table_size,
+        count_only: false,
+    })?;
+    let generation = dp.write_policy(&compiled.table)?;
+    let installed = install::install(dp, &compiled, &features, &dir, &opts.bpffs_dir)?;
+
+    let status = start_status(&opts, features, &compiled, generation, &installed);
+    let shared = Arc::new(Shared::new(Inner {
+        policy_text,
+        dp: Some(installed.dp),
+        router: installed.router,
+        status,
+        compiled,
+    }));
+    reload::write_status(&dir, &shared);
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut http_stop = stop_rx.clone();
+    let server = http::serve(opts.metrics_addr, shared.clone(), async move {
+        let _ = http_stop.wait_for(|s| *s).await;
+    })
+    .await;
+    let server = match server {
+        Ok(s) => s,
+        Err(e) => {
+            install::uninstall(&shared, &dir);
+            return Err(e);
+        }
+    };
+    let hash = shared.lock().compiled.hash.chars().take(12).collect::<String>();
+    log::info!(
+        "paceline running: policy {} (hash {hash}), metrics on http://{}/metrics",
+        opts.policy.display(),
+        opts.metrics_addr
+    );
+
+    let result = watch::watch(&opts.policy, &shared, &dir, &host, signals).await;
+    let _ = stop_tx.send(true);
+    let _ = server.await;
+    install::uninstall(&shared, &dir);
+    result
+}
+
+/// Probes the kernel and logs what it offers and what is degraded.
+fn probe() -> Features {
+    let features = Features::probe();
+    log::info!(
+        "kernel {}: tcx={} sch_fq={} sch_htb={} clsact={} btf={} cgroup2={}",
+        features.kernel_release,
+        features.tcx,
+        features.sch_fq,
+        features.sch_htb,
+        features.clsact,
+        features.btf,
+        features
+            .cgroup2
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "none".into())
+    );
+    for d in &features.degradations() {
+        log::warn!("degraded: {d}");
+    }
+    features
+}
+
+/// Reads the policy once and validates what it read (the text kept is the text applied); an
+/// invalid policy stops the start with every error listed.
+fn load_policy(opts: &Options, host: &SystemHost) -> Result<(String, Validated)> {
+    let policy_file = opts.policy.display().to_string();
+    let validated = policy::read(&opts.policy).and_then(|text| {
+        let v = policy::parse_str(&text, &policy_file, host)?;
+        Ok((text, v))
+    });
+    validated.map_err(|errs| {
+        anyhow!(
+            "policy rejected, nothing was loaded:\n  {}",
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        )
+    })
+}
+
+/// Logs whether sock_ops marks sockets, and the policy's warnings.
+fn log_compiled(compiled: &Compiled) {
+    if compiled.table.flags & TABLE_SOCK_TOS != 0 {
+        log::info!(
+            "sock_ops marks TCP sockets with their level's DSCP (every route leaves through a managed interface)"
+        );
+    } else {
+        log::info!(
+            "sock_ops leaves TCP sockets' DSCP alone: the classifier rewrites it (some route leaves through an \
+             interface the policy does not manage, or a rule matches on DSCP)"
+        );
+    }
+    for w in &compiled.warnings {
+        log::warn!("policy: {w}");
+    }
+}
+
+/// The status at start: the kernel, the enforcement, what [`install`] set up, the policy.
+fn start_status(
+    opts: &Options,
+    features: Features,
+    compiled: &Compiled,
+    generation: u64,
+    installed: &install::Installed,
+) -> Status {
+    Status {
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: std::process::id(),
+        started_at: status::unix_now(),
+        degraded: features.degradations(),
+        kernel: features,
+        enforcement: Enforcement::of(compiled.mode),
+        interfaces: installed.interfaces.clone(),
+        policy: PolicyStatus::of(&opts.policy, compiled, generation),
+        d3: compiled.d3.as_ref().map(|d| status::D3Status {
+            receiver: d.receiver,
+            app_map: opts.bpffs_dir.join("d3_app").display().to_string(),
+            router_links: d.router.iter().map(|l| l.interface.clone()).collect(),
+            interval_us: d.interval_ns / 1000,
+        }),
+        reloads: Default::default(),
+        flow_table: status::FlowTable {
+            capacity: compiled.flow_table_size,
+            memlock_bytes: installed.dp.flow_table_memlock(),
+        },
+        metrics_addr: opts.metrics_addr.to_string(),
+    }
+}

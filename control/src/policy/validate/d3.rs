@@ -1,0 +1,161 @@
+//! `spec.d3`: the receiver switch, the first-RTT rate, the router links (each an interface of
+//! this host, listed once, with a capacity above its base rate) and the controller's interval.
+
+use super::diag::Diag;
+use super::fields::{Bounds, RATE, TransposeOk as _, duration_in, rate_in};
+use super::model::{D3Link, D3Spec};
+use crate::policy::host::HostFacts;
+use crate::policy::raw;
+use crate::policy::units;
+
+pub const D3_INTERVAL: Bounds = Bounds {
+    min: 100_000,
+    max: 1_000_000_000,
+    text: "100us..=1s",
+};
+pub const D3_DEADLINE: Bounds = Bounds {
+    min: 100_000,
+    max: 3_600_000_000_000,
+    text: "100us..=1h",
+};
+pub const D3_SIZE: Bounds = Bounds {
+    min: 1,
+    max: 1 << 40,
+    text: "1B..=1TiB",
+};
+
+/// `spec.d3`: `Some(None)` when absent, `None` when invalid.
+pub(super) fn d3_spec(d: &mut Diag, spec: &raw::Spec, host: &dyn HostFacts) -> Option<Option<D3Spec>> {
+    let Some(s) = &spec.d3 else { return Some(None) };
+    let mut ok = true;
+    let first = match &s.first_rtt_rate {
+        Some(r) => match d.check("spec.d3.first_rtt_rate", rate_in(&r.0, RATE)) {
+            Some(v) => Some(v),
+            None => {
+                ok = false;
+                None
+            }
+        },
+        None => None,
+    };
+    let interval_ns = match &s.interval {
+        Some(v) => d
+            .check("spec.d3.interval", duration_in(&v.0, D3_INTERVAL))
+            .unwrap_or_else(|| {
+                ok = false;
+                0
+            }),
+        None => 1_000_000,
+    };
+    let mut router = Vec::new();
+    for (i, l) in s.router.iter().enumerate() {
+        let p = format!("spec.d3.router[{i}]");
+        if !host.is_offline() && !host.interface_exists(&l.interface) {
+            d.error(
+                format!("{p}.interface"),
+                format!("no interface named {:?} on this host", l.interface),
+            );
+            ok = false;
+        }
+        if router.iter().any(|r: &D3Link| r.interface == l.interface) {
+            d.error(
+                format!("{p}.interface"),
+                format!("{:?} is listed twice", l.interface),
+            );
+            ok = false;
+        }
+        let cap = d.check(&format!("{p}.capacity"), rate_in(&l.capacity.0, RATE));
+        let base = l
+            .base_rate
+            .as_ref()
+            .map(|r| d.check(&format!("{p}.base_rate"), rate_in(&r.0, RATE)));
+        let fcap = l
+            .flow_cap
+            .as_ref()
+            .map(|r| d.check(&format!("{p}.flow_cap"), rate_in(&r.0, RATE)));
+        let (Some(cap), Some(base), Some(fcap)) = (cap, base.transpose_ok(), fcap.transpose_ok()) else {
+            ok = false;
+            continue;
+        };
+        let base = base.unwrap_or(cap / 1000);
+        if base >= cap {
+            d.error(
+                format!("{p}.base_rate"),
+                format!(
+                    "{} must be below the capacity {}",
+                    units::fmt_rate(base),
+                    units::fmt_rate(cap)
+                ),
+            );
+            ok = false;
+        }
+        router.push(D3Link {
+            interface: l.interface.clone(),
+            capacity: cap,
+            base_rate: base,
+            flow_cap: fcap.unwrap_or(0),
+        });
+    }
+    ok.then_some(Some(D3Spec {
+        receiver: s.receiver,
+        first_rtt_rate: first,
+        interval_ns,
+        router,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::policy::tests::{errors, fake_host, ok};
+
+    const BASE: &str = r#"
+apiVersion: paceline/v1
+kind: Policy
+spec:
+  interfaces: [eth0]
+  levels: [{name: all, priority: 0}]
+  classes: [{name: x, level: all, d3: {}}]
+  default_class: x
+  d3: {router: [{interface: eth1, capacity: 1Gbit}]}
+"#;
+
+    #[test]
+    fn router_links() {
+        let v = ok(BASE, &fake_host());
+        let d3 = v.d3.expect("d3");
+        assert!(d3.receiver);
+        assert_eq!(d3.interval_ns, 1_000_000, "default interval");
+        assert_eq!(
+            (
+                d3.router[0].capacity,
+                d3.router[0].base_rate,
+                d3.router[0].flow_cap
+            ),
+            (125_000_000, 125_000, 0),
+            "base rate capacity / 1000, no flow cap"
+        );
+        let bad = BASE.replace(
+            "[{interface: eth1, capacity: 1Gbit}]",
+            "[{interface: eth1, capacity: 1Gbit, base_rate: 2Gbit}, {interface: eth1, capacity: 1Gbit}, {interface: eth9, capacity: 1Gbit}]",
+        );
+        assert_eq!(
+            errors(&bad, &fake_host()),
+            [
+                "test.yaml:9: spec.d3.router[0].base_rate: 2.00 Gbit/s must be below the capacity 1.00 Gbit/s",
+                "test.yaml:9: spec.d3.router[1].interface: \"eth1\" is listed twice",
+                "test.yaml:9: spec.d3.router[2].interface: no interface named \"eth9\" on this host",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_d3_class_needs_spec_d3() {
+        let text = BASE.replace("  d3: {router: [{interface: eth1, capacity: 1Gbit}]}\n", "");
+        assert_eq!(
+            errors(&text, &fake_host()),
+            [
+                "test.yaml:7: spec.classes[0].d3: needs spec.d3 (add `d3: {}` to spec to turn D3 on for this host)"
+            ]
+        );
+    }
+}
