@@ -1,10 +1,12 @@
-//! First-match classification of a packet (or a socket's tuple) against a [`PolicyTable`].
+//! What the classifier looks at ([`PacketInfo`]) and the linear first-match matcher over a rule
+//! list ([`classify_linear`]).
 //!
-//! The tc program calls [`classify`] on every parsed packet; the sock_ops program calls it on a
-//! connection's tuple. Matching is a handful of XOR/AND operations per rule with no early exits
-//! inside a rule, which keeps the verifier's state count and the per-rule cost small.
+//! The datapath does not scan rules: it looks packets up in the compiled classifier
+//! ([`crate::ctab`]), whose cost does not grow with the number of rules. The linear matcher is
+//! the definition of what that lookup must answer: the tests compile random rule lists and
+//! compare the two on random packets, and `paceline classify` names the rule that decided.
 
-use crate::maps::{MAX_CLASSES, MAX_RULES, PolicyTable, Rule};
+use crate::maps::Rule;
 
 /// [`PacketInfo::unknown`]: the caller cannot see the packet's DSCP (sock_ops).
 pub const UNKNOWN_DSCP: u8 = 1 << 0;
@@ -67,29 +69,21 @@ pub fn rule_matches(r: &Rule, p: &PacketInfo) -> bool {
     diff == 0
 }
 
-/// The class of `p`: the class of the first matching rule, else the table's default class.
-/// Always `< MAX_CLASSES`, whatever the table holds.
-#[inline(always)]
-pub fn classify(t: &PolicyTable, p: &PacketInfo) -> u32 {
-    let n = t.n_rules as usize;
-    let mut i = 0;
-    while i < MAX_RULES {
-        if i >= n {
-            break;
-        }
-        let r = &t.rules[i];
-        if rule_matches(r, p) {
-            return r.class as u32 & (MAX_CLASSES as u32 - 1);
-        }
-        i += 1;
-    }
-    t.default_class & (MAX_CLASSES as u32 - 1)
+/// The index of the first rule in `rules` that matches `p`, if any.
+pub fn first_match(rules: &[Rule], p: &PacketInfo) -> Option<usize> {
+    rules.iter().position(|r| rule_matches(r, p))
 }
 
-const _: () = assert!(MAX_CLASSES.is_power_of_two());
+/// The class of `p`: the class of the first matching rule, else `default_class`.
+pub fn classify_linear(rules: &[Rule], default_class: u32, p: &PacketInfo) -> u32 {
+    first_match(rules, p).map_or(default_class, |i| u32::from(rules[i].class))
+}
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+    use std::vec::Vec;
+
     use super::*;
     use crate::maps::v4_mapped;
 
@@ -129,12 +123,20 @@ mod tests {
         m
     }
 
-    fn table(rules: &[Rule], default_class: u32) -> PolicyTable {
-        let mut t = PolicyTable::empty();
-        t.rules[..rules.len()].copy_from_slice(rules);
-        t.n_rules = rules.len() as u32;
-        t.default_class = default_class;
-        t
+    struct Table {
+        rules: Vec<Rule>,
+        default_class: u32,
+    }
+
+    fn table(rules: &[Rule], default_class: u32) -> Table {
+        Table {
+            rules: rules.to_vec(),
+            default_class,
+        }
+    }
+
+    fn classify(t: &Table, p: &PacketInfo) -> u32 {
+        classify_linear(&t.rules, t.default_class, p)
     }
 
     #[test]
@@ -264,15 +266,5 @@ mod tests {
             ),
             0
         );
-    }
-
-    #[test]
-    fn out_of_range_classes_are_masked() {
-        let mut t = table(&[Rule::any(200)], 300);
-        assert!(classify(&t, &PacketInfo::default()) < MAX_CLASSES as u32);
-        t.n_rules = 0;
-        assert!(classify(&t, &PacketInfo::default()) < MAX_CLASSES as u32);
-        t.n_rules = 1000; // corrupt count: still bounded by MAX_RULES
-        assert!(classify(&t, &PacketInfo::default()) < MAX_CLASSES as u32);
     }
 }

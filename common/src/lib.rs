@@ -5,7 +5,10 @@
 //! # Layout
 //! - [`maps`]: every `#[repr(C)]` type that crosses a BPF map, with size assertions beside each.
 //! - [`edt`]: Earliest-Departure-Time clock arithmetic (what the tc program computes per packet).
-//! - [`classify`]: first-match rule classification over a parsed packet or socket tuple.
+//! - [`classify`]: what the classifier looks at ([`classify::PacketInfo`]) and the linear
+//!   first-match rule matcher, the reference the compiled classifier is tested against.
+//! - [`ctab`]: the compiled classifier: the per-packet lookup both sides run, in a cost that
+//!   does not grow with the number of rules.
 //! - [`qjump`]: QJump network epoch and per-level rate limits (NSDI 2015).
 //! - [`d3`]: D3 deadline-driven rate allocation (SIGCOMM 2011), cut by role: wire format,
 //!   option scanning and checksum, units, host, router, capacity controller.
@@ -14,6 +17,7 @@
 #![cfg_attr(not(test), deny(clippy::panic, clippy::unwrap_used, clippy::expect_used))]
 
 pub mod classify;
+pub mod ctab;
 pub mod d3;
 pub mod edt;
 pub mod maps;

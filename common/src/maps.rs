@@ -17,9 +17,19 @@ pub mod names {
     pub const FLOWS: &str = "PL_FLOWS";
     /// `Array<AggClock>`: class clocks at `[0, MAX_CLASSES)`, level clocks after them.
     pub const AGG_CLOCKS: &str = "PL_AGG_CLOCKS";
-    /// `PerCpuArray<CpuState>` with one entry: every counter and the scratch slot, so a packet
-    /// costs one per-CPU lookup.
+    /// `PerCpuArray<CpuState>` with one entry: the counters that belong to no class, and the
+    /// scratch slot.
     pub const CPU: &str = "PL_CPU";
+    /// `PerCpuArray<Counters>`: per class at `[0, MAX_CLASSES)`, per level after them (see
+    /// [`super::level_slot`]).
+    pub const STATS: &str = "PL_STATS";
+    /// `ArrayOfMaps` with one inner `Array<u32>` per bank: the compiled classifier's words
+    /// (see [`crate::ctab`]).
+    pub const CTAB_WORDS: &str = "PL_CTAB_WORDS";
+    /// `ArrayOfMaps` with one inner `HashMap<SelKey, SelList>` per bank.
+    pub const CTAB_SELS: &str = "PL_CTAB_SELS";
+    /// `ArrayOfMaps` with one inner `HashMap<RuleKey, u32>` per bank.
+    pub const CTAB_RULES: &str = "PL_CTAB_RULES";
     /// `SkStorage<D3Sock>`: the kernel's per-socket D3 state.
     pub const D3_SOCK: &str = "PL_D3_SOCK";
     /// `SkStorage<D3App>`: per-socket sizes and deadlines set by applications (pinned).
@@ -34,27 +44,32 @@ pub mod names {
     pub const D3_SEEN: &str = "PL_D3_SEEN";
 }
 
-/// Upper bounds that size the maps and bound the datapath's loops.
-pub const MAX_RULES: usize = 64;
-pub const MAX_CLASSES: usize = 64;
+/// Rules a policy may hold after its address lists are expanded. The classifier's cost per
+/// packet does not depend on it (see [`crate::ctab`]); the sizes of its tables do, and the
+/// agent refuses a policy whose tables exceed their own limits.
+pub const MAX_RULES: usize = 1 << 18;
+/// Classes (a power of two: the datapath masks class indices with `MAX_CLASSES - 1`).
+pub const MAX_CLASSES: usize = 1024;
 pub const MAX_LEVELS: usize = 8;
-/// Entries of [`names::AGG_CLOCKS`] and of [`CpuState::stats`].
+/// Entries of [`names::AGG_CLOCKS`] and of [`names::STATS`].
 pub const AGG_SLOTS: usize = MAX_CLASSES + MAX_LEVELS;
+const _: () = assert!(MAX_CLASSES.is_power_of_two() && MAX_LEVELS.is_power_of_two());
 /// Default entries of [`names::FLOWS`] (`spec.flow_table_size`): 65 536 flows, about 9 MiB of
 /// kernel memory (the map's memlock, which `paceline status` reports). The agent resizes the map
 /// at load time; this is also the size compiled into the object.
 pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
 
-/// Index of level `l`'s slot in [`names::AGG_CLOCKS`] / [`CpuState::stats`].
+/// Index of level `l`'s slot in [`names::AGG_CLOCKS`] / [`names::STATS`].
 #[inline(always)]
 pub const fn level_slot(level: u32) -> u32 {
     MAX_CLASSES as u32 + level
 }
 
-/// One classification rule. Every condition is a masked compare, so matching costs a few
-/// XOR/AND/OR per rule and three branches (see `classify::rule_matches`); a zero mask or a full
-/// port span means "any". Build rules with the `with_*` methods, which keep the derived fields
-/// (`cgroup_mask`, `family_mask`, `needs`) consistent.
+/// One classification rule, as the linear reference matcher reads it
+/// (`classify::rule_matches`): every condition is a masked compare; a zero mask or a full port
+/// span means "any". Build rules with the `with_*` methods, which keep the derived fields
+/// (`cgroup_mask`, `family_mask`, `needs`) consistent. The datapath never sees rules: the agent
+/// compiles them into the classifier of [`crate::ctab`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rule {
@@ -292,17 +307,18 @@ pub const TABLE_SOCK_TOS: u32 = 1 << 3;
 
 /// A whole compiled policy: what one slot of [`names::TABLES`] holds.
 ///
-/// The agent writes a new policy into the slot that is not live and then flips
-/// [`names::ACTIVE`], so every packet sees either the old or the new policy, never a mix.
+/// The agent writes a new policy into the bank that is not live (this slot and the
+/// classifier's maps of the same bank) and then flips [`names::ACTIVE`], so every packet sees
+/// either the old or the new policy, never a mix.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PolicyTable {
-    pub n_rules: u32,
     /// Class of packets no rule matches.
     pub default_class: u32,
     pub flags: u32,
     /// Number of classes in use (for the agent; the datapath never loops over classes).
     pub n_classes: u32,
+    pub _pad: u32,
     /// A packet whose departure would lie further than this in the future is dropped.
     pub horizon_ns: u64,
     /// Increments with every policy the agent writes (shows up in status and tests).
@@ -311,25 +327,29 @@ pub struct PolicyTable {
     pub d3_line_rate: u64,
     /// D3: pacing rate of a new flow until its first grant (burst tolerance), bytes/s.
     pub d3_first_rate: u64,
-    pub rules: [Rule; MAX_RULES],
+    /// Where the compiled classifier's parts are in this bank's maps.
+    pub ctab: crate::ctab::CtabHeader,
     pub classes: [ClassConfig; MAX_CLASSES],
     pub levels: [LevelConfig; MAX_LEVELS],
 }
-const _: () = assert!(size_of::<PolicyTable>() == 48 + 112 * MAX_RULES + 48 * MAX_CLASSES + 16 * MAX_LEVELS);
+const _: () = assert!(
+    size_of::<PolicyTable>()
+        == 48 + size_of::<crate::ctab::CtabHeader>() + 48 * MAX_CLASSES + 16 * MAX_LEVELS
+);
 
 impl PolicyTable {
     /// A table that puts everything in class 0 at level 0 and does nothing to it.
     pub const fn empty() -> Self {
         PolicyTable {
-            n_rules: 0,
             default_class: 0,
             flags: 0,
             n_classes: 1,
+            _pad: 0,
             horizon_ns: 0,
             generation: 0,
             d3_line_rate: 0,
             d3_first_rate: 0,
-            rules: [Rule::any(0); MAX_RULES],
+            ctab: crate::ctab::CtabHeader::empty(),
             classes: [ClassConfig::zeroed(); MAX_CLASSES],
             levels: [LevelConfig::zeroed(); MAX_LEVELS],
         }
@@ -436,27 +456,17 @@ impl GlobalCounters {
     }
 }
 
-/// One CPU's share of the datapath's state (the value of [`names::CPU`]).
+/// One CPU's state that belongs to no class (the value of [`names::CPU`]). Per-class and
+/// per-level counters are in [`names::STATS`]: a per-CPU value is limited to 32 KiB, which
+/// [`MAX_CLASSES`] counters would exceed.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct CpuState {
-    /// Per class at `[0, MAX_CLASSES)`, per level after them (see [`level_slot`]).
-    pub stats: [Counters; AGG_SLOTS],
     pub global: GlobalCounters,
     /// The parsed packet passes through here (see the datapath's `launder`).
     pub scratch: crate::classify::PacketInfo,
 }
-const _: () = assert!(size_of::<CpuState>() == 64 * AGG_SLOTS + 64 + 56);
-
-impl Default for CpuState {
-    fn default() -> Self {
-        CpuState {
-            stats: [Counters::default(); AGG_SLOTS],
-            global: GlobalCounters::default(),
-            scratch: Default::default(),
-        }
-    }
-}
+const _: () = assert!(size_of::<CpuState>() == 64 + 56);
 
 // ---------------------------------------------------------------------------------------
 // D3 (see crate::d3 and docs/d3.md)
@@ -695,6 +705,9 @@ mod pod {
     unsafe impl aya::Pod for D3LinkCtl {}
     unsafe impl aya::Pod for D3LinkCounters {}
     unsafe impl aya::Pod for D3Seen {}
+    unsafe impl aya::Pod for crate::ctab::SelKey {}
+    unsafe impl aya::Pod for crate::ctab::SelList {}
+    unsafe impl aya::Pod for crate::ctab::RuleKey {}
 }
 
 /// IPv4-mapped form of a network-order IPv4 address word.

@@ -6,13 +6,16 @@ use std::os::fd::AsFd;
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray},
+    maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray},
     programs::{SchedClassifier, SockOps},
 };
 use paceline_common::maps::{
     AggClock, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, DEFAULT_FLOW_TABLE_SIZE,
-    GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, names,
+    GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, Rule, names,
 };
+
+use crate::bpfsys;
+use crate::ctab::Image;
 
 /// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/paceline"));
@@ -58,6 +61,12 @@ pub struct Datapath {
     active: Array<MapData, u32>,
     tables: Array<MapData, PolicyTable>,
     cpu: PerCpuArray<MapData, CpuState>,
+    stats: PerCpuArray<MapData, Counters>,
+    ctab_words: ArrayOfMaps<MapData, MapData>,
+    ctab_sels: ArrayOfMaps<MapData, MapData>,
+    ctab_rules: ArrayOfMaps<MapData, MapData>,
+    /// The three outer maps' fds (words, selectors, rules), to release a bank.
+    ctab_outer_fds: [std::os::fd::OwnedFd; 3],
     clocks: Array<MapData, AggClock>,
     flow_table_memlock: Option<u64>,
     d3_stats: PerCpuArray<MapData, D3ClassStats>,
@@ -91,6 +100,19 @@ impl Datapath {
         let active = Array::try_from(take(&mut ebpf, names::ACTIVE)?)?;
         let tables = Array::try_from(take(&mut ebpf, names::TABLES)?)?;
         let cpu = PerCpuArray::try_from(take(&mut ebpf, names::CPU)?)?;
+        let stats = PerCpuArray::try_from(take(&mut ebpf, names::STATS)?)?;
+        // The outer maps' fds are kept twice: aya's ArrayOfMaps has no delete.
+        let mut outer = |name| -> Result<(ArrayOfMaps<MapData, MapData>, std::os::fd::OwnedFd)> {
+            let m = take(&mut ebpf, name)?;
+            let fd = match &m {
+                aya::maps::Map::ArrayOfMaps(d) => d.fd().as_fd().try_clone_to_owned()?,
+                _ => return Err(anyhow!("map {name} is not an array of maps")),
+            };
+            Ok((ArrayOfMaps::try_from(m)?, fd))
+        };
+        let (ctab_words, words_fd) = outer(names::CTAB_WORDS)?;
+        let (ctab_sels, sels_fd) = outer(names::CTAB_SELS)?;
+        let (ctab_rules, rules_fd) = outer(names::CTAB_RULES)?;
         let clocks = Array::try_from(take(&mut ebpf, names::AGG_CLOCKS)?)?;
         // The flow table stays in the object: only the datapath reads and writes it.
         let flow_table_memlock = match ebpf.map(names::FLOWS) {
@@ -111,10 +133,31 @@ impl Datapath {
             active,
             tables,
             cpu,
+            stats,
+            ctab_words,
+            ctab_sels,
+            ctab_rules,
+            ctab_outer_fds: [words_fd, sels_fd, rules_fd],
             clocks,
             flow_table_memlock,
             generation: 0,
         })
+    }
+
+    /// Instructions the verifier processed for each loaded program (5.16+; `None` before): how
+    /// close each is to the verifier's limit of 1,000,000.
+    pub fn verified_insns(&self) -> Vec<(&'static str, Option<u32>)> {
+        [TC_EGRESS, SOCK_OPS, D3_ROUTER]
+            .into_iter()
+            .map(|name| {
+                let n = self
+                    .ebpf
+                    .program(name)
+                    .and_then(|p| p.info().ok())
+                    .and_then(|i| i.verified_instruction_count());
+                (name, n)
+            })
+            .collect()
     }
 
     pub fn tc_program(&mut self) -> Result<&mut SchedClassifier> {
@@ -186,17 +229,58 @@ impl Datapath {
         Ok(prog(&mut self.ebpf, SOCK_OPS)?.try_into()?)
     }
 
-    /// Writes `table` into the slot that is not live, then makes it live. Packets in flight see
-    /// the old or the new table, never a mix; flow and aggregate clocks are untouched.
-    pub fn write_policy(&mut self, table: &PolicyTable) -> Result<u64> {
+    /// Writes a policy into the bank that is not live (its table and fresh maps holding its
+    /// compiled classifier), then makes that bank live with one write, waits until no program
+    /// can still be reading the old bank, and releases the old bank's maps. Packets in flight
+    /// see the old or the new policy, never a mix; flow and aggregate clocks are untouched.
+    pub fn write_policy(&mut self, table: &PolicyTable, image: &Image) -> Result<u64> {
         let live = self.active.get(&0, 0).context("reading PL_ACTIVE")? & 1;
         let next = live ^ 1;
+        let words = inner_words(&image.words).context("creating the classifier's word table")?;
+        let sels =
+            inner_hash(&image.sels, "pl_ctab_sels").context("creating the classifier's selector table")?;
+        let rules =
+            inner_hash(&image.rules, "pl_ctab_rules").context("creating the classifier's rule table")?;
+        self.ctab_words
+            .set(next, &words, 0)
+            .context("installing the word table")?;
+        self.ctab_sels
+            .set(next, &sels, 0)
+            .context("installing the selector table")?;
+        self.ctab_rules
+            .set(next, &rules, 0)
+            .context("installing the rule table")?;
         self.generation += 1;
         let mut t = *table;
+        t.ctab = image.header;
         t.generation = self.generation;
         self.tables.set(next, t, 0).context("writing PL_TABLES")?;
         self.active.set(0, next, 0).context("flipping PL_ACTIVE")?;
+        // Programs that read the old bank number may still look its maps up: wait them out
+        // before releasing the maps (and before a next policy may reuse the bank).
+        if !bpfsys::wait_for_readers() {
+            log::debug!("membarrier(MEMBARRIER_CMD_GLOBAL) refused (nohz_full?); waited 50 ms instead");
+        }
+        for (fd, name) in
+            self.ctab_outer_fds
+                .iter()
+                .zip([names::CTAB_WORDS, names::CTAB_SELS, names::CTAB_RULES])
+        {
+            match bpfsys::delete_u32(fd.as_fd(), live) {
+                Ok(()) => {}
+                // Nothing there yet (the first policy).
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(e).with_context(|| format!("releasing the old bank of {name}")),
+            }
+        }
         Ok(self.generation)
+    }
+
+    /// Compiles `rules` (first match wins) into `table`'s classifier and writes both (tests and
+    /// benchmarks that build tables by hand).
+    pub fn write_rules(&mut self, table: &PolicyTable, rules: &[Rule]) -> Result<u64> {
+        let image = crate::ctab::build(rules).map_err(|e| anyhow!("compiling the rules: {e}"))?;
+        self.write_policy(table, &image)
     }
 
     /// The table the datapath currently uses.
@@ -213,41 +297,33 @@ impl Datapath {
             global: GlobalCounters::default(),
         };
         for cpu in self.cpu.get(&0, 0).context("reading PL_CPU")?.iter() {
-            for (slot, c) in cpu.stats.iter().enumerate() {
-                if slot < MAX_CLASSES {
-                    s.classes[slot].add(c);
-                } else {
-                    s.levels[slot - MAX_CLASSES].add(c);
-                }
-            }
             s.global.add(&cpu.global);
+        }
+        for slot in 0..(MAX_CLASSES + MAX_LEVELS) as u32 {
+            let sum = if (slot as usize) < MAX_CLASSES {
+                &mut s.classes[slot as usize]
+            } else {
+                &mut s.levels[slot as usize - MAX_CLASSES]
+            };
+            for c in self.stats.get(&slot, 0).context("reading PL_STATS")?.iter() {
+                sum.add(c);
+            }
         }
         Ok(s)
     }
 
     /// Zeroes a class or level slot's counters and aggregate clock (the slot now names another
     /// class or level).
-    pub fn reset_slot(&mut self, class: u32) -> Result<()> {
+    pub fn reset_slot(&mut self, slot: u32) -> Result<()> {
         // Racy against packets counting on other CPUs at this instant; only used when a slot
         // changes hands at a reload, when its new class has not seen traffic yet.
-        let mut per_cpu: Vec<CpuState> = self
-            .cpu
-            .get(&0, 0)
-            .context("reading PL_CPU")?
-            .iter()
-            .copied()
-            .collect();
-        for cpu in per_cpu.iter_mut() {
-            if let Some(c) = cpu.stats.get_mut(class as usize) {
-                *c = Counters::default();
-            }
-        }
-        let values = aya::maps::PerCpuValues::try_from(per_cpu)?;
-        self.cpu
-            .set(0, values, 0)
-            .context("zeroing a class slot in PL_CPU")?;
+        let n = aya::util::nr_cpus().map_err(|(p, e)| anyhow!("reading {p}: {e}"))?;
+        let values = aya::maps::PerCpuValues::try_from(vec![Counters::default(); n])?;
+        self.stats
+            .set(slot, values, 0)
+            .context("zeroing a slot in PL_STATS")?;
         self.clocks
-            .set(class, AggClock::default(), 0)
+            .set(slot, AggClock::default(), 0)
             .context("zeroing PL_AGG_CLOCKS")?;
         Ok(())
     }
@@ -261,6 +337,46 @@ impl Datapath {
     pub fn flow_table_memlock(&self) -> Option<u64> {
         self.flow_table_memlock
     }
+}
+
+/// A fresh words table (an mmap-able inner array of `u32`) holding `words`. The kernel lays
+/// array entries out 8 bytes apart whatever their size, so each word is written into the low
+/// half of its 8-byte slot.
+fn inner_words(words: &[u32]) -> Result<MapData> {
+    let slots: Vec<u64> = words.iter().map(|&w| u64::from_ne_bytes(widen(w))).collect();
+    let fd = bpfsys::map_create(
+        bpfsys::BPF_MAP_TYPE_ARRAY,
+        4,
+        4,
+        slots.len().max(1) as u32,
+        bpfsys::BPF_F_INNER_MAP | bpfsys::BPF_F_MMAPABLE,
+        "pl_ctab_words",
+    )?;
+    bpfsys::fill_mmapable(fd.as_fd(), &slots)?;
+    Ok(MapData::from_fd(fd)?)
+}
+
+/// A word's bytes at the start of an 8-byte slot (the rest zero).
+fn widen(w: u32) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&w.to_ne_bytes());
+    b
+}
+
+/// A fresh hash table (an inner map) holding `entries`.
+fn inner_hash<K: Copy, V: Copy>(entries: &[(K, V)], name: &str) -> Result<MapData> {
+    let fd = bpfsys::map_create(
+        bpfsys::BPF_MAP_TYPE_HASH,
+        std::mem::size_of::<K>() as u32,
+        std::mem::size_of::<V>() as u32,
+        entries.len().max(1) as u32,
+        0,
+        name,
+    )?;
+    let keys: Vec<K> = entries.iter().map(|e| e.0).collect();
+    let values: Vec<V> = entries.iter().map(|e| e.1).collect();
+    bpfsys::update_batch(fd.as_fd(), &keys, &values)?;
+    Ok(MapData::from_fd(fd)?)
 }
 
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {

@@ -8,7 +8,9 @@
 //!   ([`agent::install`]), reloads ([`agent::reload`]), the event loop ([`agent::watch`]).
 //! - [`policy`]: YAML policy: raw (mirrors the file) -> validated -> compiled (map entries);
 //!   the enforcement modes and their choice, the HTB plan, the host facts both stages read.
+//! - [`ctab`]: compiles rule lists into the classifier the datapath looks packets up in.
 //! - [`datapath`]: the loaded eBPF object, typed maps, policy writes and counter snapshots.
+//! - [`bpfsys`]: the bpf(2) calls aya does not offer (inner maps, batch writes, RCU waits).
 //! - [`attach`]: tc attachment (tcx or clsact) and sock_ops on the cgroup v2 root.
 //! - [`qdisc`]: fq / mq+fq / HTB root qdiscs through `tc`, and their removal.
 //! - [`d3router`]: the D3 router links: the capacity controller's loop (counters and the queue
@@ -21,7 +23,9 @@
 //! - [`shared`]: what the event loop, reloads and HTTP handlers share, behind one lock.
 pub mod agent;
 pub mod attach;
+pub mod bpfsys;
 pub mod cli;
+pub mod ctab;
 pub mod d3app;
 pub mod d3router;
 pub mod datapath;

@@ -67,7 +67,8 @@ pub async fn run(opts: Options) -> Result<()> {
             previous: None,
             all_routes_managed: policy::host::all_routes_managed(&host, &validated.interfaces),
         },
-    );
+    )
+    .map_err(|e| anyhow::anyhow!("policy rejected, nothing was loaded:\n  {e}"))?;
     log_compiled(&compiled);
     if compiled.interfaces.is_empty() {
         bail!("the policy selects no interface (spec.interfaces resolved to nothing on this host)");
@@ -77,7 +78,7 @@ pub async fn run(opts: Options) -> Result<()> {
         flow_table_size: compiled.flow_table_size,
         count_only: false,
     })?;
-    let generation = dp.write_policy(&compiled.table)?;
+    let generation = dp.write_policy(&compiled.table, &compiled.ctab)?;
     let installed = install::install(dp, &compiled, &features, &dir, &opts.bpffs_dir)?;
 
     let status = start_status(&opts, features, &compiled, generation, &installed);

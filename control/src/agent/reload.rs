@@ -88,7 +88,8 @@ fn try_reload(
             previous: Some(&g.compiled),
             all_routes_managed: policy::host::all_routes_managed(host, &validated.interfaces),
         },
-    );
+    )
+    .map_err(|e| vec![e.to_string()])?;
     if !force && compiled.hash == g.compiled.hash {
         return Ok(None);
     }
@@ -113,7 +114,7 @@ fn try_reload(
     }
     let generation = g
         .dp_mut()
-        .and_then(|dp| dp.write_policy(&compiled.table))
+        .and_then(|dp| dp.write_policy(&compiled.table, &compiled.ctab))
         .map_err(|e| vec![format!("writing the policy map: {e:#}")])?;
     for w in &compiled.warnings {
         log::warn!("policy: {w}");

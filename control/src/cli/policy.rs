@@ -104,14 +104,19 @@ fn compile_text(text: &str, name: &str) -> Result<serde_json::Value, i32> {
         2
     })?;
     let mode = v.enforcement().fixed().unwrap_or(EnforcementMode::Fq);
-    let mut j = policy::render::json(&policy::compile(
+    let compiled = policy::compile(
         &v,
         &CompileContext {
             mode,
             previous: None,
             all_routes_managed: all_routes_managed(&OfflineHost, &v.interfaces),
         },
-    ));
+    )
+    .map_err(|e| {
+        eprintln!("{e}");
+        2
+    })?;
+    let mut j = policy::render::json(&compiled);
     // Where the policy came from is not part of what it says.
     if let Some(o) = j.as_object_mut() {
         for k in ["file", "sha256", "warnings"] {
@@ -228,14 +233,21 @@ fn check(a: CheckArgs) -> Result<i32> {
         Some(Mode::None) => EnforcementMode::None,
         None => validated.enforcement().fixed().unwrap_or(EnforcementMode::Fq),
     };
-    let compiled = policy::compile(
+    let compiled = match policy::compile(
         &validated,
         &CompileContext {
             mode,
             previous: None,
             all_routes_managed: all_routes_managed(host, &validated.interfaces),
         },
-    );
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!("{}: 1 error(s); policy rejected", a.file.display());
+            return Ok(2);
+        }
+    };
     if a.json {
         println!(
             "{}",

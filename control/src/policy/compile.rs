@@ -21,10 +21,11 @@
 use std::collections::{HashMap, HashSet};
 
 use ipnet::IpNet;
+use std::sync::Arc;
+
 use paceline_common::maps::{
     CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_CLASSES,
-    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_NEEDS_CGROUP, TABLE_NO_FLOW_CLOCKS,
-    TABLE_SOCK_TOS, level_slot,
+    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, level_slot,
 };
 use paceline_common::qjump::Network;
 
@@ -106,7 +107,13 @@ pub struct RuleInfo {
 /// A compiled policy: the table for the datapath and what the agent reports.
 #[derive(Clone, Debug)]
 pub struct Compiled {
+    /// The policy's table; its `ctab` header describes [`Compiled::ctab`].
     pub table: PolicyTable,
+    /// The rules in first-match order, as the linear reference matcher reads them
+    /// (`classify::first_match`); the datapath gets them compiled into [`Compiled::ctab`].
+    pub rule_table: Vec<Rule>,
+    /// The compiled classifier the datapath looks packets up in.
+    pub ctab: Arc<crate::ctab::Image>,
     pub mode: EnforcementMode,
     pub file: String,
     pub name: Option<String>,
@@ -334,8 +341,9 @@ fn rule_origin(r: &RuleSpec) -> String {
     }
 }
 
-/// Compiles a validated policy. Pure: the same inputs give the same output.
-pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
+/// Compiles a validated policy. Pure: the same inputs give the same output. Fails only when the
+/// classifier's tables would pass their limits (the error names the limit and the count).
+pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::PolicyError> {
     let mode = ctx.mode;
     let idx = class_indices(v, ctx.previous);
     let mut warnings: Vec<String> = v.warnings.iter().map(|w| w.to_string()).collect();
@@ -440,13 +448,11 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
     classes.sort_by_key(|c| c.index);
 
     let mut rules = Vec::new();
+    let mut rule_table = Vec::with_capacity(v.rules.len());
     let mut dscp_rules = false;
-    for (ri, r) in v.rules.iter().enumerate() {
+    for r in &v.rules {
         let class = idx[r.class];
-        table.rules[ri] = table_rule(r, class);
-        if r.cgroup.is_some() {
-            table.flags |= TABLE_NEEDS_CGROUP;
-        }
+        rule_table.push(table_rule(r, class));
         if r.dscp.is_some() {
             dscp_rules = true;
         }
@@ -479,7 +485,24 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
         // host, too slow to pick up capacity freed one RTT later. line/100: every ~2.3 ms.
         table.d3_first_rate = d3.first_rtt_rate.unwrap_or(line / 100);
     }
-    table.n_rules = v.rules.len() as u32;
+    let ctab = crate::ctab::build(&rule_table).map_err(|e| super::PolicyError {
+        file: v.file.clone(),
+        line: None,
+        path: "spec.rules".into(),
+        message: match &e {
+            crate::ctab::BuildError::Unsupported { rule, why } => {
+                format!(
+                    "{}: {why}",
+                    rules
+                        .get(*rule)
+                        .map_or("a rule", |r: &RuleInfo| r.origin.as_str())
+                )
+            }
+            _ => e.to_string(),
+        },
+    })?;
+    table.ctab = ctab.header;
+    shadow_warnings(&rule_table, &rules, &mut warnings, &v.file);
     table.n_classes = n_classes as u32;
     table.default_class = u32::from(idx[v.default_class]);
     table.horizon_ns = v.horizon_ns;
@@ -506,9 +529,11 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
         epoch_secs: n.epoch_secs(1.0),
     });
 
-    Compiled {
+    Ok(Compiled {
         d3: v.d3.clone(),
         table,
+        rule_table,
+        ctab: Arc::new(ctab),
         mode,
         file: v.file.clone(),
         name: v.name.clone(),
@@ -530,5 +555,36 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Compiled {
         default_class: idx[v.default_class],
         warnings,
         htb,
+    })
+}
+
+/// Most "can never match" warnings listed; the rest are counted.
+const MAX_SHADOW_WARNINGS: usize = 20;
+
+/// Warns about rules that an earlier rule covers: they can never match.
+fn shadow_warnings(table: &[Rule], rules: &[RuleInfo], warnings: &mut Vec<String>, file: &str) {
+    let norms: Result<Vec<_>, _> = table
+        .iter()
+        .enumerate()
+        .map(|(i, r)| crate::ctab::normalize(i, r))
+        .collect();
+    let Ok(norms) = norms else { return };
+    let (covered, complete) = crate::ctab::shadow::covered(&norms);
+    for (later, earlier) in covered.iter().take(MAX_SHADOW_WARNINGS) {
+        warnings.push(format!(
+            "{file}: {}: can never match: {} ({}) comes first and covers it ({})",
+            rules[*later].origin, rules[*earlier].origin, rules[*earlier].matches, rules[*later].matches
+        ));
+    }
+    if covered.len() > MAX_SHADOW_WARNINGS {
+        warnings.push(format!(
+            "{file}: spec.rules: {} more rules can never match (an earlier rule covers each)",
+            covered.len() - MAX_SHADOW_WARNINGS
+        ));
+    }
+    if !complete {
+        warnings.push(format!(
+            "{file}: spec.rules: the search for rules that can never match stopped early (too many rules to compare)"
+        ));
     }
 }

@@ -9,6 +9,8 @@ use super::units::{fmt_ns, fmt_rate, fmt_secs, fmt_size};
 use super::validate::TcpSettings;
 
 const WIDTH: usize = 100;
+/// Rules listed in the report (the JSON lists every rule).
+const MAX_RULE_ROWS: usize = 200;
 
 /// Columns of text, left- or right-aligned, the last one not padded.
 struct Table {
@@ -253,12 +255,23 @@ pub fn check_report(c: &Compiled) -> String {
 
     out.push_str("\nRules (first match wins)\n");
     let mut t = Table::new(&[("#", true), ("CLASS", false), ("FROM", false), ("MATCH", false)]);
-    for (i, r) in c.rules.iter().enumerate() {
+    for (i, r) in c.rules.iter().enumerate().take(MAX_RULE_ROWS) {
         t.row(vec![
             i.to_string(),
             r.class.clone(),
             r.origin.trim_start_matches("spec.").to_string(),
             r.matches.clone(),
+        ]);
+    }
+    if c.rules.len() > MAX_RULE_ROWS {
+        t.row(vec![
+            "...".into(),
+            String::new(),
+            String::new(),
+            format!(
+                "{} more rules (--json lists them all)",
+                c.rules.len() - MAX_RULE_ROWS
+            ),
         ]);
     }
     let default = c
@@ -274,6 +287,8 @@ pub fn check_report(c: &Compiled) -> String {
         "everything else".into(),
     ]);
     t.render(&mut out);
+
+    classifier_report(&c.ctab.stats, &mut out);
 
     if let Some(h) = &c.htb {
         out.push_str(&format!(
@@ -322,6 +337,55 @@ pub fn check_report(c: &Compiled) -> String {
 
 /// Machine-readable output of `paceline policy check --json`. Rates are bytes/s, durations
 /// nanoseconds or seconds as the key says.
+/// The compiled classifier's sizes: entries per table and the kernel memory they take.
+fn classifier_report(st: &crate::ctab::Stats, out: &mut String) {
+    out.push_str("\nClassifier (its cost per packet does not grow with the number of rules)\n");
+    let mut t = Table::new(&[("TABLE", false), ("ENTRIES", true), ("HOLDS", false)]);
+    t.row(vec![
+        "words".into(),
+        st.words.to_string(),
+        format!(
+            "tries of {} src / {} dst classes, field tables, {} selectors",
+            st.src_ecs, st.dst_ecs, st.selectors
+        ),
+    ]);
+    t.row(vec![
+        "selectors".into(),
+        st.sel_entries.to_string(),
+        format!(
+            "proto/DSCP x sport x dport x mark x cgroup: {} x {} x {} x {} x {}",
+            st.p_ecs.max(1),
+            st.sport_ecs.max(1),
+            st.dport_ecs.max(1),
+            st.mark_ecs.max(1),
+            2 * st.cgroups + 2
+        ),
+    ]);
+    t.row(vec![
+        "rules".into(),
+        st.rule_entries.to_string(),
+        format!("(selector, src class, dst class) of {} rules", st.rules),
+    ]);
+    t.render(out);
+    out.push_str(&format!(
+        "  kernel memory: about {:.1} MiB\n",
+        st.kernel_bytes() as f64 / (1024.0 * 1024.0)
+    ));
+}
+
+fn classifier_json(st: &crate::ctab::Stats) -> Value {
+    json!({
+        "rules": st.rules,
+        "selectors": st.selectors,
+        "src_classes": st.src_ecs,
+        "dst_classes": st.dst_ecs,
+        "words": st.words,
+        "selector_entries": st.sel_entries,
+        "rule_entries": st.rule_entries,
+        "kernel_bytes": st.kernel_bytes(),
+    })
+}
+
 pub fn json(c: &Compiled) -> Value {
     let t = &c.table;
     json!({
@@ -374,8 +438,9 @@ pub fn json(c: &Compiled) -> Value {
             "class_index": r.class_index,
             "match": r.matches,
         })).collect::<Vec<_>>(),
+        "classifier": classifier_json(&c.ctab.stats),
         "table": {
-            "n_rules": t.n_rules,
+            "n_rules": c.rule_table.len(),
             "n_classes": t.n_classes,
             "default_class": t.default_class,
             "flags": t.flags,

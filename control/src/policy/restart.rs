@@ -58,7 +58,7 @@ spec:
             previous,
             all_routes_managed: false,
         };
-        compile(&ok(text, &fake_host()), &ctx)
+        compile(&ok(text, &fake_host()), &ctx).unwrap()
     }
 
     #[test]

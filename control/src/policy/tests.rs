@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use paceline_common::classify::{UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK};
+use paceline_common::ctab::CT_CGROUP;
 use paceline_common::maps::{
     CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, Rule,
-    TABLE_NEEDS_CGROUP, TABLE_SOCK_TOS, level_slot,
+    TABLE_SOCK_TOS, level_slot,
 };
 
 use super::*;
@@ -55,6 +56,7 @@ fn fq(v: &Validated) -> Compiled {
             all_routes_managed: false,
         },
     )
+    .unwrap()
 }
 
 /// Compiled for the mode the policy asks for (fq for auto).
@@ -68,6 +70,7 @@ fn as_requested(v: &Validated) -> Compiled {
             all_routes_managed: false,
         },
     )
+    .unwrap()
 }
 
 fn schema_validator() -> jsonschema::Validator {
@@ -160,7 +163,8 @@ fn shipped_policies_match_the_schema_and_validate_offline() {
                     previous: None,
                     all_routes_managed: false,
                 },
-            );
+            )
+            .unwrap();
             let report = render::check_report(&c);
             for line in report.lines() {
                 assert!(
@@ -478,7 +482,7 @@ spec:
             previous: None,
             all_routes_managed,
         };
-        compile(&v, &ctx).table.flags & TABLE_SOCK_TOS
+        compile(&v, &ctx).unwrap().table.flags & TABLE_SOCK_TOS
     };
     assert_eq!(flags(base, true), TABLE_SOCK_TOS);
     assert_eq!(flags(base, false), 0, "a route through an unmanaged interface");
@@ -510,8 +514,8 @@ spec:
         ]
     );
     let c = fq(&v);
-    assert_eq!(c.table.rules[0], Rule::any(0).with_cgroup(0));
-    assert_eq!(c.table.flags, TABLE_NEEDS_CGROUP);
+    assert_eq!(c.rule_table[0], Rule::any(0).with_cgroup(0));
+    assert_eq!(c.table.ctab.flags & CT_CGROUP, CT_CGROUP);
     // On a real host without a default route, auto is an error.
     let e = errors(text, &FakeHost::new().with_cgroup("/system.slice/x.service", 7));
     assert_eq!(
@@ -548,9 +552,9 @@ spec:
         ]
     );
     assert_eq!(c.rules[2].matches, "src fd00::/8 dst fd01::/16");
-    assert_eq!(c.table.n_rules, 3);
-    assert_eq!(c.table.rules[2].family_mask, 1);
-    assert_eq!(c.table.rules[2].family, 1);
+    assert_eq!(c.rule_table.len(), 3);
+    assert_eq!(c.rule_table[2].family_mask, 1);
+    assert_eq!(c.rule_table[2].family, 1);
 }
 
 // ---- Compilation ----
@@ -564,53 +568,57 @@ fn small_policy_compiles_to_the_exact_table() {
     let c = fq(&ok(SMALL, &fake_host()));
     // Masks, written out: an IPv4 /16 is IPv4-mapped (96 + 16 bits), an IPv6 /8 is 8 bits.
     assert_eq!(
-        c.table.rules[0].dst,
+        c.rule_table[0].dst,
         [0, 0, ne([0, 0, 0xff, 0xff]), ne([10, 1, 0, 0])]
     );
     assert_eq!(
-        c.table.rules[0].dst_mask,
+        c.rule_table[0].dst_mask,
         [u32::MAX, u32::MAX, u32::MAX, ne([0xff, 0xff, 0, 0])]
     );
-    assert_eq!(c.table.rules[0].src_mask, [0; 4]);
-    assert_eq!(c.table.rules[1].src, [ne([0xfd, 0, 0, 0]), 0, 0, 0]);
-    assert_eq!(c.table.rules[1].src_mask, [ne([0xff, 0, 0, 0]), 0, 0, 0]);
+    assert_eq!(c.rule_table[0].src_mask, [0; 4]);
+    assert_eq!(c.rule_table[1].src, [ne([0xfd, 0, 0, 0]), 0, 0, 0]);
+    assert_eq!(c.rule_table[1].src_mask, [ne([0xff, 0, 0, 0]), 0, 0, 0]);
     assert_eq!(
-        (c.table.rules[1].sport_min, c.table.rules[1].sport_span),
+        (c.rule_table[1].sport_min, c.rule_table[1].sport_span),
         (8000, 100)
     );
     assert_eq!(
-        (c.table.rules[1].dport_min, c.table.rules[1].dport_span),
+        (c.rule_table[1].dport_min, c.rule_table[1].dport_span),
         (0, u16::MAX)
     );
     assert_eq!(
-        (c.table.rules[0].dport_min, c.table.rules[0].dport_span),
+        (c.rule_table[0].dport_min, c.rule_table[0].dport_span),
         (11211, 0)
     );
-    assert_eq!(c.table.rules[0].needs, 0);
+    assert_eq!(c.rule_table[0].needs, 0);
     assert_eq!(
-        c.table.rules[2].needs,
+        c.rule_table[2].needs,
         UNKNOWN_DSCP | UNKNOWN_MARK | UNKNOWN_CGROUP
     );
 
+    let mut rules = vec![
+        Rule::any(0)
+            .with_proto(6)
+            .with_family(false)
+            .with_dst(
+                [0, 0, ne([0, 0, 0xff, 0xff]), ne([10, 1, 0, 0])],
+                [u32::MAX, u32::MAX, u32::MAX, ne([0xff, 0xff, 0, 0])],
+            )
+            .with_dport(11211, 11211),
+    ];
+    rules.push(
+        Rule::any(1)
+            .with_proto(6)
+            .with_family(true)
+            .with_src([ne([0xfd, 0, 0, 0]), 0, 0, 0], [ne([0xff, 0, 0, 0]), 0, 0, 0])
+            .with_sport(8000, 8100),
+    );
+    rules.push(Rule::any(3).with_dscp(10).with_mark(0x10, 0xff).with_cgroup(4242));
+    assert_eq!(c.rule_table, rules);
     let mut t = PolicyTable::empty();
-    t.rules[0] = Rule::any(0)
-        .with_proto(6)
-        .with_family(false)
-        .with_dst(
-            [0, 0, ne([0, 0, 0xff, 0xff]), ne([10, 1, 0, 0])],
-            [u32::MAX, u32::MAX, u32::MAX, ne([0xff, 0xff, 0, 0])],
-        )
-        .with_dport(11211, 11211);
-    t.rules[1] = Rule::any(1)
-        .with_proto(6)
-        .with_family(true)
-        .with_src([ne([0xfd, 0, 0, 0]), 0, 0, 0], [ne([0xff, 0, 0, 0]), 0, 0, 0])
-        .with_sport(8000, 8100);
-    t.rules[2] = Rule::any(3).with_dscp(10).with_mark(0x10, 0xff).with_cgroup(4242);
-    t.n_rules = 3;
+    t.ctab = crate::ctab::build(&rules).unwrap().header;
     t.n_classes = 4;
     t.default_class = 2;
-    t.flags = TABLE_NEEDS_CGROUP;
     t.horizon_ns = 50_000_000;
     t.classes[0] = ClassConfig {
         skb_priority: 7,
@@ -708,7 +716,8 @@ fn htb_plan_and_class_ids() {
             previous: None,
             all_routes_managed: false,
         },
-    );
+    )
+    .unwrap();
     let plan = c.htb.as_ref().expect("plan");
     assert_eq!(plan.root_rate, 1_250_000_000);
     assert_eq!(
@@ -777,7 +786,8 @@ fn htb_without_a_link_rate() {
             previous: None,
             all_routes_managed: false,
         },
-    );
+    )
+    .unwrap();
     assert_eq!(c.htb.as_ref().map(|p| p.root_rate), Some(1_250_000_000));
     // No rate at all: no plan, and a warning.
     let text = text
@@ -793,7 +803,8 @@ fn htb_without_a_link_rate() {
             previous: None,
             all_routes_managed: false,
         },
-    );
+    )
+    .unwrap();
     assert!(c.htb.is_none());
     assert!(
         c.warnings.iter().any(|w| w.contains("no HTB plan")),
@@ -823,7 +834,8 @@ fn modes_change_what_the_table_enforces() {
             previous: None,
             all_routes_managed: false,
         },
-    );
+    )
+    .unwrap();
     assert!(
         none.table
             .classes
@@ -845,7 +857,8 @@ fn modes_change_what_the_table_enforces() {
             previous: None,
             all_routes_managed: false,
         },
-    );
+    )
+    .unwrap();
     assert_eq!(
         so.table.classes[1].flow_rate, 12_500_000,
         "sock_ops applies it as SO_MAX_PACING_RATE"
@@ -909,7 +922,8 @@ fn class_indices_are_stable_across_reloads() {
             previous: Some(&c1),
             all_routes_managed: false,
         },
-    );
+    )
+    .unwrap();
     assert_eq!(
         c2.class_names,
         [
@@ -926,14 +940,16 @@ fn class_indices_are_stable_across_reloads() {
     assert_eq!(c2.table.default_class, 0);
     // batch's rule points at its new index.
     assert_eq!(c2.rules[0].class, "batch");
-    assert_eq!(c2.table.rules[0].class, 4);
+    assert_eq!(c2.rule_table[0].class, 4);
     assert_eq!(c2.slots_to_reset(Some(&c1)), vec![4, 5]);
     assert_eq!(c1.slots_to_reset(None), vec![0, 1, 2, 3, level_slot(0)]);
     // Without a previous policy, indices follow the file.
     let fresh = fq(&v2);
     assert_eq!(fresh.class_names[1].as_deref(), Some("batch"));
     // Once every index has been used, a new class takes the free one.
-    let all: Vec<String> = (0..64).map(|i| format!("c{i}")).collect();
+    let all: Vec<String> = (0..paceline_common::maps::MAX_CLASSES)
+        .map(|i| format!("c{i}"))
+        .collect();
     let all_refs: Vec<&str> = all.iter().map(String::as_str).collect();
     let full = fq(&ok(&policy_with_classes(&all_refs), &fake_host()));
     let mut next = all_refs.clone();
@@ -946,9 +962,10 @@ fn class_indices_are_stable_across_reloads() {
             previous: Some(&full),
             all_routes_managed: false,
         },
-    );
+    )
+    .unwrap();
     assert_eq!(c.class_names[10].as_deref(), Some("x"));
-    assert_eq!(c.class_names[63].as_deref(), Some("c63"));
+    assert_eq!(c.class_names[1023].as_deref(), Some("c1023"));
 }
 
 // ---- QJump ----
@@ -1060,7 +1077,7 @@ fn host_and_flow_pacing_policy() {
     );
     assert_eq!(by_name("other").flow_rate, Some(312_500_000));
     assert_eq!(c.table.levels[1].rate, 1_125_000_000, "the per-host cap");
-    assert_eq!(c.table.n_rules, 4, "the replication rule expands to two");
+    assert_eq!(c.rule_table.len(), 4, "the replication rule expands to two");
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
     // On a 1 Gbit/s host the same file is refused, with the numbers.
     let slow = FakeHost::new()
@@ -1088,17 +1105,21 @@ fn json_output() {
     assert_eq!(j["classes"][0]["rto_min_us"], 5_000);
     assert_eq!(j["default_class"], "bulk");
     assert_eq!(j["table"]["n_rules"], 3);
-    assert_eq!(j["table"]["flags"], TABLE_NEEDS_CGROUP);
+    assert_eq!(j["table"]["flags"], 0);
+    assert_eq!(j["classifier"]["rules"], 3);
     assert_eq!(j["rules"][0]["match"], "tcp dst 10.1.0.0/16 dst_port 11211");
     assert_eq!(j["sha256"].as_str().unwrap().len(), 64);
-    let h = render::json(&compile(
-        &ok(SMALL, &fake_host()),
-        &CompileContext {
-            mode: EnforcementMode::Htb,
-            previous: None,
-            all_routes_managed: false,
-        },
-    ));
+    let h = render::json(
+        &compile(
+            &ok(SMALL, &fake_host()),
+            &CompileContext {
+                mode: EnforcementMode::Htb,
+                previous: None,
+                all_routes_managed: false,
+            },
+        )
+        .unwrap(),
+    );
     assert_eq!(h["htb"]["classes"][4]["classid"], "1:201");
     assert_eq!(h["htb"]["classes"][0]["parent"], "1:");
 }

@@ -2,12 +2,16 @@
 //! resizes `PL_FLOWS` at load time from the policy's `flow_table_size`.
 
 use aya_ebpf::{
-    macros::map,
+    btf_maps::{Array as BtfArray, ArrayOfMaps, HashMap as BtfHashMap},
+    macros::{btf_map, map},
     maps::{Array, LruHashMap, PerCpuArray},
 };
 use paceline_common::{
     classify::PacketInfo,
-    maps::{AGG_SLOTS, AggClock, CpuState, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, PolicyTable},
+    ctab::{NONE, RuleKey, SelKey, SelList, Tables},
+    maps::{
+        AGG_SLOTS, AggClock, Counters, CpuState, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, PolicyTable,
+    },
 };
 
 #[map(name = "PL_ACTIVE")]
@@ -22,18 +26,95 @@ pub static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(
 #[map(name = "PL_AGG_CLOCKS")]
 pub static AGG_CLOCKS: Array<AggClock> = Array::with_max_entries(AGG_SLOTS as u32, 0);
 
-/// Counters and the scratch slot, one value per CPU (one lookup per packet).
+/// Global counters and the scratch slot, one value per CPU.
 #[map(name = "PL_CPU")]
 pub static CPU: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 
-/// The live policy table, if the agent has written one.
-#[inline(always)]
-pub fn active_table() -> Option<&'static PolicyTable> {
-    let idx = *ACTIVE.get(0)?;
-    TABLES.get(idx & 1)
+/// Per class and per level counters, one value per CPU.
+#[map(name = "PL_STATS")]
+pub static STATS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(AGG_SLOTS as u32, 0);
+
+/// `BPF_F_INNER_MAP`: inner arrays of any size fit the outer map (5.10+).
+const BPF_F_INNER_MAP: usize = 1 << 12;
+/// `BPF_F_MMAPABLE`: the agent fills the words with one copy instead of a syscall per word.
+const BPF_F_MMAPABLE: usize = 1 << 10;
+
+/// The compiled classifier's parts, one inner map per bank (see `paceline_common::ctab`).
+/// The templates' sizes are placeholders: the agent creates each bank's maps at the size its
+/// policy needs.
+type Words = BtfArray<u32, 1, { BPF_F_INNER_MAP | BPF_F_MMAPABLE }>;
+type Sels = BtfHashMap<SelKey, SelList, 1>;
+type Rules = BtfHashMap<RuleKey, u32, 1>;
+
+#[btf_map]
+static PL_CTAB_WORDS: ArrayOfMaps<Words, 2> = ArrayOfMaps::new();
+#[btf_map]
+static PL_CTAB_SELS: ArrayOfMaps<Sels, 2> = ArrayOfMaps::new();
+#[btf_map]
+static PL_CTAB_RULES: ArrayOfMaps<Rules, 2> = ArrayOfMaps::new();
+
+/// One bank's classifier maps.
+pub struct Ctab {
+    words: &'static Words,
+    sels: &'static Sels,
+    rules: &'static Rules,
 }
 
-/// This CPU's counters and scratch slot.
+impl Tables for Ctab {
+    #[inline(always)]
+    fn word(&self, i: u32) -> u32 {
+        self.words.get(i).copied().unwrap_or(NONE)
+    }
+
+    #[inline(always)]
+    fn sels(&self, key: &SelKey) -> Option<&SelList> {
+        // SAFETY: the selector maps are only written before their bank goes live.
+        unsafe { self.sels.get(key) }
+    }
+
+    #[inline(always)]
+    fn rule(&self, key: &RuleKey) -> u32 {
+        // SAFETY: as above.
+        unsafe { self.rules.get(key) }.copied().unwrap_or(NONE)
+    }
+
+    #[inline(always)]
+    fn opaque(&self, v: [u32; 2]) -> [u32; 2] {
+        match cpu() {
+            Some(c) => {
+                let p: *mut [u32; 2] = c.global._reserved.as_mut_ptr().cast();
+                // SAFETY: this CPU's scratch words; volatile so LLVM keeps the round trip.
+                unsafe {
+                    p.write_volatile(v);
+                    p.read_volatile()
+                }
+            }
+            None => v,
+        }
+    }
+}
+
+/// The live policy: its table and its classifier's maps, from one read of the bank.
+#[inline(always)]
+pub fn active() -> Option<(&'static PolicyTable, Ctab)> {
+    let bank = *ACTIVE.get(0)? & 1;
+    let table = TABLES.get(bank)?;
+    let ctab = Ctab {
+        words: PL_CTAB_WORDS.get(bank)?,
+        sels: PL_CTAB_SELS.get(bank)?,
+        rules: PL_CTAB_RULES.get(bank)?,
+    };
+    Some((table, ctab))
+}
+
+/// This CPU's counters of a class or level slot.
+#[inline(always)]
+pub fn stats(slot: u32) -> Option<&'static mut Counters> {
+    // SAFETY: per-CPU slot; the program runs with preemption disabled on this CPU.
+    STATS.get_ptr_mut(slot).map(|p| unsafe { &mut *p })
+}
+
+/// This CPU's global counters and scratch slot.
 #[inline(always)]
 pub fn cpu() -> Option<&'static mut CpuState> {
     // SAFETY: per-CPU slot; the program runs with preemption disabled on this CPU.

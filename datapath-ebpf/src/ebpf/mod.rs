@@ -16,10 +16,11 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use paceline_common::{
-    classify::{PacketInfo, classify},
+    classify::PacketInfo,
+    ctab::{self, CT_CGROUP},
     maps::{
-        CLASS_SET_PRIORITY, CpuState, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_LEVELS, TABLE_NEEDS_CGROUP,
-        TABLE_NO_FLOW_CLOCKS, level_slot,
+        CLASS_SET_PRIORITY, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_CLASSES, MAX_LEVELS, TABLE_NO_FLOW_CLOCKS,
+        level_slot,
     },
 };
 
@@ -58,7 +59,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let Some(cpu) = maps::cpu() else {
         return Ok(TC_ACT_UNSPEC);
     };
-    let Some(table) = maps::active_table() else {
+    let Some((table, tables)) = maps::active() else {
         cpu.global.no_policy += 1;
         return Ok(TC_ACT_UNSPEC);
     };
@@ -77,12 +78,13 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     };
     // SAFETY: reading __sk_buff fields allowed for tc programs.
     pkt.mark = unsafe { (*skb).mark };
-    if table.flags & TABLE_NEEDS_CGROUP != 0 {
+    if table.ctab.flags & CT_CGROUP != 0 {
         // SAFETY: helper on the program's own context.
         pkt.cgroup_id = unsafe { bpf_skb_cgroup_id(skb) };
     }
     let pkt = maps::launder(cpu, &pkt);
-    let class_idx = classify(table, &pkt);
+    let class_idx =
+        ctab::classify(&table.ctab, &tables, &pkt, table.default_class) & (MAX_CLASSES as u32 - 1);
     let class = &table.classes[class_idx as usize];
     let level_idx = class.level & (MAX_LEVELS as u32 - 1);
     let level = &table.levels[level_idx as usize];
@@ -99,7 +101,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
 
     // SAFETY: volatile read of a load-time constant.
     if unsafe { core::ptr::read_volatile(&PL_COUNT_ONLY) } != 0 {
-        count(cpu, class_idx, level_slot, len, 0, false);
+        count(class_idx, level_slot, len, 0, false);
         return Ok(TC_ACT_UNSPEC);
     }
 
@@ -134,7 +136,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             }
             pacer::Outcome::Drop => {
                 for slot in [class_idx, level_slot] {
-                    if let Some(c) = cpu.stats.get_mut(slot as usize) {
+                    if let Some(c) = maps::stats(slot) {
                         c.packets += 1;
                         c.bytes += len;
                         c.drops_horizon += 1;
@@ -168,7 +170,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             cpu.global.rewrite_errors += 1;
         }
     }
-    count(cpu, class_idx, level_slot, len, delay, tagged);
+    count(class_idx, level_slot, len, delay, tagged);
     Ok(TC_ACT_UNSPEC)
 }
 
@@ -213,9 +215,9 @@ fn time_base(stack_ts: u64) -> (u64, u64) {
 }
 
 #[inline(always)]
-fn count(cpu: &mut CpuState, class_idx: u32, level_slot: u32, len: u64, delay: u64, tagged: bool) {
+fn count(class_idx: u32, level_slot: u32, len: u64, delay: u64, tagged: bool) {
     for slot in [class_idx, level_slot] {
-        if let Some(c) = cpu.stats.get_mut(slot as usize) {
+        if let Some(c) = maps::stats(slot) {
             c.packets += 1;
             c.bytes += len;
             if delay != 0 {

@@ -18,9 +18,11 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use paceline_common::{
-    classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, classify},
+    classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK},
+    ctab,
     maps::{
-        ClassConfig, LEVEL_SET_DSCP, MAX_LEVELS, PolicyTable, TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, v4_mapped,
+        ClassConfig, LEVEL_SET_DSCP, MAX_CLASSES, MAX_LEVELS, PolicyTable, TABLE_NO_FLOW_CLOCKS,
+        TABLE_SOCK_TOS, v4_mapped,
     },
 };
 
@@ -56,11 +58,13 @@ pub fn pl_sock_ops(ctx: SockOpsContext) -> u32 {
     if mine != ours {
         return 1;
     }
-    let Some(table) = maps::active_table() else {
+    let Some((table, tables)) = maps::active() else {
         return 1;
     };
     match op {
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB | BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => configure(&ctx, table),
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB | BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
+            configure(&ctx, table, &tables)
+        }
         OP_HDR_OPT_LEN_CB => d3host::on_hdr_opt_len(&ctx, table),
         OP_WRITE_HDR_OPT_CB => d3host::on_write_hdr_opt(&ctx, table),
         OP_PARSE_HDR_OPT_CB => d3host::on_parse_hdr_opt(&ctx, table),
@@ -72,7 +76,7 @@ pub fn pl_sock_ops(ctx: SockOpsContext) -> u32 {
 }
 
 #[inline(always)]
-fn configure(ctx: &SockOpsContext, table: &PolicyTable) {
+fn configure(ctx: &SockOpsContext, table: &PolicyTable, tables: &maps::Ctab) {
     let mut pkt = PacketInfo {
         proto: 6,
         sport: ctx.local_port() as u16,
@@ -99,7 +103,7 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable) {
         pkt.src = v4_mapped(ctx.local_ip4());
         pkt.dst = v4_mapped(ctx.remote_ip4());
     }
-    let class_idx = classify(table, &pkt);
+    let class_idx = ctab::classify(&table.ctab, tables, &pkt, table.default_class) & (MAX_CLASSES as u32 - 1);
     let class = &table.classes[class_idx as usize];
     // SAFETY: reading the program's own context.
     let mss = unsafe { (*ctx.ops).mss_cache };
@@ -116,7 +120,7 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable) {
     };
     let (ok, failed) = apply(ctx.ops, class, mss, pkt.is_v6 != 0, headroom, tos);
     if ok + failed != 0 {
-        if let Some(c) = maps::cpu().and_then(|cpu| cpu.stats.get_mut(class_idx as usize)) {
+        if let Some(c) = maps::stats(class_idx) {
             c.tcp_sockets += 1;
             c.sockopt_errors += failed;
         }

@@ -12,7 +12,7 @@ use aya::{TestRun, TestRunOptions};
 use clap::Parser;
 use paceline::datapath::{Datapath, LoadOptions};
 use paceline_common::maps::{
-    CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, MAX_RULES, PolicyTable, Rule, v4_mapped,
+    CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, PolicyTable, Rule, v4_mapped,
 };
 use paceline_tests::{
     packet::{self, L4},
@@ -80,13 +80,21 @@ fn measure(prog: &aya::programs::SchedClassifier, frame: &[u8], stack_ts: u64, r
 /// A policy shaped like the shipped memcached/web/bulk example: four rules, the matching one
 /// first, per-flow + class + level clocks at rates the benchmark's packet rate does not
 /// exceed (so the measured path is the send path, not the horizon drop), DSCP rewrite.
-fn full_policy() -> PolicyTable {
+/// A policy table and its rules (first match wins).
+#[derive(Clone)]
+struct Policy {
+    table: PolicyTable,
+    rules: Vec<Rule>,
+}
+
+fn full_policy() -> Policy {
     let mut t = PolicyTable::empty();
-    t.rules[0] = Rule::any(1).with_proto(6).with_dport(11211, 11211);
-    t.rules[1] = Rule::any(1).with_proto(17).with_dport(11211, 11211);
-    t.rules[2] = Rule::any(2).with_proto(6).with_dport(80, 80);
-    t.rules[3] = Rule::any(2).with_proto(6).with_dport(443, 443);
-    t.n_rules = 4;
+    let rules = vec![
+        Rule::any(1).with_proto(6).with_dport(11211, 11211),
+        Rule::any(1).with_proto(17).with_dport(11211, 11211),
+        Rule::any(2).with_proto(6).with_dport(80, 80),
+        Rule::any(2).with_proto(6).with_dport(443, 443),
+    ];
     t.n_classes = 3;
     t.default_class = 0;
     for (i, level) in [(0u32, 2u32), (1, 0), (2, 1)] {
@@ -113,11 +121,12 @@ fn full_policy() -> PolicyTable {
         pcp: 0,
         _pad: [0; 2],
     };
-    t
+    Policy { table: t, rules }
 }
 
-fn classify_only_policy() -> PolicyTable {
-    let mut t = full_policy();
+fn classify_only_policy() -> Policy {
+    let mut p = full_policy();
+    let t = &mut p.table;
     for c in t.classes.iter_mut() {
         c.flow_rate = 0;
         c.class_rate = 0;
@@ -125,17 +134,16 @@ fn classify_only_policy() -> PolicyTable {
     for l in t.levels.iter_mut() {
         *l = LevelConfig::zeroed();
     }
-    t
+    p
 }
 
-/// 64 rules none of which matches: the classifier's worst case.
-fn worst_case_policy() -> PolicyTable {
-    let mut t = classify_only_policy();
-    for (i, r) in t.rules.iter_mut().enumerate() {
-        *r = Rule::any(1).with_dst(v4_mapped(u32::from_ne_bytes([192, 0, 2, i as u8])), [u32::MAX; 4]);
-    }
-    t.n_rules = MAX_RULES as u32;
-    t
+/// 64 rules none of which matches.
+fn worst_case_policy() -> Policy {
+    let mut p = classify_only_policy();
+    p.rules = (0..64)
+        .map(|i| Rule::any(1).with_dst(v4_mapped(u32::from_ne_bytes([192, 0, 2, i as u8])), [u32::MAX; 4]))
+        .collect();
+    p
 }
 
 fn main() -> Result<()> {
@@ -181,7 +189,7 @@ fn main() -> Result<()> {
     }
     // TCP stamps its segments with its EDT departure, taken microseconds earlier.
     let tcp_ts = paceline_tests::skb::mono_now_ns();
-    type Case<'a> = (&'a str, Prog, PolicyTable, &'a [u8], u64);
+    type Case<'a> = (&'a str, Prog, Policy, &'a [u8], u64);
     let cases: Vec<Case> = vec![
         (
             "floor: empty classifier, IPv4/TCP frame",
@@ -277,7 +285,7 @@ fn main() -> Result<()> {
                 Prog::Full => (&mut dp, None),
                 Prog::CountOnly => (&mut count_only, None),
             };
-            d.write_policy(table)?;
+            d.write_rules(&table.table, &table.rules)?;
             let p = match name {
                 Some(n) => d.bench_program(n)?,
                 None => d.tc_program()?,

@@ -1780,7 +1780,7 @@ mod tests {
                 previous: None,
                 all_routes_managed: false,
             };
-            policy::compile(&v, &ctx)
+            policy::compile(&v, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"))
         };
         let cfg = Config::new(false);
         for m in cfg.modes.iter().filter(|m| m.kind != Kind::Tcp) {

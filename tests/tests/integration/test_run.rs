@@ -7,8 +7,8 @@ use paceline::datapath::{Datapath, LoadOptions};
 use paceline_common::{
     edt::tx_time_ns,
     maps::{
-        CLASS_SET_PRIORITY, ClassConfig, Counters, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable,
-        Rule, level_slot, v4_mapped,
+        CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, Rule,
+        level_slot, v4_mapped,
     },
 };
 use paceline_tests::{
@@ -76,6 +76,25 @@ fn port_rule(dport: u16, class: u16) -> Rule {
     Rule::any(class).with_dport(dport, dport)
 }
 
+/// The verifier's limit is 1,000,000 processed instructions per program; the programs must
+/// keep a wide margin (their cost depends on the kernel's verifier, and on code added later).
+#[test]
+fn programs_verify_well_inside_the_verifier_limit() {
+    if !privileged("programs_verify_well_inside_the_verifier_limit") {
+        return;
+    }
+    let dp = load();
+    for (name, n) in dp.verified_insns() {
+        println!("{name}: {n:?} instructions verified");
+        if let Some(n) = n {
+            assert!(
+                n < 600_000,
+                "{name}: the verifier processed {n} instructions of its 1,000,000"
+            );
+        }
+    }
+}
+
 #[test]
 fn no_policy_passes_and_counts() {
     if !privileged("no_policy_passes_and_counts") {
@@ -83,23 +102,18 @@ fn no_policy_passes_and_counts() {
     }
     let mut dp = load();
     // The agent always writes a policy before attaching; a datapath without one must be inert.
-    // PL_ACTIVE starts at 0 and slot 0 holds zeroes: n_rules 0, class 0, nothing to do.
     let f = tcp4(1000, 80, 100);
     let o = run(&mut dp, &f, SkBuff::default());
     assert_eq!(o.ret, TC_ACT_UNSPEC);
     assert_eq!(o.data, f, "packet must pass untouched");
     assert_eq!(o.ctx.tstamp, 0);
     assert_eq!(o.ctx.priority, 0);
-    // Slot 0's zeroes are a table too: the packet counts in its default class 0 and level 0,
-    // and nowhere else; nothing is paced, dropped or rewritten.
+    // Without a policy the classifier's maps are not there: the packet counts as seen without
+    // a policy, and in no class or level.
     let s = dp.snapshot().unwrap();
-    let counted = |c: &Counters| (c.packets, c.bytes);
-    assert_eq!(counted(&s.classes[0]), (1, f.len() as u64), "class 0");
-    assert_eq!(counted(&s.levels[0]), (1, f.len() as u64), "level 0");
-    assert_eq!(s.classes.iter().map(|c| c.packets).sum::<u64>(), 1);
-    assert_eq!(s.levels.iter().map(|c| c.packets).sum::<u64>(), 1);
-    let c = s.classes[0];
-    assert_eq!((c.delayed_packets, c.drops_horizon, c.tagged_packets), (0, 0, 0));
+    assert_eq!(s.global.no_policy, 1);
+    assert_eq!(s.classes.iter().map(|c| c.packets).sum::<u64>(), 0);
+    assert_eq!(s.levels.iter().map(|c| c.packets).sum::<u64>(), 0);
     assert_eq!(
         (
             s.global.non_ip,
@@ -118,8 +132,7 @@ fn ipv4_tcp_classified_by_port_sets_priority_and_counts() {
     }
     let mut dp = load();
     let mut t = table();
-    t.rules[0] = port_rule(11211, 1);
-    t.n_rules = 1;
+    let rules = vec![port_rule(11211, 1)];
     t.classes[1] = ClassConfig {
         skb_priority: 6,
         flags: CLASS_SET_PRIORITY,
@@ -131,7 +144,7 @@ fn ipv4_tcp_classified_by_port_sets_priority_and_counts() {
         flags: CLASS_SET_PRIORITY,
         ..ClassConfig::zeroed()
     };
-    dp.write_policy(&t).unwrap();
+    dp.write_rules(&t, &rules).unwrap();
 
     let hit = tcp4(40000, 11211, 64);
     let o = run(&mut dp, &hit, SkBuff::default());
@@ -156,14 +169,13 @@ fn ipv6_udp_behind_hop_by_hop_is_classified() {
     }
     let mut dp = load();
     let mut t = table();
-    t.rules[0] = port_rule(53, 2).with_proto(17).with_family(true);
-    t.n_rules = 1;
+    let rules = vec![port_rule(53, 2).with_proto(17).with_family(true)];
     t.classes[2] = ClassConfig {
         skb_priority: 4,
         flags: CLASS_SET_PRIORITY,
         ..ClassConfig::zeroed()
     };
-    dp.write_policy(&t).unwrap();
+    dp.write_rules(&t, &rules).unwrap();
     let src = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
     let dst = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
     for hbh in [false, true] {
@@ -225,14 +237,13 @@ fn ipv4_cidr_rule_matches_mapped_addresses() {
     let mut t = table();
     // ::ffff:10.0.0.0/104 is 10.0.0.0/8.
     let mask = [u32::MAX, u32::MAX, u32::MAX, u32::from_ne_bytes([0xff, 0, 0, 0])];
-    t.rules[0] = Rule::any(3).with_dst(v4_mapped(u32::from_ne_bytes([10, 0, 0, 0])), mask);
-    t.n_rules = 1;
+    let rules = vec![Rule::any(3).with_dst(v4_mapped(u32::from_ne_bytes([10, 0, 0, 0])), mask)];
     t.classes[3] = ClassConfig {
         skb_priority: 3,
         flags: CLASS_SET_PRIORITY,
         ..ClassConfig::zeroed()
     };
-    dp.write_policy(&t).unwrap();
+    dp.write_rules(&t, &rules).unwrap();
     let inside = packet::ipv4(
         [192, 168, 0, 1],
         [10, 9, 8, 7],
@@ -283,7 +294,7 @@ fn dscp_rewrite_ipv4_with_options_keeps_ecn_and_checksum() {
         return;
     }
     let mut dp = load();
-    dp.write_policy(&tagging_table(Some(46), None)).unwrap();
+    dp.write_rules(&tagging_table(Some(46), None), &[]).unwrap();
     // Router-alert option (4 bytes) so the transport header is not at offset 20.
     let opts = [0x94, 0x04, 0x00, 0x00];
     for ecn in 0..4 {
@@ -322,7 +333,7 @@ fn dscp_rewrite_ipv6_keeps_ecn_and_flow_label() {
         return;
     }
     let mut dp = load();
-    dp.write_policy(&tagging_table(Some(34), None)).unwrap();
+    dp.write_rules(&tagging_table(Some(34), None), &[]).unwrap();
     let src = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
     let dst = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
     let mut f = packet::ipv6(src, dst, L4::Udp { sport: 9, dport: 9 }, 0, 1, false, 16);
@@ -349,14 +360,13 @@ fn vlan_tagged_frame_gets_pcp_and_dscp() {
     }
     let mut dp = load();
     let mut t = tagging_table(Some(26), Some(5));
-    t.rules[0] = port_rule(443, 1);
-    t.n_rules = 1;
+    let rules = vec![port_rule(443, 1)];
     t.classes[1] = ClassConfig {
         level: 1,
         ..ClassConfig::zeroed()
     };
     t.classes[0].level = 0;
-    dp.write_policy(&t).unwrap();
+    dp.write_rules(&t, &rules).unwrap();
     let f = packet::ipv4(
         [10, 0, 0, 1],
         [10, 0, 0, 2],
@@ -402,7 +412,7 @@ fn truncated_and_unknown_frames_pass_untouched_and_count() {
     let mut dp = load();
     let mut t = tagging_table(Some(46), None);
     t.classes[0].flow_rate = 1000;
-    dp.write_policy(&t).unwrap();
+    dp.write_rules(&t, &[]).unwrap();
     // (BPF_PROG_TEST_RUN itself refuses IPv4/IPv6 frames shorter than their fixed header, so
     // the truncated frames here are ones the kernel accepts and the parser must refuse.)
     let full = tcp4(1, 2, 0);
@@ -478,7 +488,7 @@ fn flow_departures_are_spaced_len_over_rate_exactly() {
     // 10 kB/s: a 1054-byte frame takes 105 ms, far longer than the gap between two test runs
     // even in an emulated VM, so the clock stays backlogged.
     let rate = 10_000;
-    dp.write_policy(&paced_table(rate, 0, 0, 0)).unwrap();
+    dp.write_rules(&paced_table(rate, 0, 0, 0), &[]).unwrap();
     let f = tcp4(5000, 6000, 1000);
     let len = f.len() as u64;
     let before = mono_now_ns();
@@ -514,7 +524,7 @@ fn gso_packet_is_charged_every_segments_headers() {
     }
     let mut dp = load();
     let rate = 10_000;
-    dp.write_policy(&paced_table(rate, 0, 0, 0)).unwrap();
+    dp.write_rules(&paced_table(rate, 0, 0, 0), &[]).unwrap();
     // A TSO packet of two 1448-byte segments (BPF_PROG_TEST_RUN takes at most about 3.5 KB
     // of data): one set of headers in the skb, two on the wire.
     let payload = 2 * 1448;
@@ -547,7 +557,7 @@ fn class_clock_spaces_packets_of_different_flows() {
     }
     let mut dp = load();
     let class_rate = 10_000;
-    dp.write_policy(&paced_table(0, class_rate, 0, 0)).unwrap();
+    dp.write_rules(&paced_table(0, class_rate, 0, 0), &[]).unwrap();
     let mut last = 0;
     for i in 0..5u16 {
         let f = tcp4(7000 + i, 80, 500);
@@ -574,7 +584,8 @@ fn composed_clocks_take_the_latest() {
     }
     let mut dp = load();
     // Flow 100 kB/s, class 50 kB/s, level 10 kB/s: the level binds (a packet: 105 ms).
-    dp.write_policy(&paced_table(100_000, 50_000, 10_000, 0)).unwrap();
+    dp.write_rules(&paced_table(100_000, 50_000, 10_000, 0), &[])
+        .unwrap();
     let f = tcp4(1, 2, 1000);
     let len = f.len() as u64;
     let a = run(&mut dp, &f, SkBuff::default());
@@ -593,7 +604,8 @@ fn composed_clocks_take_the_latest() {
 
     // Now the flow binds: flow 10 kB/s, aggregates faster.
     let mut dp = load();
-    dp.write_policy(&paced_table(10_000, 50_000, 100_000, 0)).unwrap();
+    dp.write_rules(&paced_table(10_000, 50_000, 100_000, 0), &[])
+        .unwrap();
     let a = run(&mut dp, &f, SkBuff::default());
     let b = run(&mut dp, &f, SkBuff::default());
     assert_eq!(b.ctx.tstamp - a.ctx.tstamp, tx_time_ns(len, 10_000));
@@ -605,7 +617,7 @@ fn departure_never_earlier_than_stack_timestamp() {
         return;
     }
     let mut dp = load();
-    dp.write_policy(&paced_table(1_000_000_000, 0, 0, 0)).unwrap();
+    dp.write_rules(&paced_table(1_000_000_000, 0, 0, 0), &[]).unwrap();
     let f = tcp4(1, 2, 100);
     let stack = mono_now_ns() + 50_000_000; // TCP asked for 50 ms from now
     let o = run(
@@ -630,7 +642,7 @@ fn realtime_stack_timestamp_is_ignored_not_honoured() {
         return;
     }
     let mut dp = load();
-    dp.write_policy(&paced_table(1_000_000_000, 0, 0, 100_000_000))
+    dp.write_rules(&paced_table(1_000_000_000, 0, 0, 100_000_000), &[])
         .unwrap();
     let f = tcp4(1, 2, 100);
     // SO_TXTIME with CLOCK_REALTIME: ~1.7e18 ns, decades ahead of CLOCK_MONOTONIC.
@@ -664,7 +676,7 @@ fn stack_timestamp_serves_as_time_base() {
     let mut dp = load();
     // Horizon 1 ms; TCP stamped the segment 2 ms ahead (its own pacing). Measured from the
     // stack's departure, paceline adds nothing, so the packet is sent, not dropped.
-    dp.write_policy(&paced_table(1_000_000_000, 0, 0, 1_000_000))
+    dp.write_rules(&paced_table(1_000_000_000, 0, 0, 1_000_000), &[])
         .unwrap();
     let f = tcp4(1, 2, 100);
     let ts = mono_now_ns() + 2_000_000;
@@ -689,7 +701,8 @@ fn beyond_horizon_drops_and_advances_no_clock() {
     let mut dp = load();
     // 1000-byte packets at 10 kB/s take 100 ms each; horizon 250 ms: the 4th packet is dropped
     // (packet times dwarf the gaps between test runs, even in an emulated VM).
-    dp.write_policy(&paced_table(0, 10_000, 0, 250_000_000)).unwrap();
+    dp.write_rules(&paced_table(0, 10_000, 0, 250_000_000), &[])
+        .unwrap();
     let f = tcp4(1, 2, 946); // 1000 bytes on the wire
     assert_eq!(f.len(), 1000);
     let mut rets = Vec::new();
@@ -717,13 +730,13 @@ fn policy_swap_keeps_flow_clocks() {
     let mut dp = load();
     let rate = 10_000;
     let mut t = paced_table(rate, 0, 0, 0);
-    dp.write_policy(&t).unwrap();
+    dp.write_rules(&t, &[]).unwrap();
     let f = tcp4(1, 2, 1000);
     let a = run(&mut dp, &f, SkBuff::default());
     // New policy: same class keeps pacing, priority now set.
     t.classes[0].flags = CLASS_SET_PRIORITY;
     t.classes[0].skb_priority = 7;
-    let g = dp.write_policy(&t).unwrap();
+    let g = dp.write_rules(&t, &[]).unwrap();
     assert_eq!(dp.live_policy().unwrap().generation, g);
     let b = run(&mut dp, &f, SkBuff::default());
     assert_eq!(b.ctx.priority, 7, "the new policy is live");

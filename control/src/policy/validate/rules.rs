@@ -399,18 +399,6 @@ mod tests {
     use crate::policy::tests::{errors, fake_host, policy_with_classes};
 
     #[test]
-    fn too_many_rules_without_lists() {
-        let names: Vec<String> = (0..66).map(|i| format!("c{i}")).collect();
-        let mut text = policy_with_classes(&names.iter().map(String::as_str).collect::<Vec<_>>()[..2]);
-        let extra: String = (0..65)
-            .map(|i| format!("    - {{class: c1, dscp: {}}}\n", i % 64))
-            .collect();
-        text = text.replace("  rules:\n", &format!("  rules:\n{extra}"));
-        let e = errors(&text, &fake_host());
-        assert_eq!(e, ["test.yaml:9: spec.rules: 66 rules; at most 64 fit the table"]);
-    }
-
-    #[test]
     fn ports_need_a_protocol_with_ports() {
         let text = policy_with_classes(&["a", "b"]).replace(
             "{class: b, dscp: 1}",

@@ -1,0 +1,541 @@
+//! The compiled classifier ("ctab"): what the datapath looks a packet's class up in, in a cost
+//! that does not depend on the number of rules.
+//!
+//! The agent compiles a policy's first-match rule list into three structures, written into
+//! fresh maps for every policy (see `names::CTAB_*` in [`crate::maps`]):
+//!
+//! - **words** (`Array<u32>`): per-dimension lookup tables that map a packet field to an
+//!   *equivalence class* (EC): two values in one EC are treated alike by every rule.
+//!   - the source and destination addresses, through multibit tries (strides [`V4_STRIDES`] and
+//!     [`V6_STRIDES`], leaf-pushed): the EC of an address is the longest policy prefix that
+//!     contains it (one EC namespace per packet family, so a rule's family folds into its
+//!     address condition);
+//!   - protocol x family x DSCP ([`p_index`], 65,536 entries), source port, destination port
+//!     (65,536 entries each): the EC of a value is the set of rule conditions it satisfies;
+//!   - per *selector* (the distinct non-address conditions of the rules, see below) a record
+//!     of the first rule it can yield in each address shape ([`SEL_WORDS`]);
+//!   - the class of every rule.
+//! - **rules** (`HashMap<RuleKey, u32>`): per selector and address shape (source only,
+//!   destination only, both), the first rule for each (source EC, destination EC); and the
+//!   phases that combine the field ECs (below).
+//! - **sel** (`HashMap<SelKey, SelList>`): the last phase's result: what the selectors the
+//!   packet satisfies yield: the first of their rules without address conditions, and the
+//!   selectors with address conditions that could beat it (at most [`MAX_SEL_MATCH`], sorted
+//!   by the first rule each can yield).
+//!
+//! The field ECs are combined in phases, as in Recursive Flow Classification: (protocol/DSCP,
+//! destination port) -> EC of the selectors still satisfied; (that, source port) -> ...;
+//! (that, mark) -> ...; (that, cgroup) -> the list. A phase's table is keyed by the previous
+//! EC and one field's EC only, so a selector that leaves a field open does not multiply the
+//! table by that field's ECs; phases over fields no rule reads are skipped ([`CtabHeader::phases`]).
+//!
+//! A packet costs: a few array reads for its ECs (a trie walk is one read per stride), one
+//! hash lookup per phase (typically one), and per listed selector at most three hash lookups,
+//! each skipped when the selector cannot beat the best rule found so far. None of this grows
+//! with the number of rules; the sizes of the structures do (`paceline policy check` prints
+//! them).
+//!
+//! [`classify`] is that lookup, written once: the eBPF programs run it over the maps, the
+//! agent's tests over the compiled structures in memory, against the linear reference
+//! ([`crate::classify::classify_linear`]) on random policies and packets.
+//!
+//! The agent writes a new policy's structures into maps that no packet reads, then switches
+//! every reader at once (see `PolicyTable::ctab` and the two banks in `maps`).
+
+use crate::classify::{PacketInfo, UNKNOWN_DSCP, UNKNOWN_MARK};
+
+/// "No entry": no rule, no offset, no selector.
+pub const NONE: u32 = u32::MAX;
+/// A trie entry with this bit set points at a child block (the word offset in the low bits);
+/// otherwise it is an address EC.
+pub const CHILD: u32 = 1 << 31;
+/// Strides of the IPv4 trie (over the 32-bit address): /16 in one read, /24 in two, /32 in four.
+pub const V4_STRIDES: [u32; 4] = [16, 8, 4, 4];
+/// Strides of the IPv6 trie (over 128 bits): /48 in five reads, /64 in seven.
+pub const V6_STRIDES: [u32; 15] = [16, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8];
+/// Entries of the protocol x family x DSCP table ([`p_index`]).
+pub const P_ENTRIES: u32 = 1 << 16;
+/// Entries of each port table.
+pub const PORT_ENTRIES: u32 = 1 << 16;
+/// The most selectors with address conditions one packet may satisfy at once (after dropping
+/// those that can never win); a policy that needs more is refused.
+pub const MAX_SEL_MATCH: usize = 16;
+/// Distinct mark conditions (value/mask pairs) a policy may use (the datapath evaluates all of
+/// them on every packet of a policy with marks, without a branch each).
+pub const MAX_MARK_CONDS: usize = 8;
+/// Words of a selector record: [`SEL_FIRST`], [`SEL_ANY`], [`SEL_SRC`], [`SEL_DST`],
+/// [`SEL_BOTH`].
+pub const SEL_WORDS: u32 = 5;
+/// The first rule the selector can yield in a shape with address conditions (the others are
+/// folded into the selector lists' `any_best`).
+pub const SEL_FIRST: u32 = 0;
+/// The first rule of the selector with no address condition (it matches every packet the
+/// selector matches), or [`NONE`].
+pub const SEL_ANY: u32 = 1;
+/// The first rule of the selector with only a source condition, or [`NONE`].
+pub const SEL_SRC: u32 = 2;
+/// The first rule of the selector with only a destination condition, or [`NONE`].
+pub const SEL_DST: u32 = 3;
+/// The first rule of the selector with both, or [`NONE`].
+pub const SEL_BOTH: u32 = 4;
+
+/// [`RuleKey::tag`] shapes (the low two bits; the selector id above them).
+pub const SHAPE_SRC: u32 = 1;
+pub const SHAPE_DST: u32 = 2;
+pub const SHAPE_BOTH: u32 = 3;
+/// [`RuleKey::tag`] of a cgroup id's EC (a = low 32 bits, b = high 32 bits).
+pub const TAG_CGROUP: u32 = 0;
+/// [`RuleKey::tag`] of a phase that is not the last: `TAG_PHASE + 4 * phase`, a = the
+/// previous EC, b = the field's EC. (Rule tags always have shape bits set, so tags with the
+/// low two bits clear are free.)
+pub const TAG_PHASE: u32 = 4;
+
+/// Phases ([`CtabHeader::phases`] bits): 0 combines protocol/DSCP with the destination port;
+/// then the source port, the mark, the cgroup.
+pub const PHASE_DPORT: u32 = 0;
+pub const PHASE_SPORT: u32 = 1;
+pub const PHASE_MARK: u32 = 2;
+pub const PHASE_CGROUP: u32 = 3;
+pub const PHASES: u32 = 4;
+
+// ---- CtabHeader::flags ----
+/// Some rule has a source address condition: compute the source EC.
+pub const CT_SRC: u32 = 1 << 0;
+/// Some rule has a destination address condition.
+pub const CT_DST: u32 = 1 << 1;
+/// Some selector has conditions: look the selector list up.
+pub const CT_SEL: u32 = 1 << 2;
+/// Some rule matches on cgroup: look the cgroup's EC up.
+pub const CT_CGROUP: u32 = 1 << 3;
+
+/// Where everything is in the words table, and the small parts read on every packet. Part of
+/// `PolicyTable`, so a packet reads it with the rest of its policy in one lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtabHeader {
+    /// `CT_*`.
+    pub flags: u32,
+    /// The selector with no condition (rules that have only address conditions, or none), or
+    /// [`NONE`]: it is satisfied by every packet and not listed in the selector lists.
+    pub any_sel: u32,
+    /// Word offsets of the protocol/family/DSCP table and the port tables ([`NONE`]: every
+    /// value's EC is 0).
+    pub p_off: u32,
+    pub sport_off: u32,
+    pub dport_off: u32,
+    /// Trie roots for IPv4 and IPv6 packets, source and destination ([`NONE`]: no prefix of
+    /// that family; the EC is then the `*_default` one).
+    pub src_root: [u32; 2],
+    pub dst_root: [u32; 2],
+    pub src_default: [u32; 2],
+    pub dst_default: [u32; 2],
+    /// Selector records, [`SEL_WORDS`] each.
+    pub sel_off: u32,
+    /// First rule of `any_sel` with only a source (destination) condition, per source
+    /// (destination) EC; [`NONE`] when there are none.
+    pub src_any_off: u32,
+    pub dst_any_off: u32,
+    /// The class of each rule.
+    pub rule_class_off: u32,
+    /// Number of rules (after expansion).
+    pub n_rules: u32,
+    /// The phases that combine field ECs (bit `PHASE_*`); the highest one set writes the
+    /// selector table, the others the rule table.
+    pub phases: u32,
+    pub n_marks: u32,
+    /// The mark conditions that need the mark to be visible (bit `i` for `marks[i]`).
+    pub marks_known: u32,
+    pub _pad: u32,
+    /// Mark conditions as (value, mask): a packet's mark EC is the bit set of those it
+    /// satisfies (an unknown mark satisfies none of `marks_known`).
+    pub marks: [[u32; 2]; MAX_MARK_CONDS],
+}
+const _: () = assert!(core::mem::size_of::<CtabHeader>() == 4 * 22 + 8 * MAX_MARK_CONDS);
+
+impl CtabHeader {
+    /// A classifier with no rules: every packet gets the default class.
+    pub const fn empty() -> Self {
+        CtabHeader {
+            flags: 0,
+            any_sel: NONE,
+            p_off: NONE,
+            sport_off: NONE,
+            dport_off: NONE,
+            src_root: [NONE; 2],
+            dst_root: [NONE; 2],
+            src_default: [0; 2],
+            dst_default: [0; 2],
+            sel_off: NONE,
+            src_any_off: NONE,
+            dst_any_off: NONE,
+            rule_class_off: NONE,
+            n_rules: 0,
+            phases: 0,
+            n_marks: 0,
+            marks_known: 0,
+            _pad: 0,
+            marks: [[0; 2]; MAX_MARK_CONDS],
+        }
+    }
+}
+
+/// Key of the selector table: the EC of the phases before the last, and the last phase's
+/// field EC.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct SelKey {
+    pub prev: u32,
+    pub val: u32,
+}
+const _: () = assert!(core::mem::size_of::<SelKey>() == 8);
+
+/// What the selectors a packet satisfies yield: the first of their rules without address
+/// conditions (those match every such packet), and the selectors with address conditions that
+/// can still beat it, sorted by the first rule each can yield.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SelList {
+    /// The first rule without address conditions among the satisfied selectors, or [`NONE`].
+    pub any_best: u32,
+    pub n: u32,
+    pub sel: [u32; MAX_SEL_MATCH],
+}
+const _: () = assert!(core::mem::size_of::<SelList>() == 8 + 4 * MAX_SEL_MATCH);
+
+impl Default for SelList {
+    fn default() -> Self {
+        SelList {
+            any_best: NONE,
+            n: 0,
+            sel: [0; MAX_SEL_MATCH],
+        }
+    }
+}
+
+/// Key of the rule table: `tag` = selector << 2 | shape (or [`TAG_CGROUP`]), and the source
+/// and destination ECs (0 where the shape has no such condition).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct RuleKey {
+    pub tag: u32,
+    pub a: u32,
+    pub b: u32,
+}
+const _: () = assert!(core::mem::size_of::<RuleKey>() == 12);
+
+/// The `tag` of a rule-table key.
+#[inline(always)]
+pub const fn rule_tag(sel: u32, shape: u32) -> u32 {
+    (sel << 2) | shape
+}
+
+/// Read access to a compiled classifier: the eBPF side reads maps, the tests read memory.
+pub trait Tables {
+    /// Word `i` of the words table; [`NONE`] past its end.
+    fn word(&self, i: u32) -> u32;
+    fn sels(&self, key: &SelKey) -> Option<&SelList>;
+    /// The rule (or cgroup EC) stored under `key`; [`NONE`] when absent.
+    fn rule(&self, key: &RuleKey) -> u32;
+    /// `v` unchanged, but unknown to the eBPF verifier: the paths that computed it (a trie
+    /// walk ends at one of several levels) then continue as one (see the datapath's `launder`).
+    fn opaque(&self, v: [u32; 2]) -> [u32; 2] {
+        v
+    }
+}
+
+/// Index of the protocol x family x DSCP table: protocol (8 bits), IPv6 (1), DSCP unknown (1),
+/// DSCP (6).
+#[inline(always)]
+pub const fn p_index(proto: u8, v6: bool, dscp_unknown: bool, dscp: u8) -> u32 {
+    ((proto as u32) << 8) | ((v6 as u32) << 7) | ((dscp_unknown as u32) << 6) | (dscp as u32 & 0x3f)
+}
+
+/// Bits `[pos, pos + n)` of a 128-bit address held as four network-order words in memory
+/// order (`n` at most 16, never crossing a word). The word is picked by comparisons, not by
+/// indexing: the verifier of older kernels refuses variable-offset stack reads.
+#[inline(always)]
+fn chunk(addr: &[u32; 4], pos: u32, n: u32) -> u32 {
+    let w = match pos / 32 {
+        0 => addr[0],
+        1 => addr[1],
+        2 => addr[2],
+        _ => addr[3],
+    };
+    let shift = 32 - (pos % 32) - n;
+    (u32::from_be(w) >> shift) & ((1u32 << n) - 1)
+}
+
+/// The stride of trie level `level` ([`V4_STRIDES`], [`V6_STRIDES`]), computed rather than
+/// read from a table; 0 past the last level.
+#[inline(always)]
+pub const fn stride(v6: bool, level: usize) -> u32 {
+    match (v6, level) {
+        (_, 0) => 16,
+        (true, 1..=14) => 8,
+        (false, 1) => 8,
+        (false, 2..=3) => 4,
+        _ => 0,
+    }
+}
+
+/// The EC of `addr` in the trie at `root` (a packet of family `v6`).
+#[inline(always)]
+pub fn addr_ec<T: Tables>(t: &T, root: u32, default: u32, addr: &[u32; 4], v6: bool) -> u32 {
+    if root == NONE {
+        return default;
+    }
+    let mut off = root;
+    // IPv4 addresses are IPv4-mapped: the v4 trie walks the last word only.
+    let mut pos: u32 = if v6 { 0 } else { 96 };
+    let mut level = 0;
+    while level < V6_STRIDES.len() {
+        let s = stride(v6, level);
+        if s == 0 {
+            return NONE;
+        }
+        let e = t.word(off.wrapping_add(chunk(addr, pos, s)));
+        if e & CHILD == 0 {
+            return e;
+        }
+        off = e & !CHILD;
+        pos += s;
+        level += 1;
+    }
+    NONE
+}
+
+/// The mark EC: the bit set of the mark conditions `mark` satisfies. Branch-free: a branch per
+/// condition would multiply the paths the verifier walks by two per condition.
+#[inline(always)]
+pub fn mark_ec(h: &CtabHeader, mark: u32, unknown: bool) -> u32 {
+    let mut bits: u32 = 0;
+    let mut i = 0;
+    while i < MAX_MARK_CONDS {
+        let c = &h.marks[i];
+        let x = (mark & c[1]) ^ c[0];
+        // 1 when x == 0: (x | -x) has its top bit set exactly when x != 0.
+        bits |= (((x | x.wrapping_neg()) >> 31) ^ 1) << i;
+        i += 1;
+    }
+    // The policy's conditions only; an unknown mark meets none of those that need it.
+    let used = ((1u64 << (h.n_marks & 63)) - 1) as u32;
+    bits & used & !((unknown as u32).wrapping_neg() & h.marks_known)
+}
+
+#[inline(always)]
+fn min(a: u32, b: u32) -> u32 {
+    if b < a { b } else { a }
+}
+
+/// The cgroup EC: 2 x (the id's index among the policy's cgroups, from 1; 0 for another id) +
+/// 1 when the cgroup is unknown.
+#[inline(always)]
+fn cgroup_ec<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
+    if h.flags & CT_CGROUP == 0 {
+        return 0;
+    }
+    let idx = match t.rule(&RuleKey {
+        tag: TAG_CGROUP,
+        a: p.cgroup_id as u32,
+        b: (p.cgroup_id >> 32) as u32,
+    }) {
+        NONE => 0,
+        i => i,
+    };
+    (idx << 1) | (p.unknown & crate::classify::UNKNOWN_CGROUP != 0) as u32
+}
+
+/// The first rule (in policy order) that matches `p`, or [`NONE`]: the same answer as
+/// [`crate::classify::classify_linear`] over the rules the structures were compiled from.
+#[inline(always)]
+pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
+    let v6 = p.is_v6 != 0;
+    let fam = v6 as usize;
+    let a = if h.flags & CT_SRC != 0 {
+        addr_ec(t, h.src_root[fam & 1], h.src_default[fam & 1], &p.src, v6)
+    } else {
+        0
+    };
+    let b = if h.flags & CT_DST != 0 {
+        addr_ec(t, h.dst_root[fam & 1], h.dst_default[fam & 1], &p.dst, v6)
+    } else {
+        0
+    };
+    let [a, b] = t.opaque([a, b]);
+    let mut best = NONE;
+    if h.any_sel != NONE {
+        let rec = h.sel_off.wrapping_add(h.any_sel.wrapping_mul(SEL_WORDS));
+        best = t.word(rec + SEL_ANY);
+        if t.word(rec + SEL_SRC) < best {
+            best = min(best, t.word(h.src_any_off.wrapping_add(a)));
+        }
+        if t.word(rec + SEL_DST) < best {
+            best = min(best, t.word(h.dst_any_off.wrapping_add(b)));
+        }
+        if t.word(rec + SEL_BOTH) < best {
+            best = min(
+                best,
+                t.rule(&RuleKey {
+                    tag: rule_tag(h.any_sel, SHAPE_BOTH),
+                    a,
+                    b,
+                }),
+            );
+        }
+    }
+    if h.flags & CT_SEL == 0 {
+        return best;
+    }
+    let word_or_zero = |off: u32, i: u32| {
+        if off == NONE {
+            0
+        } else {
+            t.word(off.wrapping_add(i))
+        }
+    };
+    // The phases, each keyed by the previous EC and one field's EC.
+    let mut prev = word_or_zero(
+        h.p_off,
+        p_index(p.proto, v6, p.unknown & UNKNOWN_DSCP != 0, p.dscp),
+    );
+    let mut key = SelKey { prev, val: 0 };
+    let mut phase = 0;
+    while phase < PHASES {
+        if h.phases & (1 << phase) != 0 {
+            let val = match phase {
+                PHASE_DPORT => word_or_zero(h.dport_off, p.dport as u32),
+                PHASE_SPORT => word_or_zero(h.sport_off, p.sport as u32),
+                PHASE_MARK => mark_ec(h, p.mark, p.unknown & UNKNOWN_MARK != 0),
+                _ => cgroup_ec(h, t, p),
+            };
+            key = SelKey { prev, val };
+            if h.phases >> (phase + 1) == 0 {
+                break;
+            }
+            prev = t.rule(&RuleKey {
+                tag: TAG_PHASE + 4 * phase,
+                a: prev,
+                b: val,
+            });
+            if prev == NONE {
+                // No selector is still satisfied.
+                return best;
+            }
+        }
+        phase += 1;
+    }
+    let [prev, val] = t.opaque([key.prev, key.val]);
+    let Some(list) = t.sels(&SelKey { prev, val }) else {
+        return best;
+    };
+    best = min(best, list.any_best);
+    let n = list.n as usize;
+    let mut i = 0;
+    while i < MAX_SEL_MATCH {
+        if i >= n {
+            break;
+        }
+        let sel = list.sel[i];
+        let rec = h.sel_off.wrapping_add(sel.wrapping_mul(SEL_WORDS));
+        // Sorted by first rule: nothing further down can beat what was found.
+        if t.word(rec + SEL_FIRST) >= best {
+            break;
+        }
+        if t.word(rec + SEL_SRC) < best {
+            best = min(
+                best,
+                t.rule(&RuleKey {
+                    tag: rule_tag(sel, SHAPE_SRC),
+                    a,
+                    b: 0,
+                }),
+            );
+        }
+        if t.word(rec + SEL_DST) < best {
+            best = min(
+                best,
+                t.rule(&RuleKey {
+                    tag: rule_tag(sel, SHAPE_DST),
+                    a: 0,
+                    b,
+                }),
+            );
+        }
+        if t.word(rec + SEL_BOTH) < best {
+            best = min(
+                best,
+                t.rule(&RuleKey {
+                    tag: rule_tag(sel, SHAPE_BOTH),
+                    a,
+                    b,
+                }),
+            );
+        }
+        i += 1;
+    }
+    best
+}
+
+/// The class of `p`: its first matching rule's class, else `default_class`.
+#[inline(always)]
+pub fn classify<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo, default_class: u32) -> u32 {
+    match first_rule(h, t, p) {
+        NONE => default_class,
+        r => match t.word(h.rule_class_off.wrapping_add(r)) {
+            NONE => default_class,
+            c => c,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_of_an_address() {
+        // 10.1.2.3 as an IPv4-mapped address.
+        let a = crate::maps::v4_mapped(u32::from_ne_bytes([10, 1, 2, 3]));
+        assert_eq!(chunk(&a, 96, 16), 0x0a01);
+        assert_eq!(chunk(&a, 112, 8), 0x02);
+        assert_eq!(chunk(&a, 120, 4), 0x0);
+        assert_eq!(chunk(&a, 124, 4), 0x3);
+        assert_eq!(chunk(&a, 80, 16), 0xffff);
+        assert_eq!(chunk(&a, 0, 16), 0);
+    }
+
+    #[test]
+    fn strides_cover_the_addresses() {
+        for (i, s) in V4_STRIDES.iter().enumerate() {
+            assert_eq!(stride(false, i), *s);
+        }
+        assert_eq!(stride(false, V4_STRIDES.len()), 0);
+        for (i, s) in V6_STRIDES.iter().enumerate() {
+            assert_eq!(stride(true, i), *s);
+        }
+        assert_eq!(stride(true, V6_STRIDES.len()), 0);
+        assert_eq!(V4_STRIDES.iter().sum::<u32>(), 32);
+        assert_eq!(V6_STRIDES.iter().sum::<u32>(), 128);
+        // No stride crosses a 32-bit word (chunk() reads one word).
+        for strides in [&V4_STRIDES[..], &V6_STRIDES[..]] {
+            let mut pos = 0;
+            for s in strides {
+                assert_eq!(pos / 32, (pos + s - 1) / 32);
+                pos += s;
+            }
+        }
+    }
+
+    #[test]
+    fn mark_bits() {
+        let mut h = CtabHeader::empty();
+        h.n_marks = 2;
+        h.marks[0] = [0x100, 0xf00];
+        h.marks[1] = [0x1ff, 0xffff_ffff];
+        h.marks_known = 0b01;
+        assert_eq!(mark_ec(&h, 0x1ff, false), 0b11);
+        assert_eq!(mark_ec(&h, 0x123, false), 0b01);
+        assert_eq!(mark_ec(&h, 0x200, false), 0);
+        assert_eq!(mark_ec(&h, 0x1ff, true), 0b10);
+    }
+}

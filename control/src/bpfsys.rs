@@ -1,0 +1,154 @@
+//! The few bpf(2) and membarrier(2) calls aya 0.14 does not offer: creating a standalone map
+//! with exact flags (the classifier's inner maps), filling a hash map in batches, filling an
+//! mmap-able array with one copy, and waiting for every BPF program that may still read an old
+//! policy to finish.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+pub const BPF_MAP_TYPE_HASH: u32 = 1;
+pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
+/// Inner arrays of any size fit an array-of-maps (5.10+).
+pub const BPF_F_INNER_MAP: u32 = 1 << 12;
+/// The array can be mmap()ed (5.5+).
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// `union bpf_attr`, as bytes: each command writes the fields it uses at their offsets.
+#[repr(C, align(8))]
+struct Attr([u8; 128]);
+
+impl Attr {
+    fn new() -> Self {
+        Attr([0; 128])
+    }
+    fn u32(&mut self, off: usize, v: u32) -> &mut Self {
+        self.0[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn u64(&mut self, off: usize, v: u64) -> &mut Self {
+        self.0[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn read_u32(&self, off: usize) -> u32 {
+        u32::from_ne_bytes(self.0[off..off + 4].try_into().expect("4 bytes"))
+    }
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
+    // SAFETY: bpf(2) with a zeroed attribute block of the size passed; the kernel reads and
+    // writes only within it.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.0.as_mut_ptr(), attr.0.len()) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// BPF_MAP_CREATE without BTF.
+pub fn map_create(
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    flags: u32,
+    name: &str,
+) -> io::Result<OwnedFd> {
+    let mut a = Attr::new();
+    a.u32(0, map_type)
+        .u32(4, key_size)
+        .u32(8, value_size)
+        .u32(12, max_entries)
+        .u32(16, flags);
+    let n = name.as_bytes();
+    let len = n.len().min(15);
+    a.0[28..28 + len].copy_from_slice(&n[..len]);
+    let fd = bpf(BPF_MAP_CREATE, &mut a)?;
+    // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// BPF_MAP_DELETE_ELEM of a `u32` key (clears a slot of an array of maps, releasing its map).
+pub fn delete_u32(fd: BorrowedFd<'_>, key: u32) -> io::Result<()> {
+    let mut a = Attr::new();
+    a.u32(0, fd.as_raw_fd() as u32).u64(8, &key as *const u32 as u64);
+    bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
+}
+
+/// Entries per BPF_MAP_UPDATE_BATCH call (bounds the time spent in one syscall).
+const BATCH: usize = 16_384;
+
+/// Inserts `keys[i] -> values[i]` (plain-old-data types of the map's sizes) with
+/// BPF_MAP_UPDATE_BATCH (5.6+).
+pub fn update_batch<K: Copy, V: Copy>(fd: BorrowedFd<'_>, keys: &[K], values: &[V]) -> io::Result<()> {
+    assert_eq!(keys.len(), values.len());
+    for (ks, vs) in keys.chunks(BATCH).zip(values.chunks(BATCH)) {
+        let mut a = Attr::new();
+        a.u64(16, ks.as_ptr() as u64)
+            .u64(24, vs.as_ptr() as u64)
+            .u32(32, ks.len() as u32)
+            .u32(36, fd.as_raw_fd() as u32);
+        bpf(BPF_MAP_UPDATE_BATCH, &mut a).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "BPF_MAP_UPDATE_BATCH ({} of {} done): {e}",
+                    a.read_u32(32),
+                    ks.len()
+                ),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Copies `values` into an mmap-able array map of at least that many 8-byte entries (an
+/// array's entries are 8-byte aligned: this layout is the map's own).
+pub fn fill_mmapable(fd: BorrowedFd<'_>, values: &[u64]) -> io::Result<()> {
+    if values.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let len = (values.len() * 8).div_ceil(page) * page;
+    // SAFETY: mapping the map's own memory, shared, of a length within its size (the kernel
+    // refuses a longer one).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `p` maps at least `values.len()` u64s; the map is not yet visible to programs.
+    unsafe {
+        std::ptr::copy_nonoverlapping(values.as_ptr(), p.cast::<u64>(), values.len());
+        libc::munmap(p, len);
+    }
+    Ok(())
+}
+
+/// Waits until every BPF program that started before this call has finished: tc and sock_ops
+/// programs run inside RCU read-side sections, and MEMBARRIER_CMD_GLOBAL waits for an RCU grace
+/// period (`synchronize_rcu`). Returns false where the kernel refuses it (nohz_full), after
+/// sleeping 50 ms instead, a thousand times longer than a program runs.
+pub fn wait_for_readers() -> bool {
+    const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
+    // SAFETY: membarrier(2) takes no pointers.
+    let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+    if r == 0 {
+        return true;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    false
+}

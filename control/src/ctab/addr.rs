@@ -1,0 +1,300 @@
+//! Address equivalence classes and the multibit tries that find them.
+//!
+//! One dimension (source or destination) has a set of prefixes, the ones its rules name. The
+//! EC of an address is the longest of them that contains it, in one of two namespaces:
+//! IPv4 packets (whose addresses are IPv4-mapped, `::ffff:a.b.c.d`) and IPv6 packets. A rule
+//! restricted to a family then covers ECs of that namespace only, which folds its family into
+//! its address condition exactly.
+//!
+//! ECs are numbered in depth-first order of the prefix tree (each prefix under the longest
+//! prefix that contains it), so the ECs a prefix covers (itself and every prefix nested in
+//! it) are one contiguous range.
+
+use std::collections::HashMap;
+
+use paceline_common::ctab::{CHILD, V4_STRIDES, V6_STRIDES};
+
+/// A prefix of the 128-bit address space (IPv4 as IPv4-mapped, /96 + length).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Prefix {
+    /// Host bits zeroed.
+    pub addr: u128,
+    pub len: u8,
+}
+
+/// `::ffff:0.0.0.0/96`: the IPv4-mapped range.
+pub const V4_MAPPED: Prefix = Prefix {
+    addr: 0xffff_u128 << 32,
+    len: 96,
+};
+
+impl Prefix {
+    pub fn new(addr: u128, len: u8) -> Self {
+        Prefix {
+            addr: addr & mask(len),
+            len,
+        }
+    }
+
+    pub fn contains(&self, other: &Prefix) -> bool {
+        self.len <= other.len && other.addr & mask(self.len) == self.addr
+    }
+
+    pub fn contains_addr(&self, a: u128) -> bool {
+        a & mask(self.len) == self.addr
+    }
+
+    /// Does it share addresses with `other` (one contains the other)?
+    pub fn overlaps(&self, other: &Prefix) -> bool {
+        self.contains(other) || other.contains(self)
+    }
+}
+
+pub fn mask(len: u8) -> u128 {
+    if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len))
+    }
+}
+
+/// The 128-bit address of the datapath's `[u32; 4]` (network-order words in memory order).
+pub fn words_to_u128(w: &[u32; 4]) -> u128 {
+    let mut b = [0u8; 16];
+    for (i, x) in w.iter().enumerate() {
+        b[i * 4..i * 4 + 4].copy_from_slice(&x.to_ne_bytes());
+    }
+    u128::from_be_bytes(b)
+}
+
+/// A mask of the datapath's form as a prefix length, if it is one (contiguous ones).
+pub fn prefix_len(mask_words: &[u32; 4]) -> Option<u8> {
+    let m = words_to_u128(mask_words);
+    let len = m.leading_ones();
+    (m == mask(len as u8)).then_some(len as u8)
+}
+
+/// One namespace's tree: its prefixes with their EC ids and subtree sizes.
+#[derive(Debug, Default)]
+struct Namespace {
+    /// EC id of the namespace's root (no prefix matched).
+    base: u32,
+    /// EC id of each prefix of the namespace, and the number of ECs in its subtree.
+    ids: HashMap<Prefix, (u32, u32)>,
+    /// Prefixes in depth-first order (the EC of `order[i]` is `base + 1 + i`).
+    order: Vec<Prefix>,
+}
+
+/// The ECs of one address dimension.
+#[derive(Debug, Default)]
+pub struct AddrEcs {
+    /// Index 0: IPv4 packets, 1: IPv6 packets.
+    ns: [Namespace; 2],
+    /// Total ECs (both namespaces).
+    pub count: u32,
+}
+
+impl AddrEcs {
+    /// Numbers the ECs of `prefixes` (duplicates allowed).
+    pub fn new(prefixes: impl IntoIterator<Item = Prefix>) -> Self {
+        let mut all: Vec<Prefix> = prefixes.into_iter().collect();
+        all.sort();
+        all.dedup();
+        let v4: Vec<Prefix> = all.iter().copied().filter(|p| p.overlaps(&V4_MAPPED)).collect();
+        let mut out = AddrEcs::default();
+        let mut next = 0u32;
+        for (i, list) in [v4, all].into_iter().enumerate() {
+            let ns = &mut out.ns[i];
+            ns.base = next;
+            next += 1;
+            // Sorted by (addr, len): a prefix comes right after the prefixes that contain it,
+            // so a stack of open ancestors gives the depth-first order directly.
+            let mut stack: Vec<(Prefix, u32)> = Vec::new();
+            for p in list {
+                while let Some((top, _)) = stack.last() {
+                    if top.contains(&p) {
+                        break;
+                    }
+                    let (top, id) = stack.pop().expect("non-empty");
+                    ns.ids.insert(top, (id, next - id));
+                }
+                let id = next;
+                next += 1;
+                ns.order.push(p);
+                stack.push((p, id));
+            }
+            while let Some((top, id)) = stack.pop() {
+                ns.ids.insert(top, (id, next - id));
+            }
+        }
+        out.count = next;
+        out
+    }
+
+    /// The EC ranges `[start, end)` a prefix covers for packets of `family` (`None`: both), or
+    /// for every address when `prefix` is `None` (only with a family).
+    pub fn ranges(&self, prefix: Option<&Prefix>, family: Option<bool>) -> Vec<(u32, u32)> {
+        let fams: &[usize] = match family {
+            Some(false) => &[0],
+            Some(true) => &[1],
+            None => &[0, 1],
+        };
+        let mut out = Vec::new();
+        for &f in fams {
+            let ns = &self.ns[f];
+            match prefix {
+                None => {
+                    let end = ns.base + 1 + ns.order.len() as u32;
+                    out.push((ns.base, end));
+                }
+                Some(p) => {
+                    if let Some(&(id, size)) = ns.ids.get(p) {
+                        out.push((id, id + size));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The EC of an address in a packet of family `v6` (what the trie walk returns).
+    pub fn ec_of(&self, addr: u128, v6: bool) -> u32 {
+        let ns = &self.ns[usize::from(v6)];
+        let mut best: Option<(u8, u32)> = None;
+        for p in &ns.order {
+            if p.contains_addr(addr) && best.is_none_or(|(l, _)| p.len > l) {
+                best = Some((p.len, ns.ids[p].0));
+            }
+        }
+        best.map_or(ns.base, |(_, id)| id)
+    }
+
+    /// Writes the trie of namespace `v6` into `words`; returns its root offset, or `None`
+    /// when every address of the family has the same EC (then [`AddrEcs::default_ec`]).
+    pub fn build_trie(&self, v6: bool, words: &mut Vec<u32>) -> Result<Option<u32>, TrieTooBig> {
+        let ns = &self.ns[usize::from(v6)];
+        let (start, strides): (u8, &[u32]) = if v6 { (0, &V6_STRIDES) } else { (96, &V4_STRIDES) };
+        // Prefixes no longer than the trie's start apply to every address: the default.
+        let deeper: Vec<(Prefix, u32)> = ns
+            .order
+            .iter()
+            .filter(|p| p.len > start)
+            .map(|p| (*p, ns.ids[p].0))
+            .collect();
+        if deeper.is_empty() {
+            return Ok(None);
+        }
+        let default = self.default_ec(v6);
+        let root = block(words, &deeper, default, start, strides)?;
+        Ok(Some(root))
+    }
+
+    /// The EC of the family's addresses that no trie prefix refines: the longest prefix that
+    /// contains the whole family range, or the namespace's root.
+    pub fn default_ec(&self, v6: bool) -> u32 {
+        let ns = &self.ns[usize::from(v6)];
+        let start = if v6 { 0 } else { 96 };
+        ns.order
+            .iter()
+            .filter(|p| p.len <= start)
+            .max_by_key(|p| p.len)
+            .map_or(ns.base, |p| ns.ids[p].0)
+    }
+}
+
+/// The words table would pass its limit while building a trie.
+#[derive(Debug)]
+pub struct TrieTooBig;
+
+/// Most words the tries of one policy may take (with the other tables' limit checked after).
+const TRIE_WORD_LIMIT: usize = 1 << 23;
+
+/// Writes one trie block covering bits `[pos, pos + strides[0])` for `prefixes` (all longer than
+/// `pos`, sorted depth-first, each with its EC), leaf-pushed under `inherited`. Returns its
+/// offset.
+fn block(
+    words: &mut Vec<u32>,
+    prefixes: &[(Prefix, u32)],
+    inherited: u32,
+    pos: u8,
+    strides: &[u32],
+) -> Result<u32, TrieTooBig> {
+    let stride = strides[0] as u8;
+    let size = 1usize << stride;
+    if words.len() + size > TRIE_WORD_LIMIT {
+        return Err(TrieTooBig);
+    }
+    let off = words.len();
+    words.resize(off + size, inherited);
+    let end = pos + stride;
+    let entry_of = |a: u128| ((a >> (128 - u32::from(end))) as usize) & (size - 1);
+    // Prefixes ending inside this block set their entries (shorter first, so longer ones win);
+    // depth-first order puts a prefix before those nested in it.
+    let mut i = 0;
+    let mut children: Vec<(usize, usize, usize)> = Vec::new(); // (entry, from, to)
+    while i < prefixes.len() {
+        let (p, ec) = prefixes[i];
+        if p.len <= end {
+            let first = entry_of(p.addr);
+            let count = 1usize << (end - p.len);
+            for w in &mut words[off + first..off + first + count] {
+                *w = ec;
+            }
+            i += 1;
+        } else {
+            // A run of prefixes deeper than this block under one entry.
+            let e = entry_of(p.addr);
+            let from = i;
+            while i < prefixes.len() && prefixes[i].0.len > end && entry_of(prefixes[i].0.addr) == e {
+                i += 1;
+            }
+            children.push((e, from, i));
+        }
+    }
+    for (e, from, to) in children {
+        // The entry's value now is the EC of the longest prefix covering it: the child
+        // inherits it.
+        let inherit = words[off + e];
+        let child = block(words, &prefixes[from..to], inherit, end, &strides[1..])?;
+        words[off + e] = CHILD | child;
+    }
+    Ok(off as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(a: [u8; 4], len: u8) -> Prefix {
+        Prefix::new((0xffff_u128 << 32) | u128::from(u32::from_be_bytes(a)), 96 + len)
+    }
+
+    fn v4addr(a: [u8; 4]) -> u128 {
+        (0xffff_u128 << 32) | u128::from(u32::from_be_bytes(a))
+    }
+
+    #[test]
+    fn nested_prefixes_get_contiguous_ranges() {
+        let e = AddrEcs::new([v4([10, 0, 0, 0], 8), v4([10, 1, 0, 0], 16), v4([10, 2, 0, 0], 16)]);
+        let r8 = e.ranges(Some(&v4([10, 0, 0, 0], 8)), Some(false));
+        let r16 = e.ranges(Some(&v4([10, 1, 0, 0], 16)), Some(false));
+        assert_eq!(r8.len(), 1);
+        assert_eq!(r8[0].1 - r8[0].0, 3, "the /8 and both /16s");
+        assert!(r8[0].0 <= r16[0].0 && r16[0].1 <= r8[0].1);
+        assert_eq!(e.ec_of(v4addr([10, 1, 2, 3]), false), r16[0].0);
+        assert_eq!(e.ec_of(v4addr([10, 3, 2, 3]), false), r8[0].0);
+        // An IPv4 prefix covers nothing of the IPv6 namespace's packets with other addresses,
+        // but IPv6 packets carrying IPv4-mapped addresses have their own ECs.
+        let v6r = e.ranges(Some(&v4([10, 0, 0, 0], 8)), Some(true));
+        assert_eq!(v6r[0].1 - v6r[0].0, 3);
+        assert_ne!(v6r[0].0, r8[0].0);
+    }
+
+    #[test]
+    fn prefix_lengths_of_masks() {
+        assert_eq!(prefix_len(&[0; 4]), Some(0));
+        assert_eq!(prefix_len(&[u32::MAX; 4]), Some(128));
+        let m = [u32::MAX, 0, u32::from_ne_bytes([0xff, 0, 0, 0]), 0];
+        assert_eq!(prefix_len(&m), None);
+    }
+}

@@ -1,0 +1,305 @@
+//! The compiled classifier against the linear reference: random rule lists with overlapping
+//! prefixes, port ranges, wildcards, both families, DSCP, mark and cgroup, and random packets
+//! (many of them on the rules' edges), compared packet by packet.
+
+use paceline_common::classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, first_match};
+use paceline_common::maps::{Rule, v4_mapped};
+use rand::rngs::StdRng;
+use rand::{Rng, RngExt, SeedableRng};
+
+use super::addr::mask;
+use super::*;
+
+fn words(a: u128) -> [u32; 4] {
+    let b = a.to_be_bytes();
+    let mut w = [0u32; 4];
+    for (i, c) in b.chunks_exact(4).enumerate() {
+        w[i] = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    w
+}
+
+fn v4(a: [u8; 4]) -> u128 {
+    (0xffff_u128 << 32) | u128::from(u32::from_be_bytes(a))
+}
+
+/// Prefix pools that nest and overlap: (address, length over 128 bits).
+fn prefix_pool() -> Vec<(u128, u8)> {
+    let v6 = |hi: u64, len| ((u128::from(hi)) << 64, len);
+    vec![
+        (v4([10, 0, 0, 0]), 104),
+        (v4([10, 1, 0, 0]), 112),
+        (v4([10, 1, 2, 0]), 120),
+        (v4([10, 1, 2, 3]), 128),
+        (v4([10, 1, 2, 128]), 121),
+        (v4([10, 2, 0, 0]), 112),
+        (v4([192, 168, 0, 0]), 112),
+        (v4([192, 168, 7, 0]), 120),
+        (v4([0, 0, 0, 0]), 96),
+        (v4([0, 0, 0, 0]), 97),
+        (v4([128, 0, 0, 0]), 97),
+        (0, 0),
+        (0, 80),
+        v6(0xfd00_0000_0000_0000, 8),
+        v6(0xfd00_0001_0000_0000, 32),
+        v6(0xfd00_0001_0002_0000, 48),
+        v6(0xfd00_0001_0002_0003, 64),
+        ((u128::from(0xfd00_0001_0002_0003_u64) << 64) | 0x10, 128),
+        v6(0x2001_0db8_0000_0000, 32),
+    ]
+}
+
+fn port_pool() -> Vec<(u16, u16)> {
+    vec![
+        (80, 80),
+        (443, 443),
+        (0, 1023),
+        (1024, 65535),
+        (8000, 8100),
+        (8080, 8080),
+        (11211, 11211),
+        (65535, 65535),
+        (0, 0),
+        (50, 60000),
+    ]
+}
+
+fn random_rule(rng: &mut impl Rng, classes: u16) -> Rule {
+    let pool = prefix_pool();
+    let ports = port_pool();
+    let mut r = Rule::any(rng.random_range(0..classes));
+    if rng.random_bool(0.4) {
+        r = r.with_proto([6, 17, 1, 58, 132][rng.random_range(0..5)]);
+    }
+    let mut fam: Option<bool> = None;
+    if rng.random_bool(0.5) {
+        let (a, l) = pool[rng.random_range(0..pool.len())];
+        r = r.with_src(words(a), words(mask(l)));
+        fam = Some(a >> 32 != 0xffff || l < 96);
+    }
+    if rng.random_bool(0.5) {
+        let (a, l) = pool[rng.random_range(0..pool.len())];
+        r = r.with_dst(words(a), words(mask(l)));
+        fam = fam.or(Some(a >> 32 != 0xffff || l < 96));
+    }
+    // The policy compiler sets the family from the addresses; sometimes leave it unset or
+    // set it alone, which the classifier must handle too.
+    match rng.random_range(0..4) {
+        0 | 1 => {
+            if let Some(f) = fam {
+                r = r.with_family(f);
+            }
+        }
+        2 => r = r.with_family(rng.random_bool(0.5)),
+        _ => {}
+    }
+    if rng.random_bool(0.3) {
+        let (lo, hi) = ports[rng.random_range(0..ports.len())];
+        r = r.with_sport(lo, hi);
+    }
+    if rng.random_bool(0.5) {
+        let (lo, hi) = ports[rng.random_range(0..ports.len())];
+        r = r.with_dport(lo, hi);
+    }
+    if rng.random_bool(0.15) {
+        r = r.with_dscp([0, 10, 46][rng.random_range(0..3)]);
+    }
+    if rng.random_bool(0.1) {
+        let (v, m) = [(0x100, 0xf00), (0x200, 0xf00), (0x1, 0xff), (0x101, u32::MAX)][rng.random_range(0..4)];
+        r = r.with_mark(v, m);
+    }
+    if rng.random_bool(0.1) {
+        r = r.with_cgroup([7, 9, 1 << 40][rng.random_range(0..3)]);
+    }
+    r
+}
+
+fn random_packet(rng: &mut impl Rng) -> PacketInfo {
+    let pool = prefix_pool();
+    let addr = |rng: &mut StdRng| -> u128 {
+        let (a, l) = pool[rng.random_range(0..pool.len())];
+        let host: u128 = rng.random();
+        // Inside the prefix, on an edge of it, or anywhere.
+        match rng.random_range(0..4) {
+            0 => a,
+            1 => a | !mask(l),
+            2 => a | (host & !mask(l)),
+            _ => host,
+        }
+    };
+    let mut rng2 = StdRng::seed_from_u64(rng.random());
+    let v6 = rng.random_bool(0.4);
+    let (mut src, mut dst) = (addr(&mut rng2), addr(&mut rng2));
+    if !v6 {
+        src = (0xffff_u128 << 32) | (src & 0xffff_ffff);
+        dst = (0xffff_u128 << 32) | (dst & 0xffff_ffff);
+    }
+    let ports = port_pool();
+    let port = |rng: &mut StdRng| -> u16 {
+        let (lo, hi) = ports[rng.random_range(0..ports.len())];
+        match rng.random_range(0..5) {
+            0 => lo,
+            1 => hi,
+            2 => lo.wrapping_sub(1),
+            3 => hi.wrapping_add(1),
+            _ => rng.random(),
+        }
+    };
+    let unknown = if rng.random_bool(0.2) {
+        UNKNOWN_DSCP | UNKNOWN_CGROUP | UNKNOWN_MARK
+    } else {
+        0
+    };
+    PacketInfo {
+        src: words(src),
+        dst: words(dst),
+        cgroup_id: [0, 7, 9, 1 << 40, 12][rng.random_range(0..5)],
+        mark: [0, 0x100, 0x1ff, 0x101, 0x201, 0x1][rng.random_range(0..6)],
+        sport: port(&mut rng2),
+        dport: port(&mut rng2),
+        proto: [6, 17, 1, 58, 132, 0][rng.random_range(0..6)],
+        dscp: [0, 10, 46, 63][rng.random_range(0..4)],
+        is_v6: u8::from(v6),
+        unknown,
+        _pad: [0; 4],
+    }
+}
+
+/// Compares the compiled lookup with the reference on every packet; false when the rules
+/// passed a limit (too many overlapping selectors with addresses), which random policies may.
+fn check(rules: &[Rule], packets: &[PacketInfo]) -> bool {
+    let image = match build(rules) {
+        Ok(i) => i,
+        Err(BuildError::Limit { .. }) => return false,
+        Err(e) => panic!("build failed: {e}\nrules: {rules:#?}"),
+    };
+    let t = MemTables::new(&image);
+    for p in packets {
+        let want = first_match(rules, p);
+        let got = t.first_rule(p);
+        assert_eq!(got, want, "packet {p:#?}\nrules: {rules:#?}");
+    }
+    true
+}
+
+#[test]
+fn random_policies_agree_with_the_reference() {
+    let mut rng = StdRng::seed_from_u64(0x5eed_c7ab);
+    let mut built = 0;
+    for _ in 0..3000 {
+        let n = rng.random_range(0..40);
+        let rules: Vec<Rule> = (0..n).map(|_| random_rule(&mut rng, 16)).collect();
+        let packets: Vec<PacketInfo> = (0..300).map(|_| random_packet(&mut rng)).collect();
+        built += usize::from(check(&rules, &packets));
+    }
+    assert!(
+        built > 2900,
+        "only {built} of 3000 random policies fit the limits"
+    );
+}
+
+#[test]
+fn rules_built_by_hand_with_odd_fields_agree_too() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for _ in 0..500 {
+        let n = rng.random_range(1..20);
+        let rules: Vec<Rule> = (0..n)
+            .map(|_| {
+                let mut r = random_rule(&mut rng, 8);
+                match rng.random_range(0..6) {
+                    // Conditions the linear matcher skips (deep = 0).
+                    0 => r.deep = 0,
+                    // "needs" without the condition, or a condition without "needs".
+                    1 => r.needs = rng.random_range(0..8),
+                    // A port range that wraps.
+                    2 => {
+                        r.dport_min = 65000;
+                        r.dport_span = 1000;
+                    }
+                    _ => {}
+                }
+                r
+            })
+            .collect();
+        let packets: Vec<PacketInfo> = (0..300).map(|_| random_packet(&mut rng)).collect();
+        assert!(check(&rules, &packets), "within the limits");
+    }
+}
+
+#[test]
+fn empty_and_catch_all() {
+    let p = PacketInfo::default();
+    let image = build(&[]).unwrap();
+    assert_eq!(MemTables::new(&image).first_rule(&p), None);
+    let rules = [Rule::any(3), Rule::any(4).with_proto(6)];
+    let image = build(&rules).unwrap();
+    assert_eq!(MemTables::new(&image).first_rule(&p), Some(0));
+}
+
+#[test]
+fn a_wide_earlier_prefix_wins_over_nested_later_ones() {
+    let net = |a: [u8; 4], l: u8| (words(v4(a)), words(mask(96 + l)));
+    let (a8, m8) = net([10, 0, 0, 0], 8);
+    let (a24, m24) = net([10, 1, 2, 0], 24);
+    let rules = [
+        Rule::any(1).with_dst(a8, m8).with_family(false),
+        Rule::any(2).with_dst(a24, m24).with_family(false),
+    ];
+    let image = build(&rules).unwrap();
+    let t = MemTables::new(&image);
+    let p = PacketInfo {
+        src: v4_mapped(u32::from_ne_bytes([1, 1, 1, 1])),
+        dst: v4_mapped(u32::from_ne_bytes([10, 1, 2, 3])),
+        ..PacketInfo::default()
+    };
+    assert_eq!(t.first_rule(&p), Some(0));
+    let (shadowed, complete) = shadow::covered(
+        &rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| normalize(i, r).unwrap())
+            .collect::<Vec<_>>(),
+    );
+    assert!(complete);
+    assert_eq!(shadowed, vec![(1, 0)]);
+}
+
+#[test]
+fn covered_rules_never_match_a_random_packet() {
+    // Whatever `shadow::covered` reports must indeed never be the first match.
+    let mut rng = StdRng::seed_from_u64(99);
+    for _ in 0..500 {
+        let n = rng.random_range(1..30);
+        let rules: Vec<Rule> = (0..n).map(|_| random_rule(&mut rng, 8)).collect();
+        let norms: Vec<Norm> = rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| normalize(i, r).unwrap())
+            .collect();
+        let (covered, _) = shadow::covered(&norms);
+        for _ in 0..300 {
+            let p = random_packet(&mut rng);
+            if let Some(m) = first_match(&rules, &p) {
+                assert!(
+                    !covered.iter().any(|(later, _)| *later == m),
+                    "rule {m} reported covered but matched {p:#?}\n{rules:#?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn limits_are_reported_with_the_count() {
+    let rules: Vec<Rule> = (0..100u16)
+        .map(|i| Rule::any(1).with_proto(6).with_dport(1000 + i, 1000 + i))
+        .collect();
+    let lim = Limits { sels: 50, ..LIMITS };
+    match build_with(&rules, &lim) {
+        Err(BuildError::Limit { what, limit, .. }) => {
+            assert_eq!(what, "field phases");
+            assert_eq!(limit, 50);
+        }
+        other => panic!("expected a limit error, got {other:?}"),
+    }
+}
