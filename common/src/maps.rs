@@ -23,6 +23,8 @@ pub mod names {
     /// `PerCpuArray<Counters>`: per class at `[0, MAX_CLASSES)`, per level after them (see
     /// [`super::level_slot`]).
     pub const STATS: &str = "PL_STATS";
+    /// `HashMap<u64, BenchEdt>`: the benchmark's reference program's aggregates.
+    pub const BENCH_EDT: &str = "PL_BENCH_EDT";
     /// `ArrayOfMaps` with one inner `Array<u32>` per bank: the compiled classifier's words
     /// (see [`crate::ctab`]).
     pub const CTAB_WORDS: &str = "PL_CTAB_WORDS";
@@ -684,6 +686,18 @@ impl D3LinkCounters {
     }
 }
 
+/// An aggregate of the benchmark's reference program (`pl_tc_ref_edt`, what Cilium's bandwidth
+/// manager keeps per aggregate): its rate, its last departure, its drop horizon.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BenchEdt {
+    /// Bytes/s.
+    pub bps: u64,
+    pub t_last: u64,
+    pub horizon_ns: u64,
+}
+const _: () = assert!(size_of::<BenchEdt>() == 24);
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
@@ -705,6 +719,7 @@ mod pod {
     unsafe impl aya::Pod for D3LinkCtl {}
     unsafe impl aya::Pod for D3LinkCounters {}
     unsafe impl aya::Pod for D3Seen {}
+    unsafe impl aya::Pod for BenchEdt {}
     unsafe impl aya::Pod for crate::ctab::SelKey {}
     unsafe impl aya::Pod for crate::ctab::SelList {}
     unsafe impl aya::Pod for crate::ctab::RuleKey {}

@@ -10,7 +10,7 @@ use aya::{
     programs::{SchedClassifier, SockOps},
 };
 use paceline_common::maps::{
-    AggClock, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, DEFAULT_FLOW_TABLE_SIZE,
+    AggClock, BenchEdt, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, DEFAULT_FLOW_TABLE_SIZE,
     GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, Rule, names,
 };
 
@@ -29,6 +29,8 @@ pub const D3_ROUTER: &str = "pl_d3_router";
 pub const TC_FLOOR: &str = "pl_tc_floor";
 /// A classifier that only reads the clock: what `bpf_ktime_get_ns` costs (benchmark only).
 pub const TC_CLOCK: &str = "pl_tc_clock";
+/// Cilium's bandwidth-manager algorithm, as the benchmark's reference (benchmark only).
+pub const TC_REF_EDT: &str = "pl_tc_ref_edt";
 
 /// Options fixed when the object is loaded (changing them needs a restart).
 #[derive(Clone, Debug)]
@@ -216,7 +218,18 @@ impl Datapath {
         Ok(())
     }
 
-    /// A benchmark-only classifier ([`TC_FLOOR`], [`TC_CLOCK`]), loaded on first use.
+    /// Sets an aggregate of the benchmark's reference program ([`TC_REF_EDT`]).
+    pub fn set_bench_edt(&mut self, id: u64, v: &BenchEdt) -> Result<()> {
+        let mut m: HashMap<&mut MapData, u64, BenchEdt> = HashMap::try_from(
+            self.ebpf
+                .map_mut(names::BENCH_EDT)
+                .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::BENCH_EDT))?,
+        )?;
+        Ok(m.insert(id, v, 0)?)
+    }
+
+    /// A benchmark-only classifier ([`TC_FLOOR`], [`TC_CLOCK`], [`TC_REF_EDT`]), loaded on
+    /// first use.
     pub fn bench_program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
         let p: &mut SchedClassifier = prog(&mut self.ebpf, name)?.try_into()?;
         if p.fd().is_err() {

@@ -221,6 +221,30 @@ pub fn render(
         generation.as_str(),
     ])
     .set(1);
+    gauge(
+        &r,
+        "paceline_policy_apply_seconds",
+        "How long applying the policy in force took: compiling it and writing it into the datapath.",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(status.policy.apply_seconds);
+    igauge(
+        &r,
+        "paceline_policy_rules",
+        "Rules of the policy in force, after address lists are expanded.",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(status.policy.classifier.rules as i64);
+    igauge(
+        &r,
+        "paceline_policy_classifier_bytes",
+        "Kernel memory of the compiled classifier's maps (estimated).",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(status.policy.classifier.kernel_bytes as i64);
     igauge(
         &r,
         "paceline_policy_loaded_timestamp_seconds",

@@ -111,6 +111,23 @@ pub struct PolicyStatus {
     #[serde(default)]
     pub tcp_dscp_by_socket: bool,
     pub warnings: Vec<String>,
+    /// Rules after expansion, and what their compiled classifier takes.
+    #[serde(default)]
+    pub classifier: ClassifierStatus,
+    /// Seconds the last apply took: compiling the policy and writing it into the datapath.
+    #[serde(default)]
+    pub apply_seconds: f64,
+}
+
+/// The compiled classifier of the policy in force (see `paceline policy check`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ClassifierStatus {
+    pub rules: u64,
+    pub words: u64,
+    pub selector_entries: u64,
+    pub rule_entries: u64,
+    /// Estimated kernel memory of its maps.
+    pub kernel_bytes: u64,
 }
 
 impl PolicyStatus {
@@ -165,6 +182,14 @@ impl PolicyStatus {
                 .flatten()
                 .unwrap_or_default(),
             warnings: c.warnings.clone(),
+            classifier: ClassifierStatus {
+                rules: c.ctab.stats.rules as u64,
+                words: c.ctab.stats.words as u64,
+                selector_entries: c.ctab.stats.sel_entries as u64,
+                rule_entries: c.ctab.stats.rule_entries as u64,
+                kernel_bytes: c.ctab.stats.kernel_bytes(),
+            },
+            apply_seconds: 0.0,
         }
     }
 }

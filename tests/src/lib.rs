@@ -8,11 +8,13 @@
 //! - [`skb`]: the `__sk_buff` mirror for BPF_PROG_TEST_RUN contexts.
 //! - [`packet`]: test packet builders and checkers.
 //! - [`report`]: turns result JSON into markdown tables and plots.
+//! - [`policygen`]: large generated policies (YAML and datapath rules) for the scale tests.
 //! - `tests/`: the privileged integration suite (one binary, flat module list).
 
 pub mod agent;
 pub mod experiments;
 pub mod packet;
+pub mod policygen;
 pub mod report;
 pub mod skb;
 pub mod testbed;

@@ -60,6 +60,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let host = SystemHost::new();
     let (policy_text, validated) = load_policy(&opts, &host)?;
     let mode = decide_mode(validated.enforcement(), &features)?;
+    let started = std::time::Instant::now();
     let compiled = policy::compile(
         &validated,
         &CompileContext {
@@ -79,9 +80,12 @@ pub async fn run(opts: Options) -> Result<()> {
         count_only: false,
     })?;
     let generation = dp.write_policy(&compiled.table, &compiled.ctab)?;
+    let apply = started.elapsed().as_secs_f64();
+    log_applied(&compiled, generation, apply);
     let installed = install::install(dp, &compiled, &features, &dir, &opts.bpffs_dir)?;
 
-    let status = start_status(&opts, features, &compiled, generation, &installed);
+    let mut status = start_status(&opts, features, &compiled, generation, &installed);
+    status.policy.apply_seconds = apply;
     let shared = Arc::new(Shared::new(Inner {
         policy_text,
         dp: Some(installed.dp),
@@ -161,6 +165,20 @@ fn load_policy(opts: &Options, host: &SystemHost) -> Result<(String, Validated)>
 }
 
 /// Logs whether sock_ops marks sockets, and the policy's warnings.
+/// What applying a policy took, in the log (and in `/status` and the metrics).
+pub(crate) fn log_applied(c: &Compiled, generation: u64, seconds: f64) {
+    let st = &c.ctab.stats;
+    log::info!(
+        "policy generation {generation} applied in {:.0} ms: {} rules, classifier {} words, {} selector and {} rule entries (about {:.1} MiB of kernel memory)",
+        seconds * 1e3,
+        st.rules,
+        st.words,
+        st.sel_entries,
+        st.rule_entries,
+        st.kernel_bytes() as f64 / 1048576.0
+    );
+}
+
 fn log_compiled(compiled: &Compiled) {
     if compiled.table.flags & TABLE_SOCK_TOS != 0 {
         log::info!(

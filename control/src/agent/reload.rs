@@ -79,6 +79,7 @@ fn try_reload(
     };
     let validated = policy::parse_str(&text, &policy.display().to_string(), host)
         .map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    let started = std::time::Instant::now();
     let mut g = shared.lock();
     let mode = g.compiled.mode;
     let compiled = policy::compile(
@@ -116,10 +117,13 @@ fn try_reload(
         .dp_mut()
         .and_then(|dp| dp.write_policy(&compiled.table, &compiled.ctab))
         .map_err(|e| vec![format!("writing the policy map: {e:#}")])?;
+    let apply = started.elapsed().as_secs_f64();
+    super::log_applied(&compiled, generation, apply);
     for w in &compiled.warnings {
         log::warn!("policy: {w}");
     }
     g.status.policy = PolicyStatus::of(policy, &compiled, generation);
+    g.status.policy.apply_seconds = apply;
     g.compiled = compiled;
     g.policy_text = text;
     Ok(Some(generation))

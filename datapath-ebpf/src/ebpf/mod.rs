@@ -1,5 +1,6 @@
 //! The eBPF programs (bpf target only); see the crate docs.
 
+mod bench;
 mod d3host;
 mod d3router;
 mod maps;
@@ -36,22 +37,6 @@ pub fn pl_tc_egress(ctx: TcContext) -> i32 {
     match try_tc_egress(&ctx) {
         Ok(r) | Err(r) => r,
     }
-}
-
-/// Reads the clock and returns: the cost of `bpf_ktime_get_ns` on this machine (benchmark only,
-/// never attached).
-#[classifier]
-pub fn pl_tc_clock(_ctx: TcContext) -> i32 {
-    // SAFETY: helper without arguments.
-    let t = unsafe { bpf_ktime_get_ns() };
-    if t == 0 { TC_ACT_SHOT } else { TC_ACT_UNSPEC }
-}
-
-/// An empty classifier: the benchmark's floor (the cost of BPF_PROG_TEST_RUN itself and of a
-/// program call). Never attached by the agent.
-#[classifier]
-pub fn pl_tc_floor(_ctx: TcContext) -> i32 {
-    TC_ACT_UNSPEC
 }
 
 #[inline(always)]

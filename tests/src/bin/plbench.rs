@@ -1,21 +1,31 @@
 //! `plbench datapath`: the tc classifier's cost per packet on each path, measured with
-//! BPF_PROG_TEST_RUN against an empty classifier (the floor) in the same run.
+//! BPF_PROG_TEST_RUN against an empty classifier (the floor) and against a reference that does
+//! what Cilium's bandwidth manager does per packet, in the same run; at 1 to 100,000 rules.
 //!
 //! Each path runs `--repeat` packets per trial in the kernel (the kernel reports the mean time
-//! per run); the figure is the median over `--trials` trials. Run by `cargo xtask bench
+//! per run); the figure is the median over `--trials` trials, every path once per trial in
+//! turn so that machine noise spreads over all of them alike. Run by `cargo xtask bench
 //! datapath`, which writes results/bench-datapath.json.
+//!
+//! `plbench apply`: compiling and writing a 100,000-rule policy into the datapath, as the
+//! agent does on a reload, with the process's peak memory.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use aya::{TestRun, TestRunOptions};
 use clap::Parser;
-use paceline::datapath::{Datapath, LoadOptions};
+use paceline::{
+    ctab::{self, Image},
+    datapath::{Datapath, LoadOptions},
+};
 use paceline_common::maps::{
-    CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, PolicyTable, Rule, v4_mapped,
+    BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, PolicyTable, Rule,
 };
 use paceline_tests::{
     packet::{self, L4},
+    policygen::{self, tenant_v4, tenant_v6},
     skb::SkBuff,
 };
 use serde::Serialize;
@@ -30,11 +40,23 @@ struct Cli {
 enum Bench {
     /// ns per packet of the tc classifier, per path.
     Datapath {
-        #[arg(long, default_value_t = 2_000_000)]
+        #[arg(long, default_value_t = 1_000_000)]
         repeat: u32,
-        #[arg(long, default_value_t = 7)]
+        #[arg(long, default_value_t = 15)]
         trials: usize,
+        /// The largest rule count of the scale rows (1, 64, 1k, 10k, 100k up to it).
+        #[arg(long, default_value_t = 100_000)]
+        max_rules: u32,
         /// Write the results as JSON here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Seconds to parse, validate, compile and write a generated policy, and peak memory.
+    Apply {
+        #[arg(long, default_value_t = 100_000)]
+        rules: u32,
+        #[arg(long, default_value_t = 5)]
+        trials: usize,
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -60,10 +82,17 @@ struct Report {
 }
 
 /// Mean ns per run over `repeat` runs in the kernel. `stack_ts`: the EDT timestamp TCP would
-/// have set (0 for UDP or forwarded traffic).
-fn measure(prog: &aya::programs::SchedClassifier, frame: &[u8], stack_ts: u64, repeat: u32) -> Result<f64> {
+/// have set (0 for UDP or forwarded traffic); `mark`: the packet's mark.
+fn measure(
+    prog: &aya::programs::SchedClassifier,
+    frame: &[u8],
+    stack_ts: u64,
+    mark: u32,
+    repeat: u32,
+) -> Result<f64> {
     let ctx = SkBuff {
         tstamp: stack_ts,
+        mark,
         ..SkBuff::default()
     };
     let r = prog
@@ -77,245 +106,318 @@ fn measure(prog: &aya::programs::SchedClassifier, frame: &[u8], stack_ts: u64, r
     Ok(r.duration.as_nanos() as f64)
 }
 
-/// A policy shaped like the shipped memcached/web/bulk example: four rules, the matching one
-/// first, per-flow + class + level clocks at rates the benchmark's packet rate does not
-/// exceed (so the measured path is the send path, not the horizon drop), DSCP rewrite.
-/// A policy table and its rules (first match wins).
+/// A policy table, its rules (first match wins) and their compiled classifier.
 #[derive(Clone)]
 struct Policy {
     table: PolicyTable,
-    rules: Vec<Rule>,
+    image: Arc<Image>,
 }
 
-fn full_policy() -> Policy {
+impl Policy {
+    fn new(table: PolicyTable, rules: &[Rule]) -> Policy {
+        Policy {
+            table,
+            image: Arc::new(ctab::build(rules).expect("the benchmark's rules compile")),
+        }
+    }
+}
+
+/// Classes 1..=8 at level 0 (every class the bench rules use), class 0 the default at level 1.
+/// `paced`: every class has a per-flow and a class clock and level 0 a rate and a DSCP at rates
+/// the benchmark's packet rate does not exceed (the measured path is the send path, not the
+/// horizon drop); otherwise classify and set the priority only.
+fn table(paced: bool) -> PolicyTable {
     let mut t = PolicyTable::empty();
-    let rules = vec![
+    t.n_classes = 9;
+    for c in 0..9usize {
+        t.classes[c] = ClassConfig {
+            level: u32::from(c == 0),
+            skb_priority: 7 - u32::from(c == 0),
+            flags: CLASS_SET_PRIORITY,
+            ..ClassConfig::zeroed()
+        };
+        if paced && c > 0 {
+            t.classes[c].flow_rate = 5_000_000_000; // 40 Gbit/s
+            t.classes[c].class_rate = 10_000_000_000; // 80 Gbit/s
+        }
+    }
+    if paced {
+        t.levels[0] = LevelConfig {
+            rate: 12_500_000_000,
+            flags: LEVEL_SET_DSCP,
+            dscp: 46,
+            pcp: 0,
+            _pad: [0; 2],
+        };
+        t.levels[1] = LevelConfig {
+            rate: 0,
+            flags: LEVEL_SET_DSCP,
+            dscp: 26,
+            pcp: 0,
+            _pad: [0; 2],
+        };
+    }
+    t
+}
+
+/// The shipped memcached/web/bulk example's shape: four port rules, the matching one first.
+fn port_rules() -> Vec<Rule> {
+    vec![
         Rule::any(1).with_proto(6).with_dport(11211, 11211),
         Rule::any(1).with_proto(17).with_dport(11211, 11211),
         Rule::any(2).with_proto(6).with_dport(80, 80),
         Rule::any(2).with_proto(6).with_dport(443, 443),
-    ];
-    t.n_classes = 3;
-    t.default_class = 0;
-    for (i, level) in [(0u32, 2u32), (1, 0), (2, 1)] {
-        t.classes[i as usize] = ClassConfig {
-            level,
-            skb_priority: 7 - level,
-            flags: CLASS_SET_PRIORITY,
-            ..ClassConfig::zeroed()
-        };
-    }
-    t.classes[1].flow_rate = 5_000_000_000; // 40 Gbit/s
-    t.classes[1].class_rate = 10_000_000_000; // 80 Gbit/s
-    t.levels[0] = LevelConfig {
-        rate: 12_500_000_000,
-        flags: LEVEL_SET_DSCP,
-        dscp: 46,
-        pcp: 0,
-        _pad: [0; 2],
-    };
-    t.levels[1] = LevelConfig {
-        rate: 0,
-        flags: LEVEL_SET_DSCP,
-        dscp: 26,
-        pcp: 0,
-        _pad: [0; 2],
-    };
-    Policy { table: t, rules }
+    ]
 }
 
-fn classify_only_policy() -> Policy {
-    let mut p = full_policy();
-    let t = &mut p.table;
-    for c in t.classes.iter_mut() {
-        c.flow_rate = 0;
-        c.class_rate = 0;
-    }
-    for l in t.levels.iter_mut() {
-        *l = LevelConfig::zeroed();
-    }
-    p
-}
-
-/// 64 rules none of which matches.
-fn worst_case_policy() -> Policy {
-    let mut p = classify_only_policy();
-    p.rules = (0..64)
-        .map(|i| Rule::any(1).with_dst(v4_mapped(u32::from_ne_bytes([192, 0, 2, i as u8])), [u32::MAX; 4]))
-        .collect();
-    p
-}
-
-fn main() -> Result<()> {
-    let Bench::Datapath { repeat, trials, out } = Cli::parse().bench;
-    // A 64-byte TCP segment to the class with pacing and a DSCP level, with a DSCP and an
-    // optional 802.1Q tag.
-    let tcp4_with = |dscp: u8, vlan: Option<(u16, u8)>| {
-        let l4 = L4::Tcp {
-            sport: 40000,
-            dport: 11211,
-        };
-        packet::ipv4([10, 0, 0, 1], [10, 0, 0, 2], l4, dscp, 0, &[], vlan, 64)
+fn tcp4_to(dst: [u8; 4], dscp: u8, vlan: Option<(u16, u8)>) -> Vec<u8> {
+    let l4 = L4::Tcp {
+        sport: 40000,
+        dport: 11211,
     };
-    let tcp4 = tcp4_with(0, None);
-    // The same segment with the level's DSCP already in it, as TCP sends it once sock_ops has
-    // set the socket's IP_TOS: the classifier finds nothing to rewrite.
-    let tcp4_tos = tcp4_with(46, None);
-    let tcp4_vlan = tcp4_with(0, Some((100, 0)));
-    let src6 = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
-    let udp6 = packet::ipv6(
-        src6,
-        src6,
-        L4::Udp {
-            sport: 40000,
-            dport: 11211,
-        },
-        0,
-        0,
-        false,
-        64,
-    );
-    let mut arp = vec![0xffu8; 6];
-    arp.extend_from_slice(&packet::MAC_A);
-    arp.extend_from_slice(&[0x08, 0x06]);
-    arp.extend_from_slice(&[0u8; 28]);
+    packet::ipv4([10, 0, 0, 1], dst, l4, dscp, 0, &[], vlan, 64)
+}
 
-    // Every trial runs every path once, in turn, so machine noise spreads over all paths alike.
-    enum Prog {
-        Floor,
-        Clock,
-        Full,
-        CountOnly,
-    }
+fn tcp6_to(dst: [u8; 16]) -> Vec<u8> {
+    let src = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let l4 = L4::Tcp {
+        sport: 40000,
+        dport: 11211,
+    };
+    packet::ipv6(src, dst, l4, 0, 0, false, 64)
+}
+
+#[derive(Clone, Copy)]
+enum Prog {
+    Floor,
+    Clock,
+    Reference,
+    Full,
+    CountOnly,
+}
+
+/// One row: the program, the policy (index into the policies), the frame, the stack
+/// timestamp, the mark.
+struct Case {
+    name: String,
+    prog: Prog,
+    policy: usize,
+    frame: Vec<u8>,
+    ts: u64,
+    mark: u32,
+}
+
+fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) -> Result<()> {
+    let tcp4 = tcp4_to([10, 0, 0, 2], 0, None);
     // TCP stamps its segments with its EDT departure, taken microseconds earlier.
     let tcp_ts = paceline_tests::skb::mono_now_ns();
-    type Case<'a> = (&'a str, Prog, Policy, &'a [u8], u64);
-    let cases: Vec<Case> = vec![
-        (
+    let mut policies: Vec<Policy> = vec![
+        Policy::new(table(true), &port_rules()),
+        Policy::new(table(false), &port_rules()),
+    ];
+    let (full4, classify4) = (0, 1);
+    let case = |name: &str, prog, policy, frame: &[u8], ts| Case {
+        name: name.into(),
+        prog,
+        policy,
+        frame: frame.to_vec(),
+        ts,
+        mark: 0,
+    };
+    let mut cases = vec![
+        case(
             "floor: empty classifier, IPv4/TCP frame",
             Prog::Floor,
-            full_policy(),
+            full4,
             &tcp4,
             0,
         ),
-        (
-            "reference: a classifier that only calls bpf_ktime_get_ns",
+        case(
+            "clock: a classifier that only calls bpf_ktime_get_ns",
             Prog::Clock,
-            full_policy(),
+            full4,
             &tcp4,
             0,
         ),
-        (
+        Case {
+            mark: 1,
+            ..case(
+                "reference: Cilium's EDT per packet (hash lookup, clock, departure, tstamp)",
+                Prog::Reference,
+                full4,
+                &tcp4,
+                tcp_ts,
+            )
+        },
+        case(
             "IPv4/TCP full: classify, flow+class+level EDT, DSCP, priority",
             Prog::Full,
-            full_policy(),
+            full4,
             &tcp4,
             tcp_ts,
         ),
-        (
+        case(
             "IPv4/TCP full path, DSCP already set by the socket",
             Prog::Full,
-            full_policy(),
-            &tcp4_tos,
+            full4,
+            &tcp4_to([10, 0, 0, 2], 46, None),
             tcp_ts,
         ),
-        (
+        case(
             "IPv4/TCP in 802.1Q, full path",
             Prog::Full,
-            full_policy(),
-            &tcp4_vlan,
+            full4,
+            &tcp4_to([10, 0, 0, 2], 0, Some((100, 0))),
             tcp_ts,
         ),
-        (
+        case(
             "IPv4/TCP full path, no stack timestamp (reads the clock)",
             Prog::Full,
-            full_policy(),
+            full4,
             &tcp4,
             0,
         ),
-        (
-            "IPv6/UDP full path (no stack timestamp: reads the clock)",
-            Prog::Full,
-            full_policy(),
-            &udp6,
-            0,
-        ),
-        (
+        case(
             "IPv4/TCP classify + priority only (no pacing, no rewrite)",
             Prog::Full,
-            classify_only_policy(),
+            classify4,
             &tcp4,
             tcp_ts,
         ),
-        (
-            "IPv4/TCP, 64 rules, none matches",
-            Prog::Full,
-            worst_case_policy(),
-            &tcp4,
-            tcp_ts,
-        ),
-        (
+        case(
             "non-IP frame (ARP): parse, count, pass",
             Prog::Full,
-            classify_only_policy(),
-            &arp,
+            classify4,
+            &arp(),
             0,
         ),
-        (
+        case(
             "IPv4/TCP count-only build (parse, classify, count)",
             Prog::CountOnly,
-            full_policy(),
+            full4,
             &tcp4,
             tcp_ts,
         ),
     ];
+    // The scale rows: n rules of `tcp dst <address> dst_port 11211` (IPv4 /32, IPv6 /64), a
+    // packet to the last rule's address and one to none.
+    for n in [1u32, 64, 1_000, 10_000, 100_000]
+        .into_iter()
+        .filter(|n| *n <= max_rules)
+    {
+        let last4 = tenant_v4(n - 1);
+        let mut last6 = tenant_v6(n - 1);
+        last6[15] = 1;
+        let none6 = [0x20, 1, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let p4 = policies.len();
+        policies.push(Policy::new(table(false), &policygen::bench_rules(n, false)));
+        let p6 = policies.len();
+        policies.push(Policy::new(table(false), &policygen::bench_rules(n, true)));
+        let pf = policies.len();
+        policies.push(Policy::new(table(true), &policygen::bench_rules(n, false)));
+        cases.push(case(
+            &format!("classify only, IPv4, {n} rules, the last matches"),
+            Prog::Full,
+            p4,
+            &tcp4_to(last4, 0, None),
+            tcp_ts,
+        ));
+        cases.push(case(
+            &format!("classify only, IPv4, {n} rules, none matches"),
+            Prog::Full,
+            p4,
+            &tcp4_to([192, 0, 2, 1], 0, None),
+            tcp_ts,
+        ));
+        cases.push(case(
+            &format!("classify only, IPv6, {n} rules, the last matches"),
+            Prog::Full,
+            p6,
+            &tcp6_to(last6),
+            tcp_ts,
+        ));
+        cases.push(case(
+            &format!("classify only, IPv6, {n} rules, none matches"),
+            Prog::Full,
+            p6,
+            &tcp6_to(none6),
+            tcp_ts,
+        ));
+        cases.push(case(
+            &format!("IPv4/TCP full path, {n} rules, the last matches"),
+            Prog::Full,
+            pf,
+            &tcp4_to(last4, 0, None),
+            tcp_ts,
+        ));
+    }
+
     let mut dp = Datapath::load(&LoadOptions::default())?;
     let mut count_only = Datapath::load(&LoadOptions {
         count_only: true,
         ..LoadOptions::default()
     })?;
-    dp.bench_program(paceline::datapath::TC_FLOOR)?;
-    dp.bench_program(paceline::datapath::TC_CLOCK)?;
+    for name in [
+        paceline::datapath::TC_FLOOR,
+        paceline::datapath::TC_CLOCK,
+        paceline::datapath::TC_REF_EDT,
+    ] {
+        dp.bench_program(name)?;
+    }
+    // The reference's aggregate: a rate low enough that every packet takes the full path
+    // (delayed: the departure computed and written), a horizon it never reaches.
+    dp.set_bench_edt(
+        1,
+        &BenchEdt {
+            bps: 1_000_000,
+            t_last: 0,
+            horizon_ns: u64::MAX / 2,
+        },
+    )?;
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for _ in 0..trials {
-        for (i, (_, prog, table, frame, ts)) in cases.iter().enumerate() {
-            let (d, name) = match prog {
-                Prog::Floor => (&mut dp, Some(paceline::datapath::TC_FLOOR)),
-                Prog::Clock => (&mut dp, Some(paceline::datapath::TC_CLOCK)),
-                Prog::Full => (&mut dp, None),
-                Prog::CountOnly => (&mut count_only, None),
-            };
-            d.write_rules(&table.table, &table.rules)?;
-            let p = match name {
-                Some(n) => d.bench_program(n)?,
-                None => d.tc_program()?,
-            };
-            samples[i].push(measure(p, frame, *ts, repeat)?);
+        for (pi, p) in policies.iter().enumerate() {
+            dp.write_policy(&p.table, &p.image)?;
+            count_only.write_policy(&p.table, &p.image)?;
+            for (i, c) in cases.iter().enumerate().filter(|(_, c)| c.policy == pi) {
+                let (d, name) = match c.prog {
+                    Prog::Floor => (&mut dp, Some(paceline::datapath::TC_FLOOR)),
+                    Prog::Clock => (&mut dp, Some(paceline::datapath::TC_CLOCK)),
+                    Prog::Reference => (&mut dp, Some(paceline::datapath::TC_REF_EDT)),
+                    Prog::Full => (&mut dp, None),
+                    Prog::CountOnly => (&mut count_only, None),
+                };
+                let prog = match name {
+                    Some(n) => d.bench_program(n)?,
+                    None => d.tc_program()?,
+                };
+                samples[i].push(measure(prog, &c.frame, c.ts, c.mark, repeat)?);
+            }
         }
     }
-    let rows: Vec<(String, (f64, f64, f64))> = cases
-        .iter()
-        .zip(samples)
-        .map(|((name, ..), mut v)| {
+    let stats: Vec<(f64, f64, f64)> = samples
+        .into_iter()
+        .map(|mut v| {
             v.sort_by(f64::total_cmp);
-            (name.to_string(), (v[v.len() / 2], v[0], v[v.len() - 1]))
+            (v[v.len() / 2], v[0], v[v.len() - 1])
         })
         .collect();
-    let floor = rows[0].1;
-    let floor_ns = floor.0;
+    let floor_ns = stats[0].0;
     println!(
-        "{:<64} {:>8} {:>11} {:>8} {:>8}",
+        "{:<76} {:>8} {:>11} {:>8} {:>8}",
         "path", "ns/pkt", "over floor", "min", "max"
     );
-    let rows: Vec<Row> = rows
-        .into_iter()
-        .map(|(path, (med, min, max))| {
+    let rows: Vec<Row> = cases
+        .iter()
+        .zip(stats)
+        .map(|(c, (med, min, max))| {
             println!(
-                "{path:<64} {med:>8.1} {:>11.1} {min:>8.1} {max:>8.1}",
+                "{:<76} {med:>8.1} {:>11.1} {min:>8.1} {max:>8.1}",
+                c.name,
                 med - floor_ns
             );
             Row {
-                path,
+                path: c.name.clone(),
                 ns_per_packet: med,
                 over_floor: med - floor_ns,
                 min,
@@ -325,24 +427,158 @@ fn main() -> Result<()> {
         .collect();
     let report = Report {
         kind: "bench-datapath",
-        kernel: nix_uname(),
+        kernel: read_trim("/proc/sys/kernel/osrelease"),
         cpu: cpu_model(),
         repeat,
         trials,
         rows,
     };
+    write_report(&report, out)
+}
+
+fn arp() -> Vec<u8> {
+    let mut arp = vec![0xffu8; 6];
+    arp.extend_from_slice(&packet::MAC_A);
+    arp.extend_from_slice(&[0x08, 0x06]);
+    arp.extend_from_slice(&[0u8; 28]);
+    arp
+}
+
+#[derive(Serialize)]
+struct ApplyReport {
+    kind: &'static str,
+    kernel: String,
+    cpu: String,
+    rules: u32,
+    yaml_bytes: usize,
+    /// Medians over the trials, seconds.
+    parse_validate_seconds: f64,
+    compile_seconds: f64,
+    write_seconds: f64,
+    /// compile + write: what the agent reports as `paceline_policy_apply_seconds`.
+    apply_seconds: f64,
+    apply_max_seconds: f64,
+    peak_rss_bytes: u64,
+    classifier_kernel_bytes: u64,
+}
+
+fn apply(rules: u32, trials: usize, out: Option<PathBuf>) -> Result<()> {
+    use paceline::policy::{self, CompileContext, EnforcementMode, OfflineHost};
+    use std::time::Instant;
+    let mut dp = Datapath::load(&LoadOptions::default())?;
+    let mut t = (Vec::new(), Vec::new(), Vec::new());
+    let mut yaml_bytes = 0;
+    let mut kernel_bytes = 0;
+    let mut previous: Option<policy::Compiled> = None;
+    for trial in 0..trials {
+        let text = policygen::BigPolicy {
+            interfaces: "[eth0]".into(),
+            rules,
+            per_rule: 1000,
+            variant: trial as u32,
+            probe: ("probe".into(), 7001, "192.0.2.1/32".into()),
+            probe_first: false,
+        }
+        .yaml();
+        yaml_bytes = text.len();
+        let t0 = Instant::now();
+        let v = policy::parse_str(&text, "generated.yaml", &OfflineHost)
+            .map_err(|e| anyhow::anyhow!("the generated policy is invalid: {e:?}"))?;
+        let t1 = Instant::now();
+        let c = policy::compile(
+            &v,
+            &CompileContext {
+                mode: EnforcementMode::None,
+                previous: previous.as_ref(),
+                all_routes_managed: false,
+            },
+        )?;
+        let t2 = Instant::now();
+        dp.write_policy(&c.table, &c.ctab)?;
+        let t3 = Instant::now();
+        kernel_bytes = c.ctab.stats.kernel_bytes();
+        t.0.push((t1 - t0).as_secs_f64());
+        t.1.push((t2 - t1).as_secs_f64());
+        t.2.push((t3 - t2).as_secs_f64());
+        println!(
+            "trial {trial}: parse+validate {:.3} s, compile {:.3} s, write {:.3} s",
+            (t1 - t0).as_secs_f64(),
+            (t2 - t1).as_secs_f64(),
+            (t3 - t2).as_secs_f64()
+        );
+        previous = Some(c);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let applies: Vec<f64> = t.1.iter().zip(&t.2).map(|(a, b)| a + b).collect();
+    let apply_max = applies.iter().copied().fold(0.0, f64::max);
+    let report = ApplyReport {
+        kind: "bench-apply",
+        kernel: read_trim("/proc/sys/kernel/osrelease"),
+        cpu: cpu_model(),
+        rules,
+        yaml_bytes,
+        parse_validate_seconds: median(&mut t.0),
+        compile_seconds: median(&mut t.1),
+        write_seconds: median(&mut t.2),
+        apply_seconds: median(&mut applies.clone()),
+        apply_max_seconds: apply_max,
+        peak_rss_bytes: peak_rss(),
+        classifier_kernel_bytes: kernel_bytes,
+    };
+    println!(
+        "{rules} rules ({} KB of YAML): parse+validate {:.3} s, compile {:.3} s, write {:.3} s; apply (compile+write) {:.3} s median, {:.3} s max; peak RSS {} MB; classifier {:.1} MiB of kernel memory",
+        yaml_bytes / 1000,
+        report.parse_validate_seconds,
+        report.compile_seconds,
+        report.write_seconds,
+        report.apply_seconds,
+        report.apply_max_seconds,
+        report.peak_rss_bytes / 1_000_000,
+        kernel_bytes as f64 / 1048576.0
+    );
+    write_report(&report, out)
+}
+
+/// The process's peak resident set (VmHWM), bytes.
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn write_report(report: &impl Serialize, out: Option<PathBuf>) -> Result<()> {
     if let Some(out) = out {
         if let Some(dir) = out.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        std::fs::write(&out, serde_json::to_vec_pretty(&report)?)?;
+        std::fs::write(&out, serde_json::to_vec_pretty(report)?)?;
         println!("wrote {}", out.display());
     }
     Ok(())
 }
 
-fn nix_uname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+fn main() -> Result<()> {
+    match Cli::parse().bench {
+        Bench::Datapath {
+            repeat,
+            trials,
+            max_rules,
+            out,
+        } => datapath(repeat, trials, max_rules, out),
+        Bench::Apply { rules, trials, out } => apply(rules, trials, out),
+    }
+}
+
+fn read_trim(path: &str) -> String {
+    std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }

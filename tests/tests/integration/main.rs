@@ -4,6 +4,8 @@
 //! when it cannot run. CI runs as root, on the host kernel and in the VM (`cargo xtask test`).
 
 mod agent;
+mod agent_scale;
+mod classify_scale;
 mod d3_e2e;
 mod d3_router;
 mod test_run;

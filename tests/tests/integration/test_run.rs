@@ -21,17 +21,17 @@ use crate::privileged;
 const TC_ACT_UNSPEC: i32 = -1;
 const TC_ACT_SHOT: i32 = 2;
 
-struct Out {
-    ret: i32,
-    ctx: SkBuff,
-    data: Vec<u8>,
+pub(crate) struct Out {
+    pub ret: i32,
+    pub ctx: SkBuff,
+    pub data: Vec<u8>,
 }
 
-fn load() -> Datapath {
+pub(crate) fn load() -> Datapath {
     Datapath::load(&LoadOptions::default()).expect("load the datapath")
 }
 
-fn run(dp: &mut Datapath, frame: &[u8], ctx_in: SkBuff) -> Out {
+pub(crate) fn run(dp: &mut Datapath, frame: &[u8], ctx_in: SkBuff) -> Out {
     let prog = dp.tc_program().expect("tc program");
     let mut data = vec![0u8; frame.len() + 64];
     let mut ctx = SkBuff::default();
