@@ -32,6 +32,8 @@ pub mod names {
     pub const CTAB_SELS: &str = "PL_CTAB_SELS";
     /// `ArrayOfMaps` with one inner `HashMap<RuleKey, u32>` per bank.
     pub const CTAB_RULES: &str = "PL_CTAB_RULES";
+    /// `SkStorage<SockState>`: the tc program's per-socket class cache and flow clock.
+    pub const SOCK: &str = "PL_SOCK";
     /// `SkStorage<D3Sock>`: the kernel's per-socket D3 state.
     pub const D3_SOCK: &str = "PL_D3_SOCK";
     /// `SkStorage<D3App>`: per-socket sizes and deadlines set by applications (pinned).
@@ -383,6 +385,26 @@ pub struct FlowState {
 }
 const _: () = assert!(size_of::<FlowState>() == 16);
 
+/// What the tc program keeps per local TCP socket (socket storage, `names::SOCK`): the socket's
+/// flow clock, and its class with the inputs it was computed from. A TCP socket is one flow for
+/// its whole life (one 5-tuple, one cgroup), so its packets skip classification while the
+/// policy generation, mark and DSCP are those of the cached answer, and its flow clock needs no
+/// hash lookup.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockState {
+    /// Earliest departure (CLOCK_MONOTONIC ns) of the socket's next packet.
+    pub t_next: u64,
+    /// The policy generation `class` was computed under (0: none yet).
+    pub generation: u64,
+    /// The mark and DSCP `class` was computed for.
+    pub mark: u32,
+    pub class: u16,
+    pub dscp: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<SockState>() == 24);
+
 /// An aggregate's departure clock, shared by all CPUs (updated with atomics).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -710,6 +732,7 @@ mod pod {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowState {}
     unsafe impl aya::Pod for AggClock {}
+    unsafe impl aya::Pod for SockState {}
     unsafe impl aya::Pod for Counters {}
     unsafe impl aya::Pod for GlobalCounters {}
     unsafe impl aya::Pod for CpuState {}

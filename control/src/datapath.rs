@@ -39,6 +39,9 @@ pub struct LoadOptions {
     pub flow_table_size: u32,
     /// Load the classifier in count-only mode (no pacing, no tagging): the benchmark's floor.
     pub count_only: bool,
+    /// Benchmark only: treat any full socket as a TCP socket's (BPF_PROG_TEST_RUN's socket is
+    /// a placeholder that is not TCP), so the per-socket fast path can be measured.
+    pub bench_any_socket: bool,
 }
 
 impl Default for LoadOptions {
@@ -46,6 +49,7 @@ impl Default for LoadOptions {
         LoadOptions {
             flow_table_size: DEFAULT_FLOW_TABLE_SIZE,
             count_only: false,
+            bench_any_socket: false,
         }
     }
 }
@@ -83,10 +87,12 @@ impl Datapath {
     /// Loads the object and its programs into the kernel (nothing is attached yet).
     pub fn load(opts: &LoadOptions) -> Result<Self> {
         let count_only: u32 = opts.count_only.into();
+        let any_sock: u32 = opts.bench_any_socket.into();
         let netns = own_netns_cookie().context("reading this process's network namespace cookie")?;
         let mut ebpf = EbpfLoader::new()
             .map_max_entries(names::FLOWS, opts.flow_table_size)
             .override_global("PL_COUNT_ONLY", &count_only, true)
+            .override_global("PL_ANY_SOCK", &any_sock, true)
             .override_global("PL_NETNS_COOKIE", &netns, true)
             .load(EBPF_OBJECT)
             .context(

@@ -78,6 +78,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut dp = Datapath::load(&LoadOptions {
         flow_table_size: compiled.flow_table_size,
         count_only: false,
+        bench_any_socket: false,
     })?;
     let generation = dp.write_policy(&compiled.table, &compiled.ctab)?;
     let apply = started.elapsed().as_secs_f64();

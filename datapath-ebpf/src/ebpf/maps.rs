@@ -94,17 +94,23 @@ impl Tables for Ctab {
     }
 }
 
-/// The live policy: its table and its classifier's maps, from one read of the bank.
+/// The live policy's table and bank (one read of the bank number: a packet sees one policy);
+/// `None` before the agent wrote a policy (generation 0).
 #[inline(always)]
-pub fn active() -> Option<(&'static PolicyTable, Ctab)> {
+pub fn active() -> Option<(&'static PolicyTable, u32)> {
     let bank = *ACTIVE.get(0)? & 1;
     let table = TABLES.get(bank)?;
-    let ctab = Ctab {
+    (table.generation != 0).then_some((table, bank))
+}
+
+/// The classifier's maps of `bank` (looked up only by packets that need classifying).
+#[inline(always)]
+pub fn ctab(bank: u32) -> Option<Ctab> {
+    Some(Ctab {
         words: PL_CTAB_WORDS.get(bank)?,
         sels: PL_CTAB_SELS.get(bank)?,
         rules: PL_CTAB_RULES.get(bank)?,
-    };
-    Some((table, ctab))
+    })
 }
 
 /// This CPU's counters of a class or level slot.

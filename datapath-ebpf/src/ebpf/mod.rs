@@ -6,6 +6,7 @@ mod d3router;
 mod maps;
 mod pacer;
 mod parse;
+mod sock;
 mod sockops;
 mod tag;
 mod tcp;
@@ -44,7 +45,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let Some(cpu) = maps::cpu() else {
         return Ok(TC_ACT_UNSPEC);
     };
-    let Some((table, tables)) = maps::active() else {
+    let Some((table, bank)) = maps::active() else {
         cpu.global.no_policy += 1;
         return Ok(TC_ACT_UNSPEC);
     };
@@ -68,8 +69,38 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         pkt.cgroup_id = unsafe { bpf_skb_cgroup_id(skb) };
     }
     let pkt = maps::launder(cpu, &pkt);
-    let class_idx =
-        ctab::classify(&table.ctab, &tables, &pkt, table.default_class) & (MAX_CLASSES as u32 - 1);
+    // A local TCP socket keeps its class (and its flow clock) in socket storage: a packet whose
+    // socket holds a class computed under this policy, for this mark and DSCP, skips
+    // classification. (Nothing of the socket stays live across `classify`, so the verifier
+    // walks the classifier once, not once per socket case.)
+    let is_tcp = pkt.proto == 6;
+    let mut sock_state = None;
+    if is_tcp
+        && let Some(st) = sock::tcp_sock(ctx).and_then(|s| sock::state(s, false))
+        && st.generation == table.generation
+        && st.mark == pkt.mark
+        && st.dscp == pkt.dscp
+    {
+        sock_state = Some(st);
+    }
+    let class_idx = match &sock_state {
+        Some(st) => u32::from(st.class),
+        None => {
+            let c = match maps::ctab(bank) {
+                Some(tables) => ctab::classify(&table.ctab, &tables, &pkt, table.default_class),
+                None => table.default_class,
+            };
+            if is_tcp && let Some(st) = sock::tcp_sock(ctx).and_then(|s| sock::state(s, true)) {
+                st.generation = table.generation;
+                st.mark = pkt.mark;
+                st.dscp = pkt.dscp;
+                st.class = c as u16;
+                sock_state = Some(st);
+            }
+            c
+        }
+    };
+    let class_idx = class_idx & (MAX_CLASSES as u32 - 1);
     let class = &table.classes[class_idx as usize];
     let level_idx = class.level & (MAX_LEVELS as u32 - 1);
     let level = &table.levels[level_idx as usize];
@@ -112,7 +143,11 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             level_slot,
             horizon_ns: table.horizon_ns,
         };
-        match pacer::pace(&pkt, len, now, stack_ts, &cfg) {
+        let sock_clock: *mut u64 = match sock_state {
+            Some(st) => &mut st.t_next,
+            None => core::ptr::null_mut(),
+        };
+        match pacer::pace(&pkt, len, now, stack_ts, &cfg, sock_clock) {
             pacer::Outcome::Untouched => {}
             pacer::Outcome::Send { depart, added_delay } => {
                 // SAFETY: tc programs may write skb->tstamp.

@@ -2,7 +2,10 @@
 //! clocks (shared by all CPUs, advanced with compare-and-swap). The arithmetic is
 //! `paceline_common::edt`, the same code the unit tests cover.
 
-use core::intrinsics::{AtomicOrdering::Relaxed, atomic_cxchg, atomic_xadd};
+use core::{
+    intrinsics::{AtomicOrdering::Relaxed, atomic_cxchg, atomic_xadd},
+    ptr::NonNull,
+};
 
 use paceline_common::{
     classify::PacketInfo,
@@ -73,22 +76,36 @@ fn flow_key(p: &PacketInfo) -> FlowKey {
     }
 }
 
-/// Decides the departure of a `len`-byte packet, advancing the clocks that apply.
+/// Decides the departure of a `len`-byte packet, advancing the clocks that apply. The flow
+/// clock is `sock_clock` (a local TCP socket's, in socket storage) or, when that is null, the
+/// flow table's entry for the packet's 5-tuple (created if missing). A raw pointer rather than
+/// an enum: an enum's unused payload is undefined, and LLVM may spill such a register, which
+/// the verifier refuses to read.
 #[inline(always)]
-pub fn pace(pkt: &PacketInfo, len: u64, now: u64, stack_ts: u64, cfg: &Pacing) -> Outcome {
-    let mut flow_rate = cfg.flow_rate;
+pub fn pace(
+    pkt: &PacketInfo,
+    len: u64,
+    now: u64,
+    stack_ts: u64,
+    cfg: &Pacing,
+    sock_clock: *mut u64,
+) -> Outcome {
+    let flow_rate = cfg.flow_rate;
     let key;
-    let mut flow: Option<*mut FlowState> = None;
+    // NonNull, not raw pointers, inside these Options: `Option<*mut T>` carries an undefined
+    // payload when None, which LLVM may spill and the verifier refuses to read.
+    let mut flow: Option<NonNull<u64>> = None;
+    let from_table = sock_clock.is_null();
     if flow_rate != 0 {
         key = flow_key(pkt);
-        flow = FLOWS.get_ptr_mut(&key);
-        if let Some(f) = flow {
-            // SAFETY: map value pointer valid for this program run.
-            let o = unsafe { (*f).rate_override };
-            if o != 0 {
-                flow_rate = o;
-            }
-        }
+        flow = if from_table {
+            // `t_next` is FlowState's first field.
+            FLOWS
+                .get_ptr_mut(&key)
+                .and_then(|f| NonNull::new(f.cast::<u64>()))
+        } else {
+            NonNull::new(sock_clock)
+        };
     } else {
         key = FlowKey {
             src: [0; 4],
@@ -100,12 +117,16 @@ pub fn pace(pkt: &PacketInfo, len: u64, now: u64, stack_ts: u64, cfg: &Pacing) -
         };
     }
     let class_clock = if cfg.class_rate != 0 {
-        AGG_CLOCKS.get_ptr_mut(cfg.class_slot).map(|c| c.cast::<u64>())
+        AGG_CLOCKS
+            .get_ptr_mut(cfg.class_slot)
+            .and_then(|c| NonNull::new(c.cast::<u64>()))
     } else {
         None
     };
     let level_clock = if cfg.level_rate != 0 {
-        AGG_CLOCKS.get_ptr_mut(cfg.level_slot).map(|c| c.cast::<u64>())
+        AGG_CLOCKS
+            .get_ptr_mut(cfg.level_slot)
+            .and_then(|c| NonNull::new(c.cast::<u64>()))
     } else {
         None
     };
@@ -116,15 +137,15 @@ pub fn pace(pkt: &PacketInfo, len: u64, now: u64, stack_ts: u64, cfg: &Pacing) -
     let floor = if stack_ts > now { stack_ts } else { now };
     // SAFETY (all three reads): map value pointers valid for this program run.
     let flow_slot = match flow {
-        Some(f) => edt::slot_start(unsafe { (*f).t_next }, floor),
+        Some(f) => edt::slot_start(unsafe { f.as_ptr().read_volatile() }, floor),
         None => floor,
     };
     let class_slot = match class_clock {
-        Some(c) => edt::slot_start(unsafe { c.read_volatile() }, floor),
+        Some(c) => edt::slot_start(unsafe { c.as_ptr().read_volatile() }, floor),
         None => floor,
     };
     let level_slot = match level_clock {
-        Some(c) => edt::slot_start(unsafe { c.read_volatile() }, floor),
+        Some(c) => edt::slot_start(unsafe { c.as_ptr().read_volatile() }, floor),
         None => floor,
     };
     // Decide with the values read, before any clock moves: a drop advances nothing.
@@ -134,13 +155,13 @@ pub fn pace(pkt: &PacketInfo, len: u64, now: u64, stack_ts: u64, cfg: &Pacing) -
     };
     // Commit the aggregates; concurrent CPUs may have taken earlier slots meanwhile.
     if let Some(c) = class_clock {
-        let s = reserve(c, floor, len, cfg.class_rate);
+        let s = reserve(c.as_ptr(), floor, len, cfg.class_rate);
         if s > depart {
             depart = s;
         }
     }
     if let Some(c) = level_clock {
-        let s = reserve(c, floor, len, cfg.level_rate);
+        let s = reserve(c.as_ptr(), floor, len, cfg.level_rate);
         if s > depart {
             depart = s;
         }
@@ -149,8 +170,8 @@ pub fn pace(pkt: &PacketInfo, len: u64, now: u64, stack_ts: u64, cfg: &Pacing) -
         let t_next = edt::flow_clock_after(depart, len, flow_rate);
         match flow {
             // SAFETY: map value pointer valid for this program run.
-            Some(f) => unsafe { (*f).t_next = t_next },
-            None => {
+            Some(f) => unsafe { f.as_ptr().write_volatile(t_next) },
+            None if from_table => {
                 // A flood of new flows evicts the least recently used state (LRU map).
                 let _ = FLOWS.insert(
                     &key,
@@ -161,6 +182,7 @@ pub fn pace(pkt: &PacketInfo, len: u64, now: u64, stack_ts: u64, cfg: &Pacing) -
                     0,
                 );
             }
+            None => {}
         }
     }
     Outcome::Send {

@@ -58,12 +58,12 @@ pub fn pl_sock_ops(ctx: SockOpsContext) -> u32 {
     if mine != ours {
         return 1;
     }
-    let Some((table, tables)) = maps::active() else {
+    let Some((table, bank)) = maps::active() else {
         return 1;
     };
     match op {
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB | BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
-            configure(&ctx, table, &tables)
+            configure(&ctx, table, bank)
         }
         OP_HDR_OPT_LEN_CB => d3host::on_hdr_opt_len(&ctx, table),
         OP_WRITE_HDR_OPT_CB => d3host::on_write_hdr_opt(&ctx, table),
@@ -76,7 +76,7 @@ pub fn pl_sock_ops(ctx: SockOpsContext) -> u32 {
 }
 
 #[inline(always)]
-fn configure(ctx: &SockOpsContext, table: &PolicyTable, tables: &maps::Ctab) {
+fn configure(ctx: &SockOpsContext, table: &PolicyTable, bank: u32) {
     let mut pkt = PacketInfo {
         proto: 6,
         sport: ctx.local_port() as u16,
@@ -103,7 +103,10 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable, tables: &maps::Ctab) {
         pkt.src = v4_mapped(ctx.local_ip4());
         pkt.dst = v4_mapped(ctx.remote_ip4());
     }
-    let class_idx = ctab::classify(&table.ctab, tables, &pkt, table.default_class) & (MAX_CLASSES as u32 - 1);
+    let class_idx = match maps::ctab(bank) {
+        Some(tables) => ctab::classify(&table.ctab, &tables, &pkt, table.default_class),
+        None => table.default_class,
+    } & (MAX_CLASSES as u32 - 1);
     let class = &table.classes[class_idx as usize];
     // SAFETY: reading the program's own context.
     let mss = unsafe { (*ctx.ops).mss_cache };

@@ -192,7 +192,13 @@ enum Prog {
     Floor,
     Clock,
     Reference,
+    /// The tc program; BPF_PROG_TEST_RUN's placeholder socket is not TCP, so every packet is
+    /// classified: a flow's first packet.
     Full,
+    /// The tc program loaded to take the placeholder socket for a TCP one: after the first
+    /// run, every packet finds its class (and its flow clock) in the socket's storage, as a
+    /// TCP flow's later packets do.
+    Cached,
     CountOnly,
 }
 
@@ -252,6 +258,13 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
         case(
             "IPv4/TCP full: classify, flow+class+level EDT, DSCP, priority",
             Prog::Full,
+            full4,
+            &tcp4,
+            tcp_ts,
+        ),
+        case(
+            "IPv4/TCP full, a TCP flow's later packets (class and flow clock in the socket)",
+            Prog::Cached,
             full4,
             &tcp4,
             tcp_ts,
@@ -344,8 +357,15 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
             tcp_ts,
         ));
         cases.push(case(
-            &format!("IPv4/TCP full path, {n} rules, the last matches"),
+            &format!("IPv4/TCP full path, {n} rules, the last matches: first packet"),
             Prog::Full,
+            pf,
+            &tcp4_to(last4, 0, None),
+            tcp_ts,
+        ));
+        cases.push(case(
+            &format!("IPv4/TCP full path, {n} rules, the last matches: later packets"),
+            Prog::Cached,
             pf,
             &tcp4_to(last4, 0, None),
             tcp_ts,
@@ -353,6 +373,10 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
     }
 
     let mut dp = Datapath::load(&LoadOptions::default())?;
+    let mut cached = Datapath::load(&LoadOptions {
+        bench_any_socket: true,
+        ..LoadOptions::default()
+    })?;
     let mut count_only = Datapath::load(&LoadOptions {
         count_only: true,
         ..LoadOptions::default()
@@ -378,6 +402,7 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
     for _ in 0..trials {
         for (pi, p) in policies.iter().enumerate() {
             dp.write_policy(&p.table, &p.image)?;
+            cached.write_policy(&p.table, &p.image)?;
             count_only.write_policy(&p.table, &p.image)?;
             for (i, c) in cases.iter().enumerate().filter(|(_, c)| c.policy == pi) {
                 let (d, name) = match c.prog {
@@ -385,6 +410,7 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
                     Prog::Clock => (&mut dp, Some(paceline::datapath::TC_CLOCK)),
                     Prog::Reference => (&mut dp, Some(paceline::datapath::TC_REF_EDT)),
                     Prog::Full => (&mut dp, None),
+                    Prog::Cached => (&mut cached, None),
                     Prog::CountOnly => (&mut count_only, None),
                 };
                 let prog = match name {

@@ -111,3 +111,103 @@ fn hundred_thousand_rule_policies_replaced_under_traffic_classify_every_packet_o
     assert_eq!(s.status.reloads.applied, 2);
     agent.stop();
 }
+
+/// A TCP socket's packets skip classification while their socket holds a class computed under
+/// the live policy for the same mark and DSCP: a reload and a new mark must both reclassify.
+#[test]
+fn a_sockets_cached_class_follows_reloads_and_mark_changes() {
+    if !privileged("a_sockets_cached_class_follows_reloads_and_mark_changes") {
+        return;
+    }
+    use std::io::{Read as _, Write as _};
+    use std::os::fd::AsRawFd as _;
+    let tb = Testbed::new("sock_cache").expect("testbed");
+    let a = tb.add_host("a").expect("host a");
+    let b = tb.add_host("b").expect("host b");
+    let _link = tb.link_with(&a, &b, &LinkOpts::default()).expect("link");
+    let ifname = a.iface_to(&b).expect("a's interface").ifname;
+    let policy = |port_class: &str| {
+        format!(
+            r#"apiVersion: paceline/v1
+kind: Policy
+spec:
+  interfaces: [{ifname}]
+  enforcement: none
+  levels: [{{name: all, priority: 0}}]
+  classes:
+    - {{name: marked, level: all}}
+    - {{name: first, level: all}}
+    - {{name: second, level: all}}
+    - {{name: other, level: all}}
+  rules:
+    - {{class: marked, mark: "0x77"}}
+    - {{class: {port_class}, protocol: tcp, dst_port: 7002}}
+  default_class: other
+"#
+        )
+    };
+    let scratch = Scratch::new("sock_cache");
+    let path = scratch.path("p.yaml");
+    std::fs::write(&path, policy("first")).expect("write policy");
+    let agent = Agent::start(&a, &path, &scratch.path("state"));
+
+    let listener = b
+        .in_netns(|| std::net::TcpListener::bind("0.0.0.0:7002").expect("listen"))
+        .expect("in netns");
+    let dst = b.ipv4();
+    let client = a
+        .in_netns(move || std::net::TcpStream::connect((dst, 7002)).expect("connect"))
+        .expect("in netns");
+    let (mut server, _) = listener.accept().expect("accept");
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while server.read(&mut buf).map(|n| n > 0).unwrap_or(false) {}
+    });
+    let mut client = client;
+    client.set_nodelay(true).expect("nodelay");
+    let send = |c: &mut std::net::TcpStream, n: usize| {
+        for _ in 0..n {
+            c.write_all(&[0u8; 100]).expect("write");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    let packets = |class: &str| agent.class_counter(class, "packets");
+
+    send(&mut client, 50);
+    let first = packets("first");
+    assert!(first >= 50, "the port rule's class counts the flow ({first})");
+
+    // A reload moves the port to another class: the socket's cached class is stale.
+    std::fs::write(&path, policy("second")).expect("write policy");
+    agent.wait_for("the reload", |s| s["policy"]["generation"] == 2);
+    send(&mut client, 50);
+    assert!(
+        packets("second") >= 50,
+        "after the reload the flow counts in the new class"
+    );
+
+    // A new mark on the same socket: the mark rule, listed first, now matches.
+    let mark: libc::c_int = 0x77;
+    // SAFETY: setsockopt on an open socket with a valid int.
+    let r = unsafe {
+        libc::setsockopt(
+            client.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MARK,
+            (&mark as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_MARK: {}", std::io::Error::last_os_error());
+    let second = packets("second");
+    send(&mut client, 50);
+    assert!(
+        packets("marked") >= 50,
+        "the marked flow counts in the mark rule's class"
+    );
+    assert!(
+        packets("second") - second < 5,
+        "and no longer in the port's class"
+    );
+    agent.stop();
+}

@@ -728,7 +728,10 @@ fn policy_swap_keeps_flow_clocks() {
         return;
     }
     let mut dp = load();
-    let rate = 10_000;
+    // 1 kB/s: the frame's slot is a second long, far longer than a policy write (which waits
+    // for the programs that may read the old policy) even on a loaded machine, so the flow
+    // clock is still backlogged when the second packet comes.
+    let rate = 1_000;
     let mut t = paced_table(rate, 0, 0, 0);
     dp.write_rules(&t, &[]).unwrap();
     let f = tcp4(1, 2, 1000);
