@@ -8,6 +8,8 @@
 //!   `results/<name>/`. `--host` runs them on this machine's kernel instead (no fq: HTB and
 //!   TCP's own pacing enforce), into `results/<name>-host/`.
 //! - `d3`: the D3 evaluation (partition-aggregate); meant for `--host` (see its help).
+//! - `apply`: parsing, compiling and writing a generated 100,000-rule policy into the
+//!   datapath, with the peak RSS (`plbench apply`).
 
 use std::process::Command;
 
@@ -62,6 +64,14 @@ enum Bench {
         repeat: u32,
         /// Trials; the median is reported.
         #[arg(long, default_value_t = 15)]
+        trials: u32,
+    },
+    /// Seconds to parse, compile and write a generated policy into the datapath (host kernel),
+    /// and the peak RSS.
+    Apply {
+        #[arg(long, default_value_t = 100_000)]
+        rules: u32,
+        #[arg(long, default_value_t = 5)]
         trials: u32,
     },
 }
@@ -183,6 +193,20 @@ pub fn run(a: Args) -> Result<()> {
                 .context("running plbench (as root: it loads BPF programs)")?;
             if !status.success() {
                 bail!("plbench datapath failed");
+            }
+            Ok(())
+        }
+        Bench::Apply { rules, trials } => {
+            cargo_build_release(&["plbench"])?;
+            let root = repo_root();
+            let out = root.join("results/bench-apply.json");
+            let status = Command::new(root.join("target/release/plbench"))
+                .args(["apply", "--rules", &rules.to_string(), "--trials", &trials.to_string(), "--out"])
+                .arg(&out)
+                .status()
+                .context("running plbench (as root: it loads BPF programs)")?;
+            if !status.success() {
+                bail!("plbench apply failed");
             }
             Ok(())
         }

@@ -23,7 +23,8 @@ use paceline_common::{
     d3::{self, D3Feedback, D3FlowState, FB_LEN, HostInput, REQ_LEN},
     maps::{
         CLASS_D3, ClassConfig, D3App, D3ClassStats, D3S_DEADLINE, D3S_DONE, D3S_FB_PENDING, D3S_FIN_DUE,
-        D3S_MISSED, D3S_REQ_DUE, D3S_SENDER, D3Sock, PolicyTable, TABLE_D3_RECEIVER, d3_hist_bucket,
+        D3S_MISSED, D3S_REQ_DUE, D3S_SENDER, D3Sock, MAX_CLASSES, PolicyTable, TABLE_D3_RECEIVER,
+        d3_hist_bucket,
     },
 };
 
@@ -36,7 +37,7 @@ static PL_D3_SOCK: SkStorage<D3Sock> = SkStorage::new();
 static PL_D3_APP: SkStorage<D3App> = SkStorage::new();
 
 #[map(name = "PL_D3_STATS")]
-static PL_D3_STATS: PerCpuArray<D3ClassStats> = PerCpuArray::with_max_entries(64, 0);
+static PL_D3_STATS: PerCpuArray<D3ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES as u32, 0);
 
 const BPF_SK_STORAGE_GET_F_CREATE: u64 = 1;
 const BPF_WRITE_HDR_TCP_CURRENT_MSS: u32 = 1;
@@ -110,7 +111,7 @@ fn app(ctx: &SockOpsContext) -> Option<D3App> {
 #[inline(always)]
 fn stats(class: u32) -> Option<&'static mut D3ClassStats> {
     // SAFETY: per-CPU slot; preemption is disabled while the program runs.
-    PL_D3_STATS.get_ptr_mut(class & 63).map(|p| unsafe { &mut *p })
+    PL_D3_STATS.get_ptr_mut(class & (MAX_CLASSES as u32 - 1)).map(|p| unsafe { &mut *p })
 }
 
 #[inline(always)]

@@ -43,7 +43,12 @@ const BPF_F_MMAPABLE: usize = 1 << 10;
 /// The templates' sizes are placeholders: the agent creates each bank's maps at the size its
 /// policy needs.
 type Words = BtfArray<u32, 1, { BPF_F_INNER_MAP | BPF_F_MMAPABLE }>;
-type Sels = BtfHashMap<SelKey, SelList, 1>;
+/// The value is declared as words, not as `SelList`: kernels before 6.2 compare an inner map's
+/// spin-lock offset with the template's, and a struct value in BTF gets "no spin lock" (-ENOENT)
+/// where the agent's BTF-less maps get "not a struct" (-EINVAL), so 6.1 refused the maps.
+type Sels = BtfHashMap<SelKey, [u32; SEL_LIST_WORDS], 1>;
+const SEL_LIST_WORDS: usize = core::mem::size_of::<SelList>() / 4;
+const _: () = assert!(core::mem::size_of::<SelList>() % 4 == 0 && core::mem::align_of::<SelList>() == 4);
 type Rules = BtfHashMap<RuleKey, u32, 1>;
 
 #[btf_map]
@@ -68,8 +73,9 @@ impl Tables for Ctab {
 
     #[inline(always)]
     fn sels(&self, key: &SelKey) -> Option<&SelList> {
-        // SAFETY: the selector maps are only written before their bank goes live.
-        unsafe { self.sels.get(key) }
+        // SAFETY: the selector maps are only written before their bank goes live; a value is a
+        // `SelList` (repr(C), all u32) stored as its words.
+        unsafe { self.sels.get(key).map(|w| &*(w as *const [u32; SEL_LIST_WORDS]).cast::<SelList>()) }
     }
 
     #[inline(always)]
