@@ -15,7 +15,9 @@ pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+const BPF_LINK_UPDATE: libc::c_long = 29;
 
 /// `union bpf_attr`, as bytes: each command writes the fields it uses at their offsets.
 #[repr(C, align(8))]
@@ -77,6 +79,25 @@ pub fn delete_u32(fd: BorrowedFd<'_>, key: u32) -> io::Result<()> {
     let mut a = Attr::new();
     a.u32(0, fd.as_raw_fd() as u32).u64(8, &key as *const u32 as u64);
     bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
+}
+
+/// BPF_OBJ_GET: a new file descriptor for the object pinned at `path`.
+pub fn obj_get(path: &std::path::Path) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut a = Attr::new();
+    a.u64(0, c.as_ptr() as u64);
+    let fd = bpf(BPF_OBJ_GET, &mut a)?;
+    // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// BPF_LINK_UPDATE: the link runs `prog` from now on (atomically; 5.7+ for cgroup links).
+pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    let mut a = Attr::new();
+    a.u32(0, link.as_raw_fd() as u32).u32(4, prog.as_raw_fd() as u32);
+    bpf(BPF_LINK_UPDATE, &mut a).map(|_| ())
 }
 
 /// Entries per BPF_MAP_UPDATE_BATCH call (bounds the time spent in one syscall).

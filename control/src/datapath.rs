@@ -42,6 +42,9 @@ pub struct LoadOptions {
     /// Benchmark only: treat any full socket as a TCP socket's (BPF_PROG_TEST_RUN's socket is
     /// a placeholder that is not TCP), so the per-socket fast path can be measured.
     pub bench_any_socket: bool,
+    /// Pin every map here (`<dir>/maps/<NAME>`), reusing the maps already pinned there (the
+    /// caller checks their layouts first: [`crate::persist::Pins::prepare`]).
+    pub pins: Option<crate::persist::Pins>,
 }
 
 impl Default for LoadOptions {
@@ -50,6 +53,7 @@ impl Default for LoadOptions {
             flow_table_size: DEFAULT_FLOW_TABLE_SIZE,
             count_only: false,
             bench_any_socket: false,
+            pins: None,
         }
     }
 }
@@ -89,15 +93,28 @@ impl Datapath {
         let count_only: u32 = opts.count_only.into();
         let any_sock: u32 = opts.bench_any_socket.into();
         let netns = own_netns_cookie().context("reading this process's network namespace cookie")?;
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .map_max_entries(names::FLOWS, opts.flow_table_size)
             .override_global("PL_COUNT_ONLY", &count_only, true)
             .override_global("PL_ANY_SOCK", &any_sock, true)
-            .override_global("PL_NETNS_COOKIE", &netns, true)
-            .load(EBPF_OBJECT)
-            .context(
-                "loading the paceline eBPF object (is this a kernel with BPF and BTF, and are we root?)",
-            )?;
+            .override_global("PL_NETNS_COOKIE", &netns, true);
+        let pinned: Vec<(String, std::path::PathBuf)> = match &opts.pins {
+            Some(pins) => crate::persist::expected_layouts(EBPF_OBJECT, opts.flow_table_size)?
+                .into_keys()
+                .map(|name| {
+                    let path = pins.map(&name);
+                    (name, path)
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        for (name, path) in &pinned {
+            loader.map_pin_path(name.as_str(), path.as_path());
+        }
+        let mut ebpf = loader.load(EBPF_OBJECT).context(
+            "loading the paceline eBPF object (is this a kernel with BPF and BTF, and are we root?)",
+        )?;
         let tc: &mut SchedClassifier = prog(&mut ebpf, TC_EGRESS)?.try_into()?;
         tc.load().with_context(|| format!("verifying {TC_EGRESS}"))?;
         let so: &mut SockOps = prog(&mut ebpf, SOCK_OPS)?.try_into()?;
@@ -149,6 +166,11 @@ impl Datapath {
             clocks,
             flow_table_memlock,
             generation: 0,
+        })
+        .map(|mut dp: Datapath| {
+            // Adopted maps keep the policy a previous agent wrote: generations go on from it.
+            dp.generation = dp.live_policy().map(|t| t.generation).unwrap_or(0);
+            dp
         })
     }
 

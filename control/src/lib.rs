@@ -16,6 +16,8 @@
 //! - [`d3router`]: the D3 router links: the capacity controller's loop (counters and the queue
 //!   in, C out; [`qstats`] reads the queue); the controller is `paceline_common::d3`.
 //! - [`d3app`]: what applications call to give a socket a size and a deadline (D3).
+//! - [`persist`]: the maps and links pinned so the datapath outlives the agent, and their
+//!   adoption by the next agent.
 //! - [`features`]: what the running kernel offers, probed at start.
 //! - [`state`]: the lock and the record of host changes that a start after `kill -9` undoes.
 //! - [`status`]: the typed status model (`/status`, `status.json`, `paceline status`, the tests).
@@ -32,6 +34,7 @@ pub mod datapath;
 pub mod features;
 pub mod http;
 pub mod metrics;
+pub mod persist;
 pub mod policy;
 pub mod qdisc;
 pub mod qstats;

@@ -136,9 +136,13 @@ pub fn check_replaceable(iface: &str) -> Result<()> {
     }
 }
 
-/// Installs fq (mq + fq per queue on multi-queue devices) as `iface`'s root.
-pub fn install_fq(iface: &str, p: FqParams) -> Result<Installed> {
-    check_replaceable(iface)?;
+/// Installs fq (mq + fq per queue on multi-queue devices) as `iface`'s root. `ours`: the root
+/// there is the one a previous paceline agent installed, which may be replaced (a `replace`
+/// of fq by fq changes its parameters in place, keeping what it queues).
+pub fn install_fq(iface: &str, p: FqParams, ours: bool) -> Result<Installed> {
+    if !ours {
+        check_replaceable(iface)?;
+    }
     let limit = p.limit.to_string();
     let flow_limit = p.flow_limit.to_string();
     let horizon = format!("{}us", p.horizon_ns / 1000);
@@ -180,9 +184,14 @@ fn quantum(rate_bytes: u64) -> String {
 
 /// Installs (or, with `update`, changes in place) the HTB tree of `plan`: root qdisc `1:` whose
 /// unclassified traffic goes to `plan.default_minor`, and its classes (parents before children).
-pub fn install_htb(iface: &str, plan: &HtbPlan, update: bool) -> Result<Installed> {
+/// Installs (or with `update`, only updates the classes of) the HTB hierarchy of `plan` as
+/// `iface`'s root. `ours`: the root there is the one a previous paceline agent installed, which
+/// may be replaced.
+pub fn install_htb(iface: &str, plan: &HtbPlan, update: bool, ours: bool) -> Result<Installed> {
     if !update {
-        check_replaceable(iface)?;
+        if !ours {
+            check_replaceable(iface)?;
+        }
         let default = format!("{:x}", plan.default_minor);
         tc(&[
             "qdisc", "replace", "dev", iface, "root", "handle", "1:", "htb", "default", &default,

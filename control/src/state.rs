@@ -124,6 +124,17 @@ impl StateDir {
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<()> {
         write_atomic(&self.dir.join(name), bytes)
     }
+
+    /// Writes `v` as JSON to a file in the state directory.
+    pub fn write_json<T: Serialize>(&self, name: &str, v: &T) -> Result<()> {
+        self.write(name, &serde_json::to_vec_pretty(v)?)
+    }
+
+    /// Reads a JSON file of the state directory; `None` when absent or unreadable.
+    pub fn read_json<T: serde::de::DeserializeOwned>(&self, name: &str) -> Option<T> {
+        let bytes = std::fs::read(self.dir.join(name)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
 }
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -201,7 +201,14 @@ pub fn run(a: Args) -> Result<()> {
             let root = repo_root();
             let out = root.join("results/bench-apply.json");
             let status = Command::new(root.join("target/release/plbench"))
-                .args(["apply", "--rules", &rules.to_string(), "--trials", &trials.to_string(), "--out"])
+                .args([
+                    "apply",
+                    "--rules",
+                    &rules.to_string(),
+                    "--trials",
+                    &trials.to_string(),
+                    "--out",
+                ])
                 .arg(&out)
                 .status()
                 .context("running plbench (as root: it loads BPF programs)")?;

@@ -1,12 +1,12 @@
 //! The agent's changes to the host and their undo: each interface's classifier and root qdisc,
 //! sock_ops, the D3 application map's pin and the D3 router's links.
 //!
-//! Every change is recorded in the state directory before it is made ([`crate::state`]), so
-//! whatever stops the agent half-way (an error here, `kill -9` later) can be undone: by
-//! [`install`] itself when a step fails, by [`recover`] at the next start, by [`uninstall`] at
-//! shutdown.
-
-use std::path::Path;
+//! Every change is recorded in the state directory before it is made ([`crate::state`]). The
+//! programs' links and the maps are pinned ([`crate::persist`]): after `kill -9` or a crash the
+//! datapath goes on with the last policy, and the next start adopts it (the same links get the
+//! new programs, the maps with an unchanged layout are kept) rather than undoing it. A failed
+//! install undoes what it did; [`uninstall`] (a clean stop) and `paceline cleanup` remove
+//! everything.
 
 use anyhow::{Result, anyhow};
 
@@ -15,10 +15,11 @@ use crate::{
     d3router::Router,
     datapath::Datapath,
     features::Features,
+    persist::Pins,
     policy::{Compiled, EnforcementMode},
     qdisc,
     shared::Shared,
-    state::{self, State, StateDir},
+    state::{self, IfaceState, State, StateDir},
     status::IfaceStatus,
 };
 
@@ -30,12 +31,20 @@ pub struct Installed {
     pub router: Option<Router>,
 }
 
-/// Undoes what a previous agent on this state directory left behind (it did not exit cleanly),
-/// logging each step.
-pub fn recover(dir: &StateDir) -> Result<()> {
+/// What a previous agent on this state directory left behind (it did not exit cleanly). With
+/// its links pinned, its datapath is still running: the state is returned for [`install`] to
+/// adopt. Without (an older agent, or pins removed by hand) it is undone, each step logged.
+pub fn recover(dir: &StateDir, pins: &Pins) -> Result<Option<State>> {
     let Some(prev) = dir.leftover()? else {
-        return Ok(());
+        return Ok(None);
     };
+    if pins.has_links() {
+        log::warn!(
+            "a previous agent (pid {}) did not exit cleanly; its datapath is still running: adopting it",
+            prev.pid
+        );
+        return Ok(Some(prev));
+    }
     let undone = state::clean_up(&prev);
     log::warn!(
         "a previous agent (pid {}) did not exit cleanly; {}",
@@ -49,7 +58,8 @@ pub fn recover(dir: &StateDir) -> Result<()> {
     for line in undone {
         log::warn!("  {line}");
     }
-    dir.clear()
+    dir.clear()?;
+    Ok(None)
 }
 
 /// Attaches `dp` for the policy `compiled` in its mode: per interface the classifier and the
@@ -60,31 +70,64 @@ pub fn install(
     compiled: &Compiled,
     features: &Features,
     dir: &StateDir,
-    bpffs_dir: &Path,
+    pins: &Pins,
+    previous: Option<State>,
 ) -> Result<Installed> {
-    // Everything changed on the host is recorded before it is changed.
+    // Everything changed on the host is recorded before it is changed. A previous agent's
+    // interfaces stay recorded until they are adopted or undone.
+    let previous = previous.unwrap_or_default();
     let mut st = State {
         pid: std::process::id(),
-        ..State::default()
+        interfaces: previous.interfaces.clone(),
+        pins: previous.pins.clone(),
     };
     dir.save(&st)?;
+    let was = |name: &str| {
+        previous
+            .interfaces
+            .iter()
+            .find(|i| i.name == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    // Interfaces the previous agent managed that this policy does not: undone.
+    for old in previous
+        .interfaces
+        .iter()
+        .filter(|i| !compiled.interfaces.contains(&i.name))
+    {
+        for which in [attach::TcProgram::Egress, attach::TcProgram::D3Router] {
+            let _ = std::fs::remove_file(pins.link(&which.pin_name(&old.name)));
+        }
+        for line in state::clean_up(&State {
+            interfaces: vec![old.clone()],
+            ..State::default()
+        }) {
+            log::info!("{line}");
+        }
+        st.interfaces.retain(|i| i.name != old.name);
+        dir.save(&st)?;
+    }
     let mut ifaces = Vec::new();
     let mut router = None;
     let mode = compiled.mode;
     let result: Result<()> = (|| {
         for iface in &compiled.interfaces {
-            let att = attach::attach_tc(&mut dp, iface, features, |added| {
+            let before: IfaceState = was(iface);
+            let att = attach::attach_tc(&mut dp, iface, features, pins, before.clsact_filter, |added| {
                 let s = st.iface(iface);
                 s.clsact_filter = true;
-                s.clsact_added = added;
+                s.clsact_added |= added;
                 dir.save(&st)
             })?;
+            // A root qdisc the previous agent installed is ours to replace.
+            let ours = before.qdisc.is_some();
             let installed = match mode {
                 EnforcementMode::Fq => {
                     st.iface(iface).qdisc = Some(qdisc::Installed::Fq);
                     dir.save(&st)?;
                     let p = qdisc::FqParams::for_policy(compiled.horizon_ns, fastest_paced_rate(compiled));
-                    Some(qdisc::install_fq(iface, p)?)
+                    Some(qdisc::install_fq(iface, p, ours)?)
                 }
                 EnforcementMode::Htb => {
                     st.iface(iface).qdisc = Some(qdisc::Installed::Htb);
@@ -92,14 +135,23 @@ pub fn install(
                     let plan = compiled.htb.as_ref().ok_or_else(|| {
                         anyhow!("no HTB plan: the link rate is unknown; set spec.link_rate")
                     })?;
-                    Some(qdisc::install_htb(iface, plan, false)?)
+                    // HTB has no "change" of its root: an HTB root a previous agent installed
+                    // keeps its qdisc and gets this plan's classes.
+                    let htb_root = ours
+                        && qdisc::root_qdisc(iface)?.is_some_and(|q| q.kind == "htb" && q.handle == "1:");
+                    Some(qdisc::install_htb(iface, plan, htb_root, ours)?)
                 }
                 EnforcementMode::SockopsOnly | EnforcementMode::None => None,
             };
             st.iface(iface).qdisc = installed.clone();
             dir.save(&st)?;
             log::info!(
-                "{iface}: classifier attached ({}), root qdisc {}",
+                "{iface}: classifier {} ({}), root qdisc {}",
+                if att.adopted {
+                    "adopted from the previous agent"
+                } else {
+                    "attached"
+                },
                 att.mode.as_str(),
                 installed
                     .as_ref()
@@ -114,11 +166,17 @@ pub fn install(
         }
         let needs_sockops = mode != EnforcementMode::None || compiled.d3.is_some();
         if needs_sockops && let Some(cg) = &features.cgroup2 {
-            attach::attach_sock_ops(&mut dp, cg)?;
-            log::info!("sock_ops attached to {}", cg.display());
+            let adopted = attach::attach_sock_ops(&mut dp, cg, pins)?;
+            log::info!(
+                "sock_ops {} {}",
+                if adopted { "adopted on" } else { "attached to" },
+                cg.display()
+            );
+        } else {
+            let _ = std::fs::remove_file(pins.link("sock_ops"));
         }
         if let Some(d3) = &compiled.d3 {
-            let pin = bpffs_dir.join("d3_app");
+            let pin = pins.root().join("d3_app");
             st.pins.push(pin.clone());
             dir.save(&st)?;
             dp.pin_d3_app(&pin)?;
@@ -129,11 +187,14 @@ pub fn install(
             );
             if !d3.router.is_empty() {
                 for l in &d3.router {
+                    let had = was(&l.interface).router_filter;
                     attach::attach_program(
                         &mut dp,
                         attach::TcProgram::D3Router,
                         &l.interface,
                         features,
+                        pins,
+                        had,
                         |_| {
                             st.iface(&l.interface).router_filter = true;
                             dir.save(&st)
@@ -156,6 +217,9 @@ pub fn install(
     })();
     if let Err(e) = result {
         drop(dp);
+        for line in pins.remove_all() {
+            log::info!("undo: {line}");
+        }
         for line in state::clean_up(&st) {
             log::info!("undo: {line}");
         }
@@ -169,10 +233,14 @@ pub fn install(
     })
 }
 
-/// Detaches the programs (dropping the datapath closes tcx/cgroup links and deletes netlink
-/// filters), removes the qdiscs paceline installed and the state file.
-pub fn uninstall(shared: &Shared, dir: &StateDir) {
+/// Detaches the programs (the pins removed, dropping the datapath closes tcx/cgroup links and
+/// deletes netlink filters), removes the qdiscs paceline installed, the maps' pins and the
+/// state file.
+pub fn uninstall(shared: &Shared, dir: &StateDir, pins: &Pins) {
     let st = dir.leftover().ok().flatten().unwrap_or_default();
+    for line in pins.remove_all() {
+        log::debug!("shutdown: {line}");
+    }
     // Dropping the datapath detaches every program.
     {
         let mut g = shared.lock();

@@ -1,17 +1,20 @@
 //! The agent: start-up, reloads, shutdown, in stages.
 //!
-//! Start ([`run`]): take the state-directory lock and undo what a previous agent left behind
-//! (after `kill -9`), probe the kernel, load and compile the policy (a bad policy stops the
-//! start with every error listed), load the datapath, write the policy, then [`install`]: per
-//! interface attach the classifier and install the qdisc the enforcement mode needs; attach
-//! sock_ops; pin D3's map and attach its router links. Then serve `/metrics` and `/status`.
+//! Start ([`run`]): take the state-directory lock; find what a previous agent left (after
+//! `kill -9` or a crash its pinned datapath is still running: it is adopted, see
+//! [`crate::persist`]); probe the kernel, load and compile the policy (a bad policy stops the
+//! start with every error listed, and a running datapath stays as it is), load the datapath
+//! (reusing the pinned maps whose layout is unchanged), write the policy, then [`install`]: per
+//! interface attach the classifier (or give a pinned link the new program) and install the
+//! qdisc the enforcement mode needs; attach sock_ops; pin D3's map and attach its router links.
+//! Then serve `/metrics` and `/status`.
 //!
 //! Then [`watch`]: [`reload`] the policy on a file change or SIGHUP (see that module for what
 //! a reload may change), tick the D3 router's controller, until SIGTERM or SIGINT.
 //!
-//! Shutdown ([`install::uninstall`]): detach everything, delete the qdiscs paceline installed
-//! (the kernel's default root comes back), remove a clsact qdisc paceline added, clear the
-//! state.
+//! Shutdown ([`install::uninstall`]): unpin and detach everything, delete the qdiscs paceline
+//! installed (the kernel's default root comes back), remove a clsact qdisc paceline added,
+//! clear the state.
 //!
 //! # Layout
 //! - here: [`Options`], [`run`]: the stages in order, and the status they start from.
@@ -30,21 +33,28 @@ use anyhow::{Result, anyhow, bail};
 use paceline_common::maps::TABLE_SOCK_TOS;
 
 use crate::{
-    datapath::{Datapath, LoadOptions},
+    datapath::{Datapath, EBPF_OBJECT, LoadOptions},
     features::Features,
     http,
-    policy::{self, CompileContext, Compiled, SystemHost, Validated, decide_mode},
+    persist::{self, Pins},
+    policy::{self, CompileContext, Compiled, Slots, SystemHost, Validated, decide_mode},
     shared::{Inner, Shared},
     state::StateDir,
     status::{self, Enforcement, PolicyStatus, Status},
 };
+
+/// The state directory's record of how the pins were made ([`persist::Record`]).
+const PINS_FILE: &str = "pins.json";
+/// The state directory's record of which class owns each slot ([`Slots`]).
+pub(crate) const SLOTS_FILE: &str = "slots.json";
 
 #[derive(Clone, Debug)]
 pub struct Options {
     pub policy: PathBuf,
     pub metrics_addr: SocketAddr,
     pub state_dir: PathBuf,
-    /// Where maps are pinned (the D3 application map: `<dir>/d3_app`).
+    /// Where the maps and links are pinned (see [`crate::persist`]; the D3 application map is
+    /// `<dir>/d3_app`).
     pub bpffs_dir: PathBuf,
 }
 
@@ -54,18 +64,21 @@ pub async fn run(opts: Options) -> Result<()> {
     // process half-way through the start (which would leave qdiscs behind).
     let signals = watch::Signals::new()?;
     let dir = StateDir::lock(&opts.state_dir)?;
-    install::recover(&dir)?;
+    let pins = Pins::new(&opts.bpffs_dir);
+    let previous = install::recover(&dir, &pins)?;
 
     let features = probe();
     let host = SystemHost::new();
     let (policy_text, validated) = load_policy(&opts, &host)?;
     let mode = decide_mode(validated.enforcement(), &features)?;
     let started = std::time::Instant::now();
+    // A previous agent's classes keep their counter and clock slots (its datapath is adopted).
+    let slots = previous.as_ref().and_then(|_| dir.read_json::<Slots>(SLOTS_FILE));
     let compiled = policy::compile(
         &validated,
         &CompileContext {
             mode,
-            previous: None,
+            previous: slots.as_ref(),
             all_routes_managed: policy::host::all_routes_managed(&host, &validated.interfaces),
         },
     )
@@ -75,15 +88,36 @@ pub async fn run(opts: Options) -> Result<()> {
         bail!("the policy selects no interface (spec.interfaces resolved to nothing on this host)");
     }
 
+    // The maps a previous agent pinned are reused where their layout is this build's.
+    let expected = persist::expected_layouts(EBPF_OBJECT, compiled.flow_table_size)?;
+    let adoption = pins.prepare(&expected, dir.read_json::<persist::Record>(PINS_FILE).as_ref())?;
+    if !adoption.kept.is_empty() {
+        log::info!("kept the previous agent's maps: {}", adoption.kept.join(", "));
+    }
+    for (name, why) in &adoption.reset {
+        log::warn!("reset {name}: {why}");
+    }
     let mut dp = Datapath::load(&LoadOptions {
         flow_table_size: compiled.flow_table_size,
         count_only: false,
         bench_any_socket: false,
+        pins: Some(pins.clone()),
     })?;
+    dir.write_json(
+        PINS_FILE,
+        &persist::Record {
+            layout_version: persist::LAYOUT_VERSION,
+            maps: expected,
+        },
+    )?;
+    for slot in compiled.slots_to_reset(slots.as_ref()) {
+        dp.reset_slot(slot)?;
+    }
     let generation = dp.write_policy(&compiled.table, &compiled.ctab)?;
+    dir.write_json(SLOTS_FILE, &compiled.slots())?;
     let apply = started.elapsed().as_secs_f64();
     log_applied(&compiled, generation, apply);
-    let installed = install::install(dp, &compiled, &features, &dir, &opts.bpffs_dir)?;
+    let installed = install::install(dp, &compiled, &features, &dir, &pins, previous)?;
 
     let mut status = start_status(&opts, features, &compiled, generation, &installed);
     status.policy.apply_seconds = apply;
@@ -105,7 +139,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let server = match server {
         Ok(s) => s,
         Err(e) => {
-            install::uninstall(&shared, &dir);
+            install::uninstall(&shared, &dir, &pins);
             return Err(e);
         }
     };
@@ -119,7 +153,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let result = watch::watch(&opts.policy, &shared, &dir, &host, signals).await;
     let _ = stop_tx.send(true);
     let _ = server.await;
-    install::uninstall(&shared, &dir);
+    install::uninstall(&shared, &dir, &pins);
     result
 }
 

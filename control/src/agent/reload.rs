@@ -45,6 +45,10 @@ pub fn reload(
                     "{why}: policy applied (generation {generation}, hash {})",
                     g.compiled.hash
                 );
+                // The next agent keeps these slots if it adopts the datapath.
+                if let Err(e) = dir.write_json(super::SLOTS_FILE, &g.compiled.slots()) {
+                    log::warn!("recording the class slots: {e:#}");
+                }
             }
             Err(errors) => {
                 g.status.reloads.rejected += 1;
@@ -86,7 +90,7 @@ fn try_reload(
         &validated,
         &CompileContext {
             mode,
-            previous: Some(&g.compiled),
+            previous: Some(&g.compiled.slots()),
             all_routes_managed: policy::host::all_routes_managed(host, &validated.interfaces),
         },
     )
@@ -100,7 +104,7 @@ fn try_reload(
         return Err(restart);
     }
     // A slot that now names a different class or level starts from zero.
-    for slot in compiled.slots_to_reset(Some(&g.compiled)) {
+    for slot in compiled.slots_to_reset(Some(&g.compiled.slots())) {
         g.dp_mut()
             .and_then(|dp| dp.reset_slot(slot))
             .map_err(|e| vec![format!("resetting counters slot {slot}: {e:#}")])?;
@@ -109,7 +113,7 @@ fn try_reload(
         && let Some(plan) = &compiled.htb
     {
         for iface in &compiled.interfaces {
-            qdisc::install_htb(iface, plan, true)
+            qdisc::install_htb(iface, plan, true, true)
                 .map_err(|e| vec![format!("{iface}: updating HTB classes: {e:#}")])?;
         }
     }

@@ -17,8 +17,9 @@ pub struct Args {
     /// Lock, state (for cleanup after a crash) and status files.
     #[arg(long, default_value = state::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
-    /// Directory in a BPF filesystem for the maps paceline pins (the D3 application map).
-    #[arg(long, default_value = "/sys/fs/bpf/paceline")]
+    /// Directory in a BPF filesystem where paceline pins its maps and links (so the datapath
+    /// outlives the agent; the D3 application map is `<dir>/d3_app`).
+    #[arg(long, default_value = crate::persist::DEFAULT_BPFFS_DIR)]
     pub bpffs_dir: PathBuf,
 }
 

@@ -40,7 +40,7 @@ pub struct CompileContext<'a> {
     pub mode: EnforcementMode,
     /// The policy running now: classes that exist in both keep their index, so their clocks
     /// and counters keep their meaning across a reload.
-    pub previous: Option<&'a Compiled>,
+    pub previous: Option<&'a Slots>,
     /// Every interface this host has a route through is one of the policy's: sock_ops may
     /// then mark TCP sockets with their level's DSCP (`TABLE_SOCK_TOS`, unless a rule
     /// matches on DSCP). `false` where that is not known (offline). Decided by
@@ -151,7 +151,7 @@ pub struct Compiled {
 impl Compiled {
     /// The `AGG_CLOCKS`/`STATS` slots whose owner changed since `previous` (a new class at an
     /// index, a renamed level): the agent zeroes them before flipping to this policy.
-    pub fn slots_to_reset(&self, previous: Option<&Compiled>) -> Vec<u32> {
+    pub fn slots_to_reset(&self, previous: Option<&Slots>) -> Vec<u32> {
         let mut out = Vec::new();
         for (i, n) in self.class_names.iter().enumerate() {
             let before = previous.and_then(|p| p.class_names.get(i).cloned().flatten());
@@ -168,10 +168,31 @@ impl Compiled {
     }
 }
 
+/// Which class and level owns each counter and clock slot: what a policy's successor needs to
+/// keep indices stable (a class keeps its counters and clock across reloads, and across agent
+/// restarts, where it is read back from the state directory).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Slots {
+    /// By table index; `None` for unused indices.
+    pub class_names: Vec<Option<String>>,
+    /// By level index.
+    pub level_names: Vec<String>,
+}
+
+impl Compiled {
+    /// This policy's slot owners.
+    pub fn slots(&self) -> Slots {
+        Slots {
+            class_names: self.class_names.clone(),
+            level_names: self.level_names.clone(),
+        }
+    }
+}
+
 /// Assigns table indices: classes of `previous` keep theirs; new classes take the lowest
 /// index used neither now nor by `previous` (so a removed class's counters are not inherited),
 /// else the lowest free one.
-fn class_indices(v: &Validated, previous: Option<&Compiled>) -> Vec<u16> {
+fn class_indices(v: &Validated, previous: Option<&Slots>) -> Vec<u16> {
     let prev: HashMap<&str, usize> = previous
         .map(|p| {
             p.class_names

@@ -39,7 +39,9 @@
 //! - The rates of the rate-limited levels must fit the host's link (`spec.link_rate`, else the
 //!   slowest interface the kernel reports, else `spec.qjump.link_rate`): an error with numbers.
 //! - Address lists expand to one rule per same-family (src, dst) pair; an entry that pairs with
-//!   nothing is an error, as is more than 64 rules after expansion.
+//!   nothing is an error, as is more than `MAX_RULES` (262,144) rules after expansion. The
+//!   classifier compiled from them ([`crate::ctab`]) has its own table limits, checked at
+//!   compilation; rules that an earlier rule covers are warned about.
 //! - In HTB mode `skb->priority` carries the HTB class id, so a level's hardware priority
 //!   reaches switches only through its DSCP/PCP rewrites.
 
@@ -63,7 +65,7 @@ use std::path::Path;
 
 use sha2::{Digest as _, Sha256};
 
-pub use compile::{ClassInfo, CompileContext, Compiled, LevelInfo, QJumpInfo, RuleInfo, compile};
+pub use compile::{ClassInfo, CompileContext, Compiled, LevelInfo, QJumpInfo, RuleInfo, Slots, compile};
 pub use enforcement::{EnforcementMode, EnforcementRequest, decide_mode};
 pub use error::PolicyError;
 pub use host::{FakeHost, HostFacts, OfflineHost, SystemHost};

@@ -53,9 +53,10 @@ spec:
 "#;
 
     fn fq(text: &str, previous: Option<&Compiled>) -> Compiled {
+        let slots = previous.map(Compiled::slots);
         let ctx = CompileContext {
             mode: EnforcementMode::Fq,
-            previous,
+            previous: slots.as_ref(),
             all_routes_managed: false,
         };
         compile(&ok(text, &fake_host()), &ctx).unwrap()

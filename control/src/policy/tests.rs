@@ -919,7 +919,7 @@ fn class_indices_are_stable_across_reloads() {
         &v2,
         &CompileContext {
             mode: EnforcementMode::Fq,
-            previous: Some(&c1),
+            previous: Some(&c1.slots()),
             all_routes_managed: false,
         },
     )
@@ -941,7 +941,7 @@ fn class_indices_are_stable_across_reloads() {
     // batch's rule points at its new index.
     assert_eq!(c2.rules[0].class, "batch");
     assert_eq!(c2.rule_table[0].class, 4);
-    assert_eq!(c2.slots_to_reset(Some(&c1)), vec![4, 5]);
+    assert_eq!(c2.slots_to_reset(Some(&c1.slots())), vec![4, 5]);
     assert_eq!(c1.slots_to_reset(None), vec![0, 1, 2, 3, level_slot(0)]);
     // Without a previous policy, indices follow the file.
     let fresh = fq(&v2);
@@ -959,7 +959,7 @@ fn class_indices_are_stable_across_reloads() {
         &v,
         &CompileContext {
             mode: EnforcementMode::Fq,
-            previous: Some(&full),
+            previous: Some(&full.slots()),
             all_routes_managed: false,
         },
     )

@@ -111,7 +111,9 @@ fn app(ctx: &SockOpsContext) -> Option<D3App> {
 #[inline(always)]
 fn stats(class: u32) -> Option<&'static mut D3ClassStats> {
     // SAFETY: per-CPU slot; preemption is disabled while the program runs.
-    PL_D3_STATS.get_ptr_mut(class & (MAX_CLASSES as u32 - 1)).map(|p| unsafe { &mut *p })
+    PL_D3_STATS
+        .get_ptr_mut(class & (MAX_CLASSES as u32 - 1))
+        .map(|p| unsafe { &mut *p })
 }
 
 #[inline(always)]

@@ -75,7 +75,11 @@ impl Tables for Ctab {
     fn sels(&self, key: &SelKey) -> Option<&SelList> {
         // SAFETY: the selector maps are only written before their bank goes live; a value is a
         // `SelList` (repr(C), all u32) stored as its words.
-        unsafe { self.sels.get(key).map(|w| &*(w as *const [u32; SEL_LIST_WORDS]).cast::<SelList>()) }
+        unsafe {
+            self.sels
+                .get(key)
+                .map(|w| &*(w as *const [u32; SEL_LIST_WORDS]).cast::<SelList>())
+        }
     }
 
     #[inline(always)]

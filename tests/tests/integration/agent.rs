@@ -605,18 +605,44 @@ fn reload_follows_a_configmap_style_symlink_swap() {
     agent.stop();
 }
 
+/// The packets counted in class slot `index` (all CPUs), read from the pinned counters map:
+/// what the datapath counts while no agent runs.
+fn pinned_class_packets(state_dir: &Path, index: usize) -> u64 {
+    let path = Agent::bpffs_dir(state_dir).join("maps").join("PL_STATS");
+    let data = aya::maps::MapData::from_pin(&path).expect("the pinned counters map");
+    let map: aya::maps::PerCpuArray<_, paceline_common::maps::Counters> =
+        aya::maps::PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data)).expect("a per-CPU array");
+    map.get(&(index as u32), 0)
+        .expect("read the counters")
+        .iter()
+        .map(|c| c.packets)
+        .sum()
+}
+
 #[test]
-fn restart_after_kill9_removes_what_the_dead_agent_left() {
-    if !privileged("restart_after_kill9_removes_what_the_dead_agent_left") {
+fn kill9_leaves_the_datapath_running_and_the_next_start_adopts_it() {
+    if !privileged("kill9_leaves_the_datapath_running_and_the_next_start_adopts_it") {
         return;
     }
-    let (_tb, a, _b, ifname) = two_hosts("agent_kill9");
+    let (_tb, a, b, ifname) = two_hosts("agent_kill9");
     let scratch = Scratch::new("kill9");
+    let state = scratch.path("state");
+    let pins = Agent::bpffs_dir(&state);
     let before = tc_snapshot(&a, &ifname);
     // fq where the kernel has it, HTB otherwise: either way a root qdisc the agent installed.
     let mode = if sch_fq_available() { "fq" } else { "htb" };
     write(&scratch.path("p.yaml"), &policy(&ifname, mode, "", ""));
-    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &state);
+    let probe = agent
+        .live_status()
+        .expect("status")
+        .status
+        .policy
+        .classes
+        .iter()
+        .find(|c| c.name == "probe")
+        .expect("class probe")
+        .index as usize;
     // fq as root on a single-queue device, mq with an fq per queue on a multi-queue one.
     let root = |snap: &str| {
         ["fq", "mq", "htb"]
@@ -625,35 +651,144 @@ fn restart_after_kill9_removes_what_the_dead_agent_left() {
     };
     let installed = tc_snapshot(&a, &ifname);
     assert!(root(&installed), "root qdisc installed: {installed}");
-    assert!(
-        installed.contains(&format!("qdisc {mode} ")),
-        "a {mode} qdisc: {installed}"
+    send_udp(&a, b.ipv4(), 7001, 10);
+    agent.kill9();
+    // The datapath goes on: the qdisc stays, and the classifier still counts the probe class.
+    assert_eq!(
+        tc_snapshot(&a, &ifname),
+        installed,
+        "kill -9 leaves the interface as it was"
+    );
+    let counted = pinned_class_packets(&state, probe);
+    send_udp(&a, b.ipv4(), 7001, 20);
+    assert_eq!(
+        pinned_class_packets(&state, probe),
+        counted + 20,
+        "the classifier kept counting with no agent running"
+    );
+
+    // The next start adopts it: the same counters go on.
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &state);
+    send_udp(&a, b.ipv4(), 7001, 5);
+    assert_eq!(
+        agent.class_counter("probe", "packets"),
+        counted + 25,
+        "no counter went back"
     );
     agent.kill9();
-    assert!(root(&tc_snapshot(&a, &ifname)), "kill -9 leaves the qdisc");
-    assert!(scratch.path("state/state.json").exists());
 
-    // `paceline cleanup` removes it...
+    // `paceline cleanup` removes everything a killed agent left...
     let out = a
         .command(AGENT)
         .args(["cleanup", "--state-dir"])
-        .arg(scratch.path("state"))
+        .arg(&state)
+        .arg("--bpffs-dir")
+        .arg(&pins)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(tc_snapshot(&a, &ifname), before, "cleanup restored the interface");
+    assert!(!pins.exists(), "cleanup removed the pins: {}", pins.display());
 
-    // ... and so does the next start, when nobody ran cleanup.
-    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    // ... and a clean stop after an adoption leaves nothing either.
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &state);
     agent.kill9();
-    let agent = Agent::start(&a, &scratch.path("p.yaml"), &scratch.path("state"));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &state);
     let log = agent.stop();
     assert!(
         log.contains("did not exit cleanly"),
         "the restart reports the crash: {log}"
     );
-    assert!(log.contains("removed root"), "and what it removed: {log}");
+    assert!(
+        log.contains("adopt"),
+        "and that it adopted the running datapath: {log}"
+    );
     assert_eq!(tc_snapshot(&a, &ifname), before);
+    assert!(!pins.exists(), "a clean stop removes the pins");
+}
+
+/// A class paced at its rate keeps it across `kill -9`, five seconds without an agent, and a
+/// restart (HTB on this kernel, fq in the VMs): the pinned classifier keeps classifying.
+#[test]
+fn a_class_rate_holds_across_kill9_and_a_restart() {
+    if !privileged("a_class_rate_holds_across_kill9_and_a_restart") {
+        return;
+    }
+    let (_tb, a, b, ifname) = two_hosts("agent_nogap");
+    let scratch = Scratch::new("nogap");
+    let state = scratch.path("state");
+    let cap_mbit = 20.0;
+    let classes = "    - name: capped\n      level: low\n      class_rate: 20Mbit\n";
+    let rules = "    - class: capped\n      protocol: udp\n      dst_port: 5301-5304\n";
+    write(&scratch.path("p.yaml"), &rate_policy(&ifname, classes, rules));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &state);
+    let capped = agent
+        .live_status()
+        .expect("status")
+        .status
+        .policy
+        .classes
+        .iter()
+        .find(|c| c.name == "capped")
+        .expect("class capped")
+        .index as usize;
+    // Four UDP flows at 20 Mbit/s each (80 Mbit/s offered) into a 20 Mbit/s class, for the
+    // whole test.
+    let _server = b.spawn(&[PLLOAD, "serve", "--port", "5301"]).expect("server");
+    let mut clients = Vec::new();
+    for port in 5301..=5304 {
+        let to = format!("{}:{port}", b.ipv4());
+        clients.push(
+            a.spawn(&[
+                PLLOAD,
+                "bulk",
+                "--udp",
+                "--to",
+                &to,
+                "--rate-bps",
+                "20000000",
+                "--duration",
+                "40",
+            ])
+            .expect("client"),
+        );
+    }
+    let rate = |what: &str| {
+        let r = a.tx_rate(&ifname, Duration::from_secs(3)).expect("tx rate") * 8.0 / 1e6;
+        eprintln!(
+            "{what}: {r:.2} Mbit/s for a {cap_mbit} Mbit/s class ({:.3})",
+            r / cap_mbit
+        );
+        r / cap_mbit
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let with_agent = rate("with the agent");
+    let before = pinned_class_packets(&state, capped);
+    agent.kill9();
+    std::thread::sleep(Duration::from_secs(1));
+    let without = rate("killed, no agent");
+    std::thread::sleep(Duration::from_secs(1));
+    let during = pinned_class_packets(&state, capped);
+    assert!(
+        during > before,
+        "the classifier counts with no agent ({before} -> {during})"
+    );
+    let agent = Agent::start(&a, &state.parent().unwrap().join("p.yaml"), &state);
+    let after_restart = rate("after the restart");
+    let after = agent.class_counter("capped", "packets");
+    drop(clients);
+    for (what, r) in [
+        ("with the agent", with_agent),
+        ("without", without),
+        ("after the restart", after_restart),
+    ] {
+        assert!((0.95..=1.05).contains(&r), "{what}: {r:.3} of the class rate");
+    }
+    assert!(
+        after >= during,
+        "the counters do not go back ({during} -> {after})"
+    );
+    agent.stop();
 }
 
 #[test]
