@@ -90,8 +90,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use kernel::Kernel;
-pub use qemu::{Accel, Outcome, install_signal_handlers, interrupted};
+pub use kernel::{Kernel, SERIES, Series};
+pub use qemu::{Accel, Outcome, StdoutSink, install_signal_handlers, interrupted};
 
 /// Modules loaded before the command runs (others load on demand through the autoloader).
 pub const DEFAULT_MODULES: &[&str] = &[
@@ -120,8 +120,52 @@ const PASS_ENV: &[&str] = &[
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Which Debian kernel: 6.1, 6.12 or all (a comma-separated list works too). Default: 6.1
+    /// for `run` (one after the other with several), every kernel for the other commands.
+    #[arg(long, global = true, value_name = "6.1|6.12|all", value_parser = |s: &str| parse_series(s).map(Kernels))]
+    kernel: Option<Kernels>,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// The value of `--kernel`.
+#[derive(Clone, Debug)]
+struct Kernels(Vec<Series>);
+
+/// `--kernel` of the VM commands: `6.1`, `6.12`, `all`, or a comma-separated list.
+pub fn parse_series(s: &str) -> Result<Vec<Series>, String> {
+    let mut v: Vec<Series> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let add: Vec<Series> = if part == "all" {
+            SERIES.to_vec()
+        } else {
+            vec![Series::by_name(part).ok_or_else(|| {
+                format!(
+                    "unknown kernel '{part}' (valid: {}, all)",
+                    SERIES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+                )
+            })?]
+        };
+        for k in add {
+            if !v.contains(&k) {
+                v.push(k);
+            }
+        }
+    }
+    if v.is_empty() {
+        return Err("no kernel named".into());
+    }
+    Ok(v)
+}
+
+/// The kernels to boot for `selected`: a custom `PACELINE_VM_KERNEL` directory replaces them
+/// all with itself (one run).
+pub fn boot_list(selected: &[Series]) -> Vec<Series> {
+    if kernel::custom_dir().is_some() {
+        selected.iter().take(1).copied().collect()
+    } else {
+        selected.to_vec()
+    }
 }
 
 #[derive(clap::Subcommand)]
@@ -185,6 +229,7 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn run_inner(a: Args) -> Result<()> {
+    let every = a.kernel.clone().map(|k| k.0).unwrap_or_else(|| SERIES.to_vec());
     match a.cmd {
         Cmd::Run(r) => {
             let env = r
@@ -204,34 +249,51 @@ fn run_inner(a: Args) -> Result<()> {
                 modules: r.modules,
                 capture_stdout: false,
             };
-            let vm = Vm::prepare()?;
-            match vm.run(&req) {
-                Ok(out) => {
-                    let _ = std::io::Write::flush(&mut std::io::stdout());
-                    if out.status != 0 {
-                        eprintln!("vm: command exited with status {} in the VM", out.status);
-                    }
-                    std::process::exit(out.status.clamp(0, 255));
+            let kernels = boot_list(&a.kernel.map(|k| k.0).unwrap_or_else(|| vec![SERIES[0]]));
+            let several = kernels.len() > 1;
+            let mut worst = 0;
+            for series in kernels {
+                if several {
+                    eprintln!("vm: ==> kernel {}", series.name);
                 }
-                Err(e) => {
-                    eprintln!("vm: error: {e:#}");
-                    std::process::exit(if interrupted().is_some() { 130 } else { 1 });
+                let vm = Vm::prepare(series)?;
+                match vm.run(&req) {
+                    Ok(out) => {
+                        let _ = std::io::Write::flush(&mut std::io::stdout());
+                        if out.status != 0 {
+                            eprintln!(
+                                "vm: command exited with status {} in the VM ({})",
+                                out.status, vm.kernel.release
+                            );
+                            if worst == 0 {
+                                worst = out.status.clamp(1, 255);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("vm: error: {e:#}");
+                        std::process::exit(if interrupted().is_some() { 130 } else { 1 });
+                    }
                 }
             }
+            std::process::exit(worst);
         }
-        Cmd::Fetch => {
-            let vm = Vm::prepare()?;
-            vm.print_info();
-            Ok(())
-        }
-        Cmd::Info => {
-            let vm = Vm::prepare()?;
-            vm.print_info();
+        Cmd::Fetch | Cmd::Info => {
+            for series in boot_list(&every) {
+                let vm = Vm::prepare(series)?;
+                vm.print_info();
+            }
             Ok(())
         }
         Cmd::Selftest(f) => {
-            let vm = Vm::prepare()?;
-            let (passed, failed) = vm.selftest(&f)?;
+            let (mut passed, mut failed) = (0, 0);
+            for series in boot_list(&every) {
+                let vm = Vm::prepare(series)?;
+                let (p, fl) = vm.selftest(&f)?;
+                println!("vm selftest on {}: {p} passed, {fl} failed", vm.kernel.release);
+                passed += p;
+                failed += fl;
+            }
             println!("vm selftest: {passed} passed, {failed} failed");
             let _ = std::io::Write::flush(&mut std::io::stdout());
             if failed > 0 {
@@ -263,10 +325,10 @@ pub struct Vm {
 }
 
 impl Vm {
-    /// Fetches/prepares everything (cached) and decides KVM vs TCG.
-    pub fn prepare() -> Result<Vm> {
+    /// Fetches/prepares everything for `series` (cached) and decides KVM vs TCG.
+    pub fn prepare(series: Series) -> Result<Vm> {
         qemu::check_qemu()?;
-        let kernel = kernel::ensure()?;
+        let kernel = kernel::ensure(series)?;
         let initramfs = initramfs::ensure(&kernel)?;
         let cache_root = kernel::cache_root()?;
         let (accel, accel_why) = qemu::detect_accel(&kernel, &initramfs, &cache_root)?;
@@ -281,6 +343,15 @@ impl Vm {
 
     pub fn print_info(&self) {
         println!("kernel:     {} ({})", self.kernel.release, self.kernel.origin);
+        let config = self.kernel.config();
+        let has = |k: &str| matches!(config.get(k).map(String::as_str), Some("y" | "m"));
+        println!(
+            "offers:     tcx {}, sch_fq {}, sch_htb {}, clsact {} (from its config)",
+            has("CONFIG_NET_XGRESS"),
+            has("CONFIG_NET_SCH_FQ"),
+            has("CONFIG_NET_SCH_HTB"),
+            has("CONFIG_NET_SCH_INGRESS")
+        );
         println!("image:      {}", self.kernel.image.display());
         println!("modules:    {}", self.kernel.modules_dir.display());
         println!("initramfs:  {}", self.initramfs.display());
@@ -295,6 +366,11 @@ impl Vm {
     /// Boots the VM and runs `req.command`; `Ok` carries the command's exit status, `Err` means
     /// the VM itself failed (boot, panic, timeout, signal).
     pub fn run(&self, req: &Request) -> Result<Outcome> {
+        self.run_with(req, None)
+    }
+
+    /// [`Vm::run`] with the command's stdout handed to `sink` as it comes.
+    pub fn run_with(&self, req: &Request, sink: Option<qemu::StdoutSink>) -> Result<Outcome> {
         let run_dir = qemu::tempdir("run")?;
         let share = share_dir();
         fs::create_dir_all(&share).with_context(|| format!("creating {}", share.display()))?;
@@ -438,7 +514,7 @@ impl Vm {
             req.flags.mem,
             shell_words(&req.command)
         );
-        let boot = qemu::Boot {
+        let mut boot = qemu::Boot {
             kernel: &self.kernel,
             initramfs: &self.initramfs,
             accel: self.accel,
@@ -449,8 +525,9 @@ impl Vm {
             share: Some(&share),
             run_dir: run_dir.path(),
             capture_stdout: req.capture_stdout,
+            stdout_sink: sink,
         };
-        let out = qemu::run(&boot)?;
+        let out = qemu::run(&mut boot)?;
         eprintln!(
             "vm: exit status {} (boot {}, total {:.1} s)",
             out.status,
