@@ -1,7 +1,11 @@
-//! `cargo xtask vm ...`: runs a command inside a VM booting Debian's stock 6.1 kernel, where the
-//! qdiscs the project needs (sch_fq above all, which enforces EDT timestamps) exist as modules.
+//! `cargo xtask vm ...`: runs a command inside a VM booting one of Debian 12's stock kernels,
+//! 6.1 (clsact) or 6.12 (tcx), where the qdiscs the project needs (sch_fq above all, which
+//! enforces EDT timestamps) exist as modules.
 //!
 //! # Commands
+//! Every command takes `--kernel 6.1|6.12|all` (or a comma-separated list): `run` boots 6.1
+//! unless told otherwise (with several kernels, one after the other; the exit status is the
+//! first non-zero one), `fetch`, `info` and `selftest` do every kernel by default.
 //! - `cargo xtask vm run [--timeout SECS] [--mem MiB] [--smp N] [--module M]... [--env K=V]...
 //!   [--cwd DIR] [--verbose] -- <command> [args...]`: boots, runs the command, streams its
 //!   stdout/stderr live and exits with its exit status. A kernel panic or oops, a timeout
@@ -15,15 +19,21 @@
 //!
 //! # Boot flow (about 4 s under TCG on an idle 2-core host, 6-8 s when it is busy compiling)
 //! 1. Kernel (`vm/kernel.rs`): the newest `linux-image-6.1.0-NN-amd64-unsigned` (else the signed
-//!    `linux-image-6.1.0-NN-amd64`) that `apt-cache` lists is fetched with `apt-get download`,
+//!    `linux-image-6.1.0-NN-amd64`), or for 6.12 `linux-image-6.12.NNN+deb12-amd64[-unsigned]`
+//!    (bookworm-security), that `apt-cache` lists is fetched with `apt-get download`,
 //!    unpacked with `dpkg-deb -x`, and prepared once. `apt-get update` runs only when apt lists
 //!    no such package and none is cached, or when the download fails (stale lists); offline,
 //!    the newest cached kernel is used. Preparation: the ELF `vmlinux` is extracted from the
-//!    bzImage (xz with the x86 BCJ filter, via liblzma) because under TCG the kernel's own
-//!    decompressor costs ~7 s of boot; module signatures are stripped (checking them costs
+//!    bzImage (6.1: xz with the x86 BCJ filter, via liblzma; 6.12: zstd, via ruzstd) because
+//!    under TCG the kernel's own decompressor costs ~7 s of boot; 6.12's `.ko.xz` modules are
+//!    decompressed (busybox insmod cannot); module signatures are stripped (checking them costs
 //!    ~60 ms per module under TCG; sig_enforce is off, so the kernel loads them and marks
 //!    itself tainted `E`); `modules.dep` and `modules.alias` (without device-ID aliases) are
-//!    generated from each module's `.modinfo` (no kmod needed on the host).
+//!    generated from each module's `.modinfo` (no kmod needed on the host). Modules built into
+//!    a kernel (`modules.builtin`: virtio_pci and virtio_console in 6.12) are not loaded.
+//!    Both kernels have as modules: sch_fq, sch_htb, sch_tbf, sch_ingress (clsact), cls_bpf,
+//!    act_bpf, veth, bridge, 8021q, tun ([`DEFAULT_MODULES`]), 9pnet_virtio, 9p, overlay; 6.12
+//!    has tcx built in (`CONFIG_NET_XGRESS=y`), 6.1 predates it.
 //! 2. Initramfs (`vm/initramfs.rs`): the host's static busybox (busybox-static), the modules
 //!    needed to reach the host (virtio_pci, virtio_console, 9pnet_virtio, 9p, overlay and
 //!    their dependencies, insmod-ed in dependency order by `/init`), and `/init` itself, a
@@ -67,12 +77,14 @@
 //! `/var/cache/paceline/vm/` (override: `PACELINE_VM_CACHE`; when not writable:
 //! `~/.cache/paceline/vm`), outside the repo so fresh clones reuse it:
 //! `<release>/{vmlinux,vmlinuz,config,System.map,lib/modules/<release>/,initramfs-<hash>.cpio}`
-//! (about 470 MB per kernel), `accel-<boot id>` (KVM probe result), `apt-kernels` (apt's
-//! answer, reused until apt's lists change). Deleting any of it is safe.
+//! (about 470 MB for 6.1, 570 MB for 6.12), `accel-<boot id>` (KVM probe result),
+//! `apt-kernels-<series>` (apt's answer, reused until apt's lists change). Deleting any of it
+//! is safe.
 //!
 //! # Environment
-//! - `PACELINE_VM_KERNEL`: a Debian ABI (`6.1.0-55`) instead of the newest, or a directory
-//!   holding a kernel image (`vmlinux`, `vmlinuz`, `bzImage` or `boot/vmlinuz-<release>`) and
+//! - `PACELINE_VM_KERNEL`: a Debian version (`6.1.0-55`, `6.12.107`) instead of the newest of
+//!   its series (the other series keeps its newest), or a directory (replacing both series:
+//!   one VM run) holding a kernel image (`vmlinux`, `vmlinuz`, `bzImage` or `boot/vmlinuz-<release>`) and
 //!   `lib/modules/<release>/` (e.g. an unpacked .deb, or a kernel build with
 //!   `make modules_install INSTALL_MOD_PATH=<dir>` and its bzImage copied there; modules may
 //!   be .ko or .ko.xz). The directory is only read; it is imported once into the cache.
