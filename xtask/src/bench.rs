@@ -37,7 +37,7 @@ struct ExpArgs {
     mem: u32,
     /// The VM's kernel: 6.1 (the published figures) or 6.12; results of 6.12 go to
     /// results/<name>-6.12/.
-    #[arg(long, default_value = "6.1", value_parser = parse_one_kernel)]
+    #[arg(long, default_value = "6.1", value_name = "6.1|6.12", value_parser = parse_one_kernel)]
     kernel: vm::Series,
 }
 

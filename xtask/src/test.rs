@@ -224,7 +224,9 @@ impl LibtestEcho {
             let result = done
                 && line.starts_with("test ")
                 && [" ok", " FAILED", " ignored"].iter().any(|e| line.ends_with(e));
-            if !self.in_successes {
+            // the header of the section left out says nothing by itself
+            let header = done && line == "successes:" && self.line.len() == seg.len();
+            if !self.in_successes && !header {
                 if result {
                     out(&seg[..seg.len() - 1]);
                     out(format!(" ({:.1} s)\n", self.last.elapsed().as_secs_f64()).as_bytes());
@@ -947,4 +949,71 @@ fn uname_r() -> String {
     unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
         .to_string_lossy()
         .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OUT: &str = "running 2 tests\ntest a ... ok\ntest b ... ok\n\nsuccesses:\n\n---- b stdout ----\nsome output\nSKIPPED: b: needs root\n\n\nsuccesses:\n    a\n    b\n\ntest result: ok. 2 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s\n";
+
+    #[test]
+    fn echo_keeps_results_and_skips_and_drops_passing_tests_output() {
+        let mut e = LibtestEcho::new();
+        let mut shown = Vec::new();
+        // in pieces, as a pipe delivers them
+        for piece in OUT.as_bytes().chunks(7) {
+            e.feed(piece, &mut |b| shown.extend_from_slice(b));
+        }
+        let shown = String::from_utf8(shown).unwrap();
+        assert!(shown.contains("test a ... ok ("), "{shown}");
+        assert!(shown.contains("SKIPPED: b: needs root\n"), "{shown}");
+        assert!(!shown.contains("some output"), "{shown}");
+        assert!(!shown.contains("    a\n"), "{shown}");
+        assert!(shown.contains("\ntest result: ok. 2 passed"), "{shown}");
+    }
+
+    #[test]
+    fn counts_subtract_skipped_tests_from_passed() {
+        let mut c = Counts::default();
+        for l in OUT.lines() {
+            c.add_line(l);
+        }
+        assert_eq!((c.ran(), c.skipped, c.failed, c.ignored), (1, 1, 0, 1));
+        assert_eq!(c.show(), "1 passed, 1 skipped, 0 failed, 1 ignored");
+    }
+
+    #[test]
+    fn probe_log_is_checked_against_the_kernel_config() {
+        let log = "paceline-probe: [2026-12-01T07:48:03Z INFO  paceline::agent] kernel 6.12.117+deb12-amd64: tcx=true sch_fq=true sch_htb=false clsact=true btf=true cgroup2=/sys/fs/cgroup\n\
+                   paceline-probe: [2026-12-01T07:48:03Z INFO  paceline::agent] plprobe0: classifier attached (tcx), root qdisc mq + 2 x fq\n\
+                   paceline-probe: [2026-12-01T07:48:03Z INFO  paceline::agent] paceline running: policy p.yaml\n";
+        let p = Probe::parse(log);
+        assert_eq!(p.attach.as_deref(), Some("tcx"));
+        assert_eq!(p.root_qdisc.as_deref(), Some("mq"));
+        let config: HashMap<String, String> = [
+            ("CONFIG_NET_XGRESS", "y"),
+            ("CONFIG_NET_SCH_FQ", "m"),
+            ("CONFIG_NET_SCH_HTB", "m"),
+            ("CONFIG_NET_SCH_INGRESS", "m"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let row = probe_row("vm", &p, &Expected::from_config(&config));
+        assert!(
+            !row.ok,
+            "sch_htb=false against CONFIG_NET_SCH_HTB=m: {}",
+            row.note
+        );
+        assert!(row.note.contains("sch_htb=false"), "{}", row.note);
+        let fixed = Probe::parse(&log.replace("sch_htb=false", "sch_htb=true"));
+        let row = probe_row("vm", &fixed, &Expected::from_config(&config));
+        assert!(row.ok, "{}", row.note);
+        // 6.1: no tcx in its config, so the agent must attach with clsact
+        let mut c61 = config.clone();
+        c61.remove("CONFIG_NET_XGRESS");
+        let row = probe_row("vm", &fixed, &Expected::from_config(&c61));
+        assert!(!row.ok && row.note.contains("expected clsact"), "{}", row.note);
+    }
 }

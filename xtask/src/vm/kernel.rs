@@ -951,3 +951,30 @@ impl Flock {
         Ok(Flock(f))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_parse_their_own_packages_and_versions_only() {
+        let (s61, s612) = (SERIES[0], SERIES[1]);
+        assert_eq!(s61.parse_package("linux-image-6.1.0-57-amd64"), Some(57));
+        assert_eq!(s61.parse_package("linux-image-6.1.0-57-amd64-unsigned"), Some(57));
+        assert_eq!(s61.parse_package("linux-image-6.1.0-57-cloud-amd64"), None);
+        assert_eq!(s61.parse_package("linux-image-6.1.0-57-amd64-dbg"), None);
+        assert_eq!(
+            s612.parse_package("linux-image-6.12.117+deb12-amd64-unsigned"),
+            Some(117)
+        );
+        assert_eq!(s612.parse_package("linux-image-6.12.117+deb12-rt-amd64"), None);
+        assert_eq!(s612.parse_package("linux-image-6.1.0-57-amd64"), None);
+        assert_eq!(s612.release(117), "6.12.117+deb12-amd64");
+        assert_eq!(s61.parse_release("6.12.117+deb12-amd64"), None);
+        assert_eq!(s61.parse_user("6.1.0-55"), Some(55));
+        assert_eq!(s61.parse_user("6.1.0-55-amd64"), Some(55));
+        assert_eq!(s612.parse_user("6.12.107"), Some(107));
+        assert_eq!(s612.parse_user("linux-image-6.12.107+deb12-amd64"), Some(107));
+        assert_eq!(s612.parse_user("6.1.0-55"), None);
+    }
+}
