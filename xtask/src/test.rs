@@ -290,7 +290,10 @@ fn run_inner(a: Args) -> Result<()> {
         println!("==> host kernel {host_kernel}: cargo test --workspace");
         let t0 = Instant::now();
         let mut cmd = Command::new(cargo());
-        cmd.current_dir(&root).args(["test", "--workspace"]);
+        // --no-fail-fast: a failing test binary (say the deploy tests) must not keep the
+        // privileged suite from running and being counted.
+        cmd.current_dir(&root)
+            .args(["test", "--workspace", "--no-fail-fast"]);
         // One test at a time within each test binary: the privileged tests measure rates and
         // deadlines on a 2-core machine, and two of them at once disturb each other (the
         // suite takes about 30 s longer this way).
