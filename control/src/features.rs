@@ -99,7 +99,9 @@ fn probe_qdiscs() -> QdiscSupport {
                 .unwrap_or(false)
         };
         let fq = ok(&["qdisc", "add", "dev", "lo", "root", "handle", "1:", "fq"]);
-        let htb = ok(&["qdisc", "replace", "dev", "lo", "root", "handle", "1:", "htb"]);
+        // Another handle than fq's: replacing a qdisc by one of another kind under the same
+        // handle is refused ("Invalid qdisc name"), which hid sch_htb wherever sch_fq exists.
+        let htb = ok(&["qdisc", "replace", "dev", "lo", "root", "handle", "2:", "htb"]);
         let clsact = ok(&["qdisc", "add", "dev", "lo", "clsact"]);
         Some(QdiscSupport { fq, htb, clsact })
     });

@@ -4,8 +4,8 @@
 //! - `datapath`: the tc classifier's ns/packet per path against an empty classifier, via
 //!   BPF_PROG_TEST_RUN on this machine's kernel (`plbench datapath`).
 //! - `pacing`, `qjump`, `pacing-study`: the seeds' experiments (`plexp <name>`), run inside the
-//!   VM (Debian 6.1 with sch_fq, so EDT is enforced); results, tables and plots land in
-//!   `results/<name>/`. `--host` runs them on this machine's kernel instead (no fq: HTB and
+//!   VM (Debian 6.1 with sch_fq, so EDT is enforced; `--kernel 6.12` boots 6.12 instead, into
+//!   `results/<name>-6.12/`); results, tables and plots land in `results/<name>/`. `--host` runs them on this machine's kernel instead (no fq: HTB and
 //!   TCP's own pacing enforce), into `results/<name>-host/`.
 //! - `d3`: the D3 evaluation (partition-aggregate); meant for `--host` (see its help).
 //! - `apply`: parsing, compiling and writing a generated 100,000-rule policy into the
@@ -37,6 +37,17 @@ struct ExpArgs {
     /// VM memory in MiB.
     #[arg(long, default_value_t = 3072)]
     mem: u32,
+    /// The VM's kernel: 6.1 (the published figures) or 6.12; results of 6.12 go to
+    /// results/<name>-6.12/.
+    #[arg(long, default_value = "6.1", value_name = "6.1|6.12", value_parser = parse_one_kernel)]
+    kernel: vm::Series,
+}
+
+fn parse_one_kernel(s: &str) -> Result<vm::Series, String> {
+    match vm::parse_series(s)?.as_slice() {
+        [one] => Ok(*one),
+        _ => Err("one kernel: 6.1 or 6.12".into()),
+    }
 }
 
 #[derive(clap::Subcommand)]
@@ -101,8 +112,13 @@ fn experiment(name: &str, a: &ExpArgs, extra: &[String], suffix: Option<&str>) -
     }
     args.extend(extra.iter().cloned());
     let dir = format!(
-        "{name}{}{}",
+        "{name}{}{}{}",
         if a.host { "-host" } else { "" },
+        if !a.host && a.kernel != vm::SERIES[0] {
+            format!("-{}", a.kernel.name)
+        } else {
+            String::new()
+        },
         suffix.map(|s| format!("-{s}")).unwrap_or_default()
     );
     if a.host {
@@ -126,7 +142,7 @@ fn experiment(name: &str, a: &ExpArgs, extra: &[String], suffix: Option<&str>) -
     std::fs::create_dir_all(&share)?;
     args.push("--out".into());
     args.push(share.display().to_string());
-    let machine = vm::Vm::prepare()?;
+    let machine = vm::Vm::prepare(a.kernel)?;
     let mut command = vec![exe.display().to_string()];
     command.extend(args);
     let outcome = machine.run(&vm::Request {

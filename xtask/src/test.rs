@@ -1,32 +1,52 @@
 //! `cargo xtask test`: the project's whole test command.
 //!
-//! 1. Host: `cargo test --workspace` (minus the members that are not default members, i.e. the
-//!    eBPF crate that only builds for the bpf target): unit tests and the privileged
-//!    integration tests, run as root on the host kernel.
-//! 2. VM (default on; `--no-vm`/`--host-only` skip it, `--vm-only` skips step 1): builds
-//!    `paceline-tests`' integration test binaries (`cargo test --no-run --message-format=json
-//!    -p paceline-tests`) and runs each inside the VM (see `vm.rs`) on Debian's 6.1 kernel,
-//!    where sch_fq enforces EDT. While the package has no integration test target yet, the VM
-//!    harness self-test runs instead, so the VM kernel is still exercised.
+//! 1. Host (`--kernel host`): `cargo test --workspace` (minus the members that are not default
+//!    members, i.e. the eBPF crate that only builds for the bpf target): unit tests and the
+//!    privileged integration tests, run as root on the host kernel.
+//! 2. VMs (`--kernel 6.1`, `--kernel 6.12`): `paceline-tests`' integration test binaries (built
+//!    by the same `cargo test --workspace --no-run`, so nothing is compiled twice) run inside a
+//!    VM booting Debian 12's 6.1 kernel (clsact, sch_fq), then one booting its 6.12 kernel (tcx,
+//!    sch_fq); see `vm.rs`. One boot per test binary and kernel.
 //!
-//! Arguments after `--` go to every test binary (filters, `--nocapture`, ...). Prints a summary
-//! per kernel and ends with `total: N passed, M failed`; exits non-zero if anything failed.
+//! `--kernel` takes `host`, `6.1`, `6.12`, `vm` (both VMs), `all` (the default) or a
+//! comma-separated list; `--no-vm`/`--host-only` and `--vm-only` are the older spellings of
+//! `host` and `vm`.
+//!
+//! On each kernel, before its tests, the agent starts once in a throwaway network namespace
+//! on a veth pair with `enforcement: auto` and its start-up log is kept: the feature probe
+//! (`kernel R: tcx=.. sch_fq=..`), the attach mode and the root qdisc it chose. The summary
+//! shows them, and they must agree with the kernel's build configuration (`CONFIG_NET_XGRESS`
+//! for tcx, `CONFIG_NET_SCH_FQ`, `CONFIG_NET_SCH_HTB`, `CONFIG_NET_SCH_INGRESS` for clsact):
+//! the tests that check the attach and enforcement modes expect what the agent's probe says,
+//! so a probe that misjudged a kernel would otherwise go unnoticed.
+//!
+//! Arguments after `--` go to every test binary (filters, `--nocapture`, ...); `--show-output`
+//! is added so that the `SKIPPED: <why>` lines of tests that skipped themselves can be counted
+//! (of the output of passing tests only those lines are echoed). Prints a summary per kernel
+//! (passed, skipped, failed, ignored, time) and ends with `total: N passed, M failed, K
+//! skipped`; exits non-zero if anything failed.
 
-use crate::vm;
+use crate::vm::{self, SERIES, Series};
 use anyhow::{Context, Result, bail};
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Run the integration tests in the VM too (the default).
+    /// Where the privileged suite runs: host, 6.1, 6.12, vm (both VMs), all (the default), or
+    /// a comma-separated list (6.1 and 6.12 are Debian 12 kernels booted in qemu).
+    #[arg(long, value_name = "host|6.1|6.12|vm|all", value_delimiter = ',')]
+    kernel: Vec<String>,
+    /// Run the integration tests in the VMs too (the default).
     #[arg(long, overrides_with_all = ["no_vm"])]
     vm: bool,
-    /// Skip the VM (host kernel only).
+    /// Skip the VMs (host kernel only; same as `--kernel host`).
     #[arg(long = "no-vm", visible_alias = "host-only", overrides_with_all = ["vm"])]
     no_vm: bool,
-    /// Only the VM part (skip `cargo test --workspace` on the host).
+    /// Only the VMs (skip `cargo test --workspace` on the host; same as `--kernel vm`).
     #[arg(long, conflicts_with = "no_vm")]
     vm_only: bool,
     /// Kill a VM test binary after this many seconds.
@@ -46,6 +66,65 @@ pub struct Args {
     test_args: Vec<String>,
 }
 
+/// Where the suite runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Target {
+    Host,
+    Vm(Series),
+}
+
+fn targets(a: &Args) -> Result<Vec<Target>> {
+    fn add(t: &mut Vec<Target>, x: Target) {
+        if !t.contains(&x) {
+            t.push(x);
+        }
+    }
+    let mut t: Vec<Target> = Vec::new();
+    let names: Vec<&str> = if a.kernel.is_empty() {
+        vec!["all"]
+    } else {
+        a.kernel.iter().map(|s| s.trim()).collect()
+    };
+    for n in names {
+        match n {
+            "host" => add(&mut t, Target::Host),
+            "all" | "vm" => {
+                if n == "all" {
+                    add(&mut t, Target::Host);
+                }
+                for s in SERIES {
+                    add(&mut t, Target::Vm(*s));
+                }
+            }
+            other => {
+                let series = vm::parse_series(other)
+                    .map_err(|e| anyhow::anyhow!("--kernel: {e}, or host, vm (both VMs)"))?;
+                for s in series {
+                    add(&mut t, Target::Vm(s));
+                }
+            }
+        }
+    }
+    if a.no_vm {
+        t.retain(|x| *x == Target::Host);
+    }
+    if a.vm_only {
+        t.retain(|x| *x != Target::Host);
+    }
+    // a custom PACELINE_VM_KERNEL directory is one kernel, booted once
+    if vm::boot_list(SERIES).len() < SERIES.len() {
+        let mut seen_vm = false;
+        t.retain(|x| match x {
+            Target::Host => true,
+            Target::Vm(_) => !std::mem::replace(&mut seen_vm, true),
+        });
+    }
+    if t.is_empty() {
+        bail!("--kernel/--no-vm/--vm-only select no kernel");
+    }
+    Ok(t)
+}
+
 /// One line of the summary.
 struct Row {
     kernel: String,
@@ -53,6 +132,7 @@ struct Row {
     counts: Counts,
     ok: bool,
     note: String,
+    secs: Option<f64>,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -60,12 +140,19 @@ struct Counts {
     passed: u64,
     failed: u64,
     ignored: u64,
+    /// Tests that passed by skipping themselves (`SKIPPED: ...` in their output).
+    skipped: u64,
     seen: bool,
 }
 
 impl Counts {
-    /// Adds up libtest's `test result: ok. 3 passed; 0 failed; 1 ignored; ...` lines.
+    /// Adds up libtest's `test result: ok. 3 passed; 0 failed; 1 ignored; ...` lines and the
+    /// `SKIPPED:` lines of the tests that skipped themselves.
     fn add_line(&mut self, line: &str) {
+        if line.trim_start().starts_with("SKIPPED: ") {
+            self.skipped += 1;
+            return;
+        }
         let Some(rest) = line.trim().strip_prefix("test result: ") else {
             return;
         };
@@ -86,14 +173,83 @@ impl Counts {
             }
         }
     }
+    /// Passed without skipping.
+    fn ran(&self) -> u64 {
+        self.passed.saturating_sub(self.skipped)
+    }
     fn show(&self) -> String {
         if self.seen {
             format!(
-                "{} passed, {} failed, {} ignored",
-                self.passed, self.failed, self.ignored
+                "{} passed, {} skipped, {} failed, {} ignored",
+                self.ran(),
+                self.skipped,
+                self.failed,
+                self.ignored
             )
         } else {
             "no test results".into()
+        }
+    }
+}
+
+/// Echoes libtest's output except what `--show-output` adds for passing tests, of which only
+/// the `SKIPPED:` lines are kept. Partial lines go out as they come (the name of the running
+/// test), except inside that section. Each `test NAME ... ok` line gets the seconds since the
+/// previous one (the tests run one at a time), to show where the time goes.
+struct LibtestEcho {
+    in_successes: bool,
+    line: Vec<u8>,
+    last: Instant,
+}
+
+impl LibtestEcho {
+    fn new() -> Self {
+        LibtestEcho {
+            in_successes: false,
+            line: Vec::new(),
+            last: Instant::now(),
+        }
+    }
+
+    /// Feeds bytes; calls `out` with what is to be shown.
+    fn feed(&mut self, mut data: &[u8], out: &mut dyn FnMut(&[u8])) {
+        while !data.is_empty() {
+            let (seg, done) = match data.iter().position(|&b| b == b'\n') {
+                Some(i) => (&data[..=i], true),
+                None => (data, false),
+            };
+            data = &data[seg.len()..];
+            self.line.extend_from_slice(seg);
+            let line = String::from_utf8_lossy(&self.line).trim_end().to_string();
+            let result = done
+                && line.starts_with("test ")
+                && [" ok", " FAILED", " ignored"].iter().any(|e| line.ends_with(e));
+            // the header of the section left out says nothing by itself
+            let header = done && line == "successes:" && self.line.len() == seg.len();
+            if !self.in_successes && !header {
+                if result {
+                    out(&seg[..seg.len() - 1]);
+                    out(format!(" ({:.1} s)\n", self.last.elapsed().as_secs_f64()).as_bytes());
+                } else {
+                    out(seg);
+                }
+            }
+            if done && (result || line.starts_with("running ")) {
+                self.last = Instant::now();
+            }
+            if done {
+                self.line.clear();
+                if self.in_successes {
+                    if line == "failures:" || line.starts_with("test result: ") {
+                        self.in_successes = false;
+                        out(format!("\n{line}\n").as_bytes());
+                    } else if line.trim_start().starts_with("SKIPPED: ") {
+                        out(format!("{line}\n").as_bytes());
+                    }
+                } else if line == "successes:" {
+                    self.in_successes = true;
+                }
+            }
         }
     }
 }
@@ -106,17 +262,38 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
+fn fmt_secs(s: f64) -> String {
+    let s = s.round() as u64;
+    if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
 fn run_inner(a: Args) -> Result<()> {
-    let use_vm = !a.no_vm;
+    let t_all = Instant::now();
+    let targets = targets(&a)?;
     let root = vm::repo_root();
     let mut rows: Vec<Row> = Vec::new();
     let host_kernel = uname_r();
+    let excluded = non_default_members(&root)?;
+    let mut test_args = a.test_args.clone();
+    if !test_args
+        .iter()
+        .any(|x| x == "--show-output" || x == "--nocapture")
+    {
+        test_args.push("--show-output".into());
+    }
 
-    if !a.vm_only {
+    if targets.contains(&Target::Host) {
         println!("==> host kernel {host_kernel}: cargo test --workspace");
-        let excluded = non_default_members(&root)?;
+        let t0 = Instant::now();
         let mut cmd = Command::new(cargo());
-        cmd.current_dir(&root).args(["test", "--workspace"]);
+        // --no-fail-fast: a failing test binary (say the deploy tests) must not keep the
+        // privileged suite from running and being counted.
+        cmd.current_dir(&root)
+            .args(["test", "--workspace", "--no-fail-fast"]);
         // One test at a time within each test binary: the privileged tests measure rates and
         // deadlines on a 2-core machine, and two of them at once disturb each other (the
         // suite takes about 30 s longer this way).
@@ -126,9 +303,7 @@ fn run_inner(a: Args) -> Result<()> {
         for p in &excluded {
             cmd.args(["--exclude", p]);
         }
-        if !a.test_args.is_empty() {
-            cmd.arg("--").args(&a.test_args);
-        }
+        cmd.arg("--").args(&test_args);
         let (ok, counts) = run_streaming(cmd)?;
         rows.push(Row {
             kernel: format!("host {host_kernel}"),
@@ -140,50 +315,82 @@ fn run_inner(a: Args) -> Result<()> {
             } else {
                 format!("(excluded {})", excluded.join(", "))
             },
+            secs: Some(t0.elapsed().as_secs_f64()),
         });
         stop_if_interrupted(&rows)?;
     }
 
-    if use_vm {
-        match vm_part(&a, &root, &mut rows) {
-            Ok(()) => {}
-            Err(e) => {
-                eprintln!("xtask test: VM step failed: {e:#}");
-                rows.push(Row {
-                    kernel: "vm".into(),
-                    what: "VM step".into(),
-                    counts: Counts {
-                        failed: 1,
-                        ..Default::default()
-                    },
-                    ok: false,
-                    note: format!("{e:#}"),
-                });
+    let vms: Vec<Series> = targets
+        .iter()
+        .filter_map(|t| match t {
+            Target::Vm(s) => Some(*s),
+            Target::Host => None,
+        })
+        .collect();
+    println!("==> the integration tests and the agent for the probes: cargo test --workspace --no-run");
+    let built = match build_integration_tests(&root, &excluded) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            rows.push(failed_row("build", "cargo test --no-run", &e));
+            None
+        }
+    };
+    stop_if_interrupted(&rows)?;
+
+    if targets.contains(&Target::Host)
+        && let Some(b) = &built
+    {
+        println!("==> host kernel {host_kernel}: the agent's feature probe");
+        let expected = Expected::from_config(&host_config());
+        let out = Command::new("sh")
+            .args(["-c", PROBE_SCRIPT, "sh"])
+            .arg(&b.agent)
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running the agent's feature probe")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        print!("{text}");
+        rows.push(probe_row(
+            &format!("host {host_kernel}"),
+            &Probe::parse(&text),
+            &expected,
+        ));
+    }
+
+    if let Some(b) = &built {
+        for series in &vms {
+            let t0 = Instant::now();
+            if let Err(e) = vm_part(&a, series, b, &test_args, &mut rows) {
+                eprintln!("xtask test: VM step on {} failed: {e:#}", series.name);
+                let mut r = failed_row(&format!("vm {}", series.name), "VM step", &e);
+                r.secs = Some(t0.elapsed().as_secs_f64());
+                rows.push(r);
             }
+            stop_if_interrupted(&rows)?;
         }
     }
 
     // summary
     println!();
     println!("==> summary");
-    let (mut p, mut f) = (0, 0);
+    let (mut p, mut f, mut sk) = (0, 0, 0);
     for r in &rows {
-        println!(
-            "  {:<8} {:<28} {:<40} {} {}",
-            if r.ok { "ok" } else { "FAILED" },
-            r.kernel,
-            r.what,
-            r.counts.show(),
-            r.note
-        );
-        p += r.counts.passed;
+        print_row(r);
+        p += r.counts.ran();
+        sk += r.counts.skipped;
         f += r.counts.failed;
         if !r.ok && r.counts.failed == 0 {
             f += 1; // a failed step without test counts (build error, VM failure) still counts
         }
     }
-    if !use_vm {
-        println!("  (VM kernel skipped: --no-vm/--host-only)");
+    let not_run: Vec<&str> = [("host", Target::Host)]
+        .into_iter()
+        .chain(SERIES.iter().map(|s| (s.name, Target::Vm(*s))))
+        .filter(|(_, t)| !targets.contains(t))
+        .map(|(n, _)| n)
+        .collect();
+    if !not_run.is_empty() {
+        println!("  (not run: {}; see --kernel)", not_run.join(", "));
     }
     let kernels: Vec<&str> = {
         let mut k: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
@@ -191,7 +398,8 @@ fn run_inner(a: Args) -> Result<()> {
         k
     };
     println!("  kernels: {}", kernels.join(", "));
-    println!("total: {p} passed, {f} failed");
+    println!("  time: {}", fmt_secs(t_all.elapsed().as_secs_f64()));
+    println!("total: {p} passed, {f} failed, {sk} skipped");
     let _ = std::io::stdout().flush();
     if rows.iter().any(|r| !r.ok) {
         std::process::exit(1);
@@ -199,41 +407,270 @@ fn run_inner(a: Args) -> Result<()> {
     Ok(())
 }
 
-fn vm_part(a: &Args, root: &Path, rows: &mut Vec<Row>) -> Result<()> {
+fn print_row(r: &Row) {
+    println!(
+        "  {:<7} {:<32} {:<28} {}{}{}",
+        if r.ok { "ok" } else { "FAILED" },
+        r.kernel,
+        r.what,
+        if r.counts.seen {
+            format!("{} ", r.counts.show())
+        } else {
+            String::new()
+        },
+        r.secs.map(|s| format!("[{}] ", fmt_secs(s))).unwrap_or_default(),
+        r.note
+    );
+}
+
+fn failed_row(kernel: &str, what: &str, e: &anyhow::Error) -> Row {
+    Row {
+        kernel: kernel.into(),
+        what: what.into(),
+        counts: Counts {
+            failed: 1,
+            ..Default::default()
+        },
+        ok: false,
+        note: format!("{e:#}"),
+        secs: None,
+    }
+}
+
+/// Starts the agent (`$1`) in a throwaway network namespace on a veth pair with `enforcement:
+/// auto`, waits until it runs (at most 2 min: TCG), stops it and prints its log, each line
+/// prefixed `paceline-probe: `.
+const PROBE_SCRIPT: &str = r#"
+agent=$1
+d=$(mktemp -d /tmp/paceline-probe.XXXXXX) || exit 1
+cat >"$d/p.yaml" <<'EOF'
+apiVersion: paceline/v1
+kind: Policy
+spec:
+  interfaces: [plprobe0]
+  enforcement: auto
+  link_rate: 1Gbit
+  levels:
+    - {name: all, priority: 0}
+  classes:
+    - {name: all, level: all}
+  default_class: all
+EOF
+unshare --net sh -c '
+  ip link set lo up
+  ip link add plprobe0 type veth peer name plprobe1 || exit 1
+  ip link set plprobe0 up; ip link set plprobe1 up
+  RUST_LOG=info "$1" agent --policy "$2/p.yaml" --state-dir "$2/state" \
+    --bpffs-dir "/sys/fs/bpf/paceline-probe-$$" --metrics-addr 127.0.0.1:9979 >"$2/log" 2>&1 &
+  pid=$!
+  i=0
+  while [ $i -lt 1200 ] && kill -0 $pid 2>/dev/null && ! grep -qs "paceline running" "$2/log"; do
+    sleep 0.1; i=$((i+1))
+  done
+  kill -TERM $pid 2>/dev/null; wait $pid
+' sh "$agent" "$d"
+sed 's/^/paceline-probe: /' "$d/log"
+rm -rf "$d"
+"#;
+
+/// What the agent's start-up log said.
+#[derive(Default, Debug)]
+struct Probe {
+    features: HashMap<String, String>,
+    attach: Option<String>,
+    root_qdisc: Option<String>,
+    running: bool,
+}
+
+impl Probe {
+    fn parse(text: &str) -> Probe {
+        let mut p = Probe::default();
+        for line in text.lines().filter_map(|l| l.strip_prefix("paceline-probe: ")) {
+            // `[... INFO  paceline::agent] kernel 6.12.57+deb12-amd64: tcx=true sch_fq=true ...`
+            if let Some((_, rest)) = line.split_once("] kernel ")
+                && let Some((release, kv)) = rest.split_once(": ")
+            {
+                p.features.insert("release".into(), release.to_string());
+                for w in kv.split_whitespace() {
+                    if let Some((k, v)) = w.split_once('=') {
+                        p.features.insert(k.to_string(), v.to_string());
+                    }
+                }
+            }
+            // `[...] plprobe0: classifier attached (tcx), root qdisc htb`
+            if let Some((_, rest)) = line.split_once("classifier attached (")
+                && let Some((mode, tail)) = rest.split_once(')')
+            {
+                p.attach = Some(mode.to_string());
+                p.root_qdisc = tail
+                    .split_once("root qdisc ")
+                    .and_then(|(_, q)| q.split_whitespace().next())
+                    .map(|q| q.trim_end_matches(',').to_string());
+            }
+            if line.contains("paceline running") {
+                p.running = true;
+            }
+        }
+        p
+    }
+
+    fn flag(&self, k: &str) -> Option<bool> {
+        self.features.get(k).map(|v| v == "true")
+    }
+}
+
+/// What a kernel's build configuration says it offers.
+struct Expected {
+    known: bool,
+    tcx: bool,
+    sch_fq: bool,
+    sch_htb: bool,
+    clsact: bool,
+}
+
+impl Expected {
+    fn from_config(config: &HashMap<String, String>) -> Expected {
+        let has = |k: &str| matches!(config.get(k).map(String::as_str), Some("y" | "m"));
+        Expected {
+            known: !config.is_empty(),
+            tcx: has("CONFIG_NET_XGRESS"),
+            sch_fq: has("CONFIG_NET_SCH_FQ"),
+            sch_htb: has("CONFIG_NET_SCH_HTB"),
+            clsact: has("CONFIG_NET_SCH_INGRESS"),
+        }
+    }
+}
+
+/// The host kernel's configuration: /proc/config.gz or /boot/config-<release>.
+fn host_config() -> HashMap<String, String> {
+    let text = Command::new("zcat")
+        .arg("/proc/config.gz")
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .or_else(|| std::fs::read_to_string(format!("/boot/config-{}", uname_r())).ok())
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The summary line of the agent's probe on one kernel: what it found, how it attached and
+/// enforced, and whether that is what the kernel's configuration offers.
+fn probe_row(kernel: &str, p: &Probe, want: &Expected) -> Row {
+    let mut problems = Vec::new();
+    if !p.running {
+        problems.push("the agent did not start (its log is above, prefixed paceline-probe:)".to_string());
+    }
+    let (mut have, mut lacks) = (Vec::new(), Vec::new());
+    for (k, expect) in [
+        ("tcx", want.tcx),
+        ("sch_fq", want.sch_fq),
+        ("sch_htb", want.sch_htb),
+        ("clsact", want.clsact),
+    ] {
+        match p.flag(k) {
+            Some(true) => have.push(k),
+            Some(false) => lacks.push(k),
+            None => problems.push(format!("the probe did not report {k}")),
+        }
+        if want.known
+            && let Some(v) = p.flag(k)
+            && v != expect
+        {
+            problems.push(format!(
+                "the agent's probe says {k}={v} but the kernel's config says {}",
+                if expect { "it is there" } else { "it is not" }
+            ));
+        }
+    }
+    let attach = p.attach.clone().unwrap_or_else(|| "?".into());
+    let root = p.root_qdisc.clone().unwrap_or_else(|| "?".into());
+    if want.known && p.running {
+        let want_attach = if want.tcx { "tcx" } else { "clsact" };
+        if attach != want_attach {
+            problems.push(format!("attached with {attach}, expected {want_attach}"));
+        }
+        let (root_ok, want_root) = if want.sch_fq {
+            (root == "fq" || root == "mq", "fq (or mq of fq)")
+        } else if want.sch_htb {
+            (root == "htb", "htb")
+        } else {
+            (true, "")
+        };
+        if !root_ok {
+            problems.push(format!("root qdisc {root}, expected {want_root}"));
+        }
+    }
+    let mut note = format!(
+        "has {}; lacks {}; attached {attach}, root qdisc {root}",
+        if have.is_empty() {
+            "-".into()
+        } else {
+            have.join(" ")
+        },
+        if lacks.is_empty() {
+            "-".into()
+        } else {
+            lacks.join(" ")
+        },
+    );
+    if !want.known {
+        note.push_str(" (no kernel config to check against)");
+    } else if problems.is_empty() {
+        note.push_str(" (as its config says)");
+    }
+    if !problems.is_empty() {
+        note.push_str(&format!(": {}", problems.join("; ")));
+    }
+    Row {
+        kernel: kernel.to_string(),
+        what: "the agent's feature probe".into(),
+        counts: Counts::default(),
+        ok: problems.is_empty(),
+        note,
+        secs: None,
+    }
+}
+
+fn vm_part(
+    a: &Args,
+    series: &Series,
+    built: &Built,
+    test_args: &[String],
+    rows: &mut Vec<Row>,
+) -> Result<()> {
     let flags = vm::VmFlags {
         timeout: a.vm_timeout,
         mem: a.vm_mem,
         smp: a.vm_smp,
         verbose: a.vm_verbose,
     };
-    println!("==> building the integration tests for the VM: cargo test --no-run -p paceline-tests");
-    let bins = build_integration_tests(root)?;
-    stop_if_interrupted(rows)?;
-    let machine = vm::Vm::prepare()?;
+    let machine = vm::Vm::prepare(*series)?;
     let label = format!("vm {} ({})", machine.kernel.release, machine.accel);
-    if bins.is_empty() {
-        println!(
-            "==> {label}: paceline-tests has no integration test target yet; running the VM harness self-test"
-        );
-        let (passed, failed) = machine.selftest(&flags)?;
-        rows.push(Row {
-            kernel: label,
-            what: "vm selftest (no integration tests yet)".into(),
-            counts: Counts {
-                passed: passed as u64,
-                failed: failed as u64,
-                ignored: 0,
-                seen: true,
-            },
-            ok: failed == 0,
-            note: String::new(),
-        });
-        return Ok(());
+    let expected = Expected::from_config(&machine.kernel.config());
+    if built.bins.is_empty() {
+        bail!("paceline-tests has no integration test binary");
     }
-    for b in bins {
+    for (i, b) in built.bins.iter().enumerate() {
         println!("==> {label}: {} {}", b.name, a.test_args.join(" "));
-        let mut command = vec![b.exe.to_string_lossy().into_owned()];
-        command.extend(a.test_args.iter().cloned());
+        // The agent's probe runs once per kernel, in the first binary's boot.
+        let mut command: Vec<String> = if i == 0 {
+            vec![
+                "sh".into(),
+                "-c".into(),
+                format!("( {PROBE_SCRIPT} )\nshift\nexec \"$@\"\n"),
+                "sh".into(),
+                built.agent.to_string_lossy().into_owned(),
+            ]
+        } else {
+            Vec::new()
+        };
+        command.push(b.exe.to_string_lossy().into_owned());
+        command.extend(test_args.iter().cloned());
         let req = vm::Request {
             flags: flags.clone(),
             command,
@@ -244,7 +681,7 @@ fn vm_part(a: &Args, root: &Path, rows: &mut Vec<Row>) -> Result<()> {
                     b.manifest_dir.to_string_lossy().into_owned(),
                 ),
                 ("CARGO_PKG_NAME".into(), "paceline-tests".into()),
-                // Tests bound by wall-clock deadlines skip themselves under emulation.
+                // Tests bound by wall-clock deadlines adapt to (or skip under) emulation.
                 ("PACELINE_VM_ACCEL".into(), machine.accel.to_string()),
                 // One test at a time: two emulated CPUs under TCG are too few for two rate
                 // measurements (or a D3 deadline) to share without stalling each other.
@@ -256,32 +693,52 @@ fn vm_part(a: &Args, root: &Path, rows: &mut Vec<Row>) -> Result<()> {
             modules: vec![],
             capture_stdout: true,
         };
-        match machine.run(&req) {
+        let mut echo = LibtestEcho::new();
+        let sink: vm::StdoutSink = Box::new(move |data: &[u8]| {
+            let mut o = std::io::stdout().lock();
+            echo.feed(data, &mut |b| {
+                let _ = o.write_all(b);
+            });
+            let _ = o.flush();
+        });
+        let t0 = Instant::now();
+        let what = format!("cargo test --test {}", b.name);
+        match machine.run_with(&req, Some(sink)) {
             Ok(o) => {
                 let mut counts = Counts::default();
-                for line in String::from_utf8_lossy(&o.stdout).lines() {
+                let stdout = String::from_utf8_lossy(&o.stdout);
+                for line in stdout.lines() {
                     counts.add_line(line);
                 }
+                let boot = o
+                    .boot_secs
+                    .map(|s| format!("{s:.1} s"))
+                    .unwrap_or_else(|| "?".into());
                 rows.push(Row {
                     kernel: label.clone(),
-                    what: format!("cargo test --test {}", b.name),
+                    what,
                     counts,
                     ok: o.status == 0,
                     note: if o.status != 0 {
-                        format!("exit status {}", o.status)
+                        format!("(boot {boot}) exit status {}", o.status)
                     } else {
-                        String::new()
+                        format!("(boot {boot})")
                     },
+                    secs: Some(t0.elapsed().as_secs_f64()),
                 });
+                if i == 0 {
+                    rows.push(probe_row(&label, &Probe::parse(&stdout), &expected));
+                }
             }
             Err(e) => {
                 eprintln!("xtask test: {} in the VM: {e:#}", b.name);
                 rows.push(Row {
                     kernel: label.clone(),
-                    what: format!("cargo test --test {}", b.name),
+                    what,
                     counts: Counts::default(),
                     ok: false,
                     note: format!("{e:#}"),
+                    secs: Some(t0.elapsed().as_secs_f64()),
                 });
             }
         }
@@ -296,56 +753,79 @@ struct TestBin {
     manifest_dir: PathBuf,
 }
 
-/// Builds paceline-tests' test targets and returns its integration test executables.
-fn build_integration_tests(root: &Path) -> Result<Vec<TestBin>> {
+/// What the VMs and the probes run.
+struct Built {
+    bins: Vec<TestBin>,
+    /// The `plagent` binary (the agent's CLI, built for the tests).
+    agent: PathBuf,
+}
+
+/// Builds the workspace's tests as the host step does (same packages and features, so
+/// nothing is compiled twice) and returns paceline-tests' integration test executables and
+/// its agent binary.
+fn build_integration_tests(root: &Path, excluded: &[String]) -> Result<Built> {
     let mut cmd = Command::new(cargo());
     cmd.current_dir(root).args([
         "test",
+        "--workspace",
         "--no-run",
         "--message-format=json-render-diagnostics",
-        "-p",
-        "paceline-tests",
     ]);
+    for p in excluded {
+        cmd.args(["--exclude", p]);
+    }
+    let tests_dir = root.join("tests");
     let mut bins = Vec::new();
+    let mut agent = None;
     let ok = run_group(cmd, |line| {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             return;
         };
-        if v["reason"] != "compiler-artifact" || !v["profile"]["test"].as_bool().unwrap_or(false) {
+        if v["reason"] != "compiler-artifact" {
             return;
         }
-        let kinds = v["target"]["kind"].as_array().cloned().unwrap_or_default();
-        if !kinds.iter().any(|k| k == "test") {
-            return; // lib/bin unit tests ran on the host already
-        }
-        let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str()) else {
-            return;
-        };
         let manifest_dir = v["manifest_path"]
             .as_str()
             .and_then(|m| Path::new(m).parent())
             .map(Path::to_path_buf)
-            .unwrap_or_else(|| root.join("tests"));
-        bins.push(TestBin {
-            name: name.to_string(),
-            exe: PathBuf::from(exe),
-            manifest_dir,
-        });
+            .unwrap_or_default();
+        if manifest_dir != tests_dir {
+            return; // other packages' tests are unit tests: they ran on the host
+        }
+        let kinds = v["target"]["kind"].as_array().cloned().unwrap_or_default();
+        let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str()) else {
+            return;
+        };
+        let is_test = v["profile"]["test"].as_bool().unwrap_or(false);
+        if !is_test && name == "plagent" && kinds.iter().any(|k| k == "bin") {
+            agent = Some(PathBuf::from(exe));
+        }
+        if is_test && kinds.iter().any(|k| k == "test") {
+            bins.push(TestBin {
+                name: name.to_string(),
+                exe: PathBuf::from(exe),
+                manifest_dir: manifest_dir.clone(),
+            });
+        }
     })?;
     if !ok {
-        bail!("building paceline-tests' integration tests failed (cargo test --no-run -p paceline-tests)");
+        bail!("building the tests failed (cargo test --workspace --no-run)");
     }
-    Ok(bins)
+    let agent = agent.context("cargo built no plagent binary (paceline-tests)")?;
+    Ok(Built { bins, agent })
 }
 
 /// Runs a cargo command, copying its stdout through while counting libtest results.
 fn run_streaming(cmd: Command) -> Result<(bool, Counts)> {
     let mut counts = Counts::default();
     let out = std::io::stdout();
+    let mut echo = LibtestEcho::new();
     let ok = run_group(cmd, |line| {
         counts.add_line(line);
         let mut o = out.lock();
-        let _ = writeln!(o, "{line}");
+        echo.feed(format!("{line}\n").as_bytes(), &mut |b| {
+            let _ = o.write_all(b);
+        });
         let _ = o.flush();
     })?;
     Ok((ok, counts))
@@ -411,13 +891,7 @@ fn run_group(mut cmd: Command, mut on_line: impl FnMut(&str)) -> Result<bool> {
 fn stop_if_interrupted(rows: &[Row]) -> Result<()> {
     if let Some(sig) = vm::interrupted() {
         for r in rows {
-            println!(
-                "  {:<8} {:<28} {} {}",
-                if r.ok { "ok" } else { "FAILED" },
-                r.kernel,
-                r.what,
-                r.counts.show()
-            );
+            print_row(r);
         }
         eprintln!("xtask test: interrupted by signal {sig}");
         std::process::exit(130);
@@ -478,4 +952,71 @@ fn uname_r() -> String {
     unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
         .to_string_lossy()
         .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OUT: &str = "running 2 tests\ntest a ... ok\ntest b ... ok\n\nsuccesses:\n\n---- b stdout ----\nsome output\nSKIPPED: b: needs root\n\n\nsuccesses:\n    a\n    b\n\ntest result: ok. 2 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s\n";
+
+    #[test]
+    fn echo_keeps_results_and_skips_and_drops_passing_tests_output() {
+        let mut e = LibtestEcho::new();
+        let mut shown = Vec::new();
+        // in pieces, as a pipe delivers them
+        for piece in OUT.as_bytes().chunks(7) {
+            e.feed(piece, &mut |b| shown.extend_from_slice(b));
+        }
+        let shown = String::from_utf8(shown).unwrap();
+        assert!(shown.contains("test a ... ok ("), "{shown}");
+        assert!(shown.contains("SKIPPED: b: needs root\n"), "{shown}");
+        assert!(!shown.contains("some output"), "{shown}");
+        assert!(!shown.contains("    a\n"), "{shown}");
+        assert!(shown.contains("\ntest result: ok. 2 passed"), "{shown}");
+    }
+
+    #[test]
+    fn counts_subtract_skipped_tests_from_passed() {
+        let mut c = Counts::default();
+        for l in OUT.lines() {
+            c.add_line(l);
+        }
+        assert_eq!((c.ran(), c.skipped, c.failed, c.ignored), (1, 1, 0, 1));
+        assert_eq!(c.show(), "1 passed, 1 skipped, 0 failed, 1 ignored");
+    }
+
+    #[test]
+    fn probe_log_is_checked_against_the_kernel_config() {
+        let log = "paceline-probe: [2026-12-01T07:48:03Z INFO  paceline::agent] kernel 6.12.117+deb12-amd64: tcx=true sch_fq=true sch_htb=false clsact=true btf=true cgroup2=/sys/fs/cgroup\n\
+                   paceline-probe: [2026-12-01T07:48:03Z INFO  paceline::agent] plprobe0: classifier attached (tcx), root qdisc mq + 2 x fq\n\
+                   paceline-probe: [2026-12-01T07:48:03Z INFO  paceline::agent] paceline running: policy p.yaml\n";
+        let p = Probe::parse(log);
+        assert_eq!(p.attach.as_deref(), Some("tcx"));
+        assert_eq!(p.root_qdisc.as_deref(), Some("mq"));
+        let config: HashMap<String, String> = [
+            ("CONFIG_NET_XGRESS", "y"),
+            ("CONFIG_NET_SCH_FQ", "m"),
+            ("CONFIG_NET_SCH_HTB", "m"),
+            ("CONFIG_NET_SCH_INGRESS", "m"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let row = probe_row("vm", &p, &Expected::from_config(&config));
+        assert!(
+            !row.ok,
+            "sch_htb=false against CONFIG_NET_SCH_HTB=m: {}",
+            row.note
+        );
+        assert!(row.note.contains("sch_htb=false"), "{}", row.note);
+        let fixed = Probe::parse(&log.replace("sch_htb=false", "sch_htb=true"));
+        let row = probe_row("vm", &fixed, &Expected::from_config(&config));
+        assert!(row.ok, "{}", row.note);
+        // 6.1: no tcx in its config, so the agent must attach with clsact
+        let mut c61 = config.clone();
+        c61.remove("CONFIG_NET_XGRESS");
+        let row = probe_row("vm", &fixed, &Expected::from_config(&c61));
+        assert!(!row.ok && row.note.contains("expected clsact"), "{}", row.note);
+    }
 }

@@ -1,7 +1,11 @@
-//! `cargo xtask vm ...`: runs a command inside a VM booting Debian's stock 6.1 kernel, where the
-//! qdiscs the project needs (sch_fq above all, which enforces EDT timestamps) exist as modules.
+//! `cargo xtask vm ...`: runs a command inside a VM booting one of Debian 12's stock kernels,
+//! 6.1 (clsact) or 6.12 (tcx), where the qdiscs the project needs (sch_fq above all, which
+//! enforces EDT timestamps) exist as modules.
 //!
 //! # Commands
+//! Every command takes `--kernel 6.1|6.12|all` (or a comma-separated list): `run` boots 6.1
+//! unless told otherwise (with several kernels, one after the other; the exit status is the
+//! first non-zero one), `fetch`, `info` and `selftest` do every kernel by default.
 //! - `cargo xtask vm run [--timeout SECS] [--mem MiB] [--smp N] [--module M]... [--env K=V]...
 //!   [--cwd DIR] [--verbose] -- <command> [args...]`: boots, runs the command, streams its
 //!   stdout/stderr live and exits with its exit status. A kernel panic or oops, a timeout
@@ -15,15 +19,21 @@
 //!
 //! # Boot flow (about 4 s under TCG on an idle 2-core host, 6-8 s when it is busy compiling)
 //! 1. Kernel (`vm/kernel.rs`): the newest `linux-image-6.1.0-NN-amd64-unsigned` (else the signed
-//!    `linux-image-6.1.0-NN-amd64`) that `apt-cache` lists is fetched with `apt-get download`,
+//!    `linux-image-6.1.0-NN-amd64`), or for 6.12 `linux-image-6.12.NNN+deb12-amd64[-unsigned]`
+//!    (bookworm-security), that `apt-cache` lists is fetched with `apt-get download`,
 //!    unpacked with `dpkg-deb -x`, and prepared once. `apt-get update` runs only when apt lists
 //!    no such package and none is cached, or when the download fails (stale lists); offline,
 //!    the newest cached kernel is used. Preparation: the ELF `vmlinux` is extracted from the
-//!    bzImage (xz with the x86 BCJ filter, via liblzma) because under TCG the kernel's own
-//!    decompressor costs ~7 s of boot; module signatures are stripped (checking them costs
+//!    bzImage (6.1: xz with the x86 BCJ filter, via liblzma; 6.12: zstd, via ruzstd) because
+//!    under TCG the kernel's own decompressor costs ~7 s of boot; 6.12's `.ko.xz` modules are
+//!    decompressed (busybox insmod cannot); module signatures are stripped (checking them costs
 //!    ~60 ms per module under TCG; sig_enforce is off, so the kernel loads them and marks
 //!    itself tainted `E`); `modules.dep` and `modules.alias` (without device-ID aliases) are
-//!    generated from each module's `.modinfo` (no kmod needed on the host).
+//!    generated from each module's `.modinfo` (no kmod needed on the host). Modules built into
+//!    a kernel (`modules.builtin`: virtio_pci and virtio_console in 6.12) are not loaded.
+//!    Both kernels have as modules: sch_fq, sch_htb, sch_tbf, sch_ingress (clsact), cls_bpf,
+//!    act_bpf, veth, bridge, 8021q, tun ([`DEFAULT_MODULES`]), 9pnet_virtio, 9p, overlay; 6.12
+//!    has tcx built in (`CONFIG_NET_XGRESS=y`), 6.1 predates it.
 //! 2. Initramfs (`vm/initramfs.rs`): the host's static busybox (busybox-static), the modules
 //!    needed to reach the host (virtio_pci, virtio_console, 9pnet_virtio, 9p, overlay and
 //!    their dependencies, insmod-ed in dependency order by `/init`), and `/init` itself, a
@@ -67,12 +77,14 @@
 //! `/var/cache/paceline/vm/` (override: `PACELINE_VM_CACHE`; when not writable:
 //! `~/.cache/paceline/vm`), outside the repo so fresh clones reuse it:
 //! `<release>/{vmlinux,vmlinuz,config,System.map,lib/modules/<release>/,initramfs-<hash>.cpio}`
-//! (about 470 MB per kernel), `accel-<boot id>` (KVM probe result), `apt-kernels` (apt's
-//! answer, reused until apt's lists change). Deleting any of it is safe.
+//! (about 470 MB for 6.1, 570 MB for 6.12), `accel-<boot id>` (KVM probe result),
+//! `apt-kernels-<series>` (apt's answer, reused until apt's lists change). Deleting any of it
+//! is safe.
 //!
 //! # Environment
-//! - `PACELINE_VM_KERNEL`: a Debian ABI (`6.1.0-55`) instead of the newest, or a directory
-//!   holding a kernel image (`vmlinux`, `vmlinuz`, `bzImage` or `boot/vmlinuz-<release>`) and
+//! - `PACELINE_VM_KERNEL`: a Debian version (`6.1.0-55`, `6.12.107`) instead of the newest of
+//!   its series (the other series keeps its newest), or a directory (replacing both series:
+//!   one VM run) holding a kernel image (`vmlinux`, `vmlinuz`, `bzImage` or `boot/vmlinuz-<release>`) and
 //!   `lib/modules/<release>/` (e.g. an unpacked .deb, or a kernel build with
 //!   `make modules_install INSTALL_MOD_PATH=<dir>` and its bzImage copied there; modules may
 //!   be .ko or .ko.xz). The directory is only read; it is imported once into the cache.
@@ -90,8 +102,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use kernel::Kernel;
-pub use qemu::{Accel, Outcome, install_signal_handlers, interrupted};
+pub use kernel::{Kernel, SERIES, Series};
+pub use qemu::{Accel, Outcome, StdoutSink, install_signal_handlers, interrupted};
 
 /// Modules loaded before the command runs (others load on demand through the autoloader).
 pub const DEFAULT_MODULES: &[&str] = &[
@@ -120,8 +132,52 @@ const PASS_ENV: &[&str] = &[
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Which Debian kernel: 6.1, 6.12 or all (a comma-separated list works too). Default: 6.1
+    /// for `run` (one after the other with several), every kernel for the other commands.
+    #[arg(long, global = true, value_name = "6.1|6.12|all", value_parser = |s: &str| parse_series(s).map(Kernels))]
+    kernel: Option<Kernels>,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// The value of `--kernel`.
+#[derive(Clone, Debug)]
+struct Kernels(Vec<Series>);
+
+/// `--kernel` of the VM commands: `6.1`, `6.12`, `all`, or a comma-separated list.
+pub fn parse_series(s: &str) -> Result<Vec<Series>, String> {
+    let mut v: Vec<Series> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let add: Vec<Series> = if part == "all" {
+            SERIES.to_vec()
+        } else {
+            vec![Series::by_name(part).ok_or_else(|| {
+                format!(
+                    "unknown kernel '{part}' (valid: {}, all)",
+                    SERIES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+                )
+            })?]
+        };
+        for k in add {
+            if !v.contains(&k) {
+                v.push(k);
+            }
+        }
+    }
+    if v.is_empty() {
+        return Err("no kernel named".into());
+    }
+    Ok(v)
+}
+
+/// The kernels to boot for `selected`: a custom `PACELINE_VM_KERNEL` directory replaces them
+/// all with itself (one run).
+pub fn boot_list(selected: &[Series]) -> Vec<Series> {
+    if kernel::custom_dir().is_some() {
+        selected.iter().take(1).copied().collect()
+    } else {
+        selected.to_vec()
+    }
 }
 
 #[derive(clap::Subcommand)]
@@ -185,6 +241,7 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn run_inner(a: Args) -> Result<()> {
+    let every = a.kernel.clone().map(|k| k.0).unwrap_or_else(|| SERIES.to_vec());
     match a.cmd {
         Cmd::Run(r) => {
             let env = r
@@ -204,34 +261,51 @@ fn run_inner(a: Args) -> Result<()> {
                 modules: r.modules,
                 capture_stdout: false,
             };
-            let vm = Vm::prepare()?;
-            match vm.run(&req) {
-                Ok(out) => {
-                    let _ = std::io::Write::flush(&mut std::io::stdout());
-                    if out.status != 0 {
-                        eprintln!("vm: command exited with status {} in the VM", out.status);
-                    }
-                    std::process::exit(out.status.clamp(0, 255));
+            let kernels = boot_list(&a.kernel.map(|k| k.0).unwrap_or_else(|| vec![SERIES[0]]));
+            let several = kernels.len() > 1;
+            let mut worst = 0;
+            for series in kernels {
+                if several {
+                    eprintln!("vm: ==> kernel {}", series.name);
                 }
-                Err(e) => {
-                    eprintln!("vm: error: {e:#}");
-                    std::process::exit(if interrupted().is_some() { 130 } else { 1 });
+                let vm = Vm::prepare(series)?;
+                match vm.run(&req) {
+                    Ok(out) => {
+                        let _ = std::io::Write::flush(&mut std::io::stdout());
+                        if out.status != 0 {
+                            eprintln!(
+                                "vm: command exited with status {} in the VM ({})",
+                                out.status, vm.kernel.release
+                            );
+                            if worst == 0 {
+                                worst = out.status.clamp(1, 255);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("vm: error: {e:#}");
+                        std::process::exit(if interrupted().is_some() { 130 } else { 1 });
+                    }
                 }
             }
+            std::process::exit(worst);
         }
-        Cmd::Fetch => {
-            let vm = Vm::prepare()?;
-            vm.print_info();
-            Ok(())
-        }
-        Cmd::Info => {
-            let vm = Vm::prepare()?;
-            vm.print_info();
+        Cmd::Fetch | Cmd::Info => {
+            for series in boot_list(&every) {
+                let vm = Vm::prepare(series)?;
+                vm.print_info();
+            }
             Ok(())
         }
         Cmd::Selftest(f) => {
-            let vm = Vm::prepare()?;
-            let (passed, failed) = vm.selftest(&f)?;
+            let (mut passed, mut failed) = (0, 0);
+            for series in boot_list(&every) {
+                let vm = Vm::prepare(series)?;
+                let (p, fl) = vm.selftest(&f)?;
+                println!("vm selftest on {}: {p} passed, {fl} failed", vm.kernel.release);
+                passed += p;
+                failed += fl;
+            }
             println!("vm selftest: {passed} passed, {failed} failed");
             let _ = std::io::Write::flush(&mut std::io::stdout());
             if failed > 0 {
@@ -263,10 +337,10 @@ pub struct Vm {
 }
 
 impl Vm {
-    /// Fetches/prepares everything (cached) and decides KVM vs TCG.
-    pub fn prepare() -> Result<Vm> {
+    /// Fetches/prepares everything for `series` (cached) and decides KVM vs TCG.
+    pub fn prepare(series: Series) -> Result<Vm> {
         qemu::check_qemu()?;
-        let kernel = kernel::ensure()?;
+        let kernel = kernel::ensure(series)?;
         let initramfs = initramfs::ensure(&kernel)?;
         let cache_root = kernel::cache_root()?;
         let (accel, accel_why) = qemu::detect_accel(&kernel, &initramfs, &cache_root)?;
@@ -281,6 +355,15 @@ impl Vm {
 
     pub fn print_info(&self) {
         println!("kernel:     {} ({})", self.kernel.release, self.kernel.origin);
+        let config = self.kernel.config();
+        let has = |k: &str| matches!(config.get(k).map(String::as_str), Some("y" | "m"));
+        println!(
+            "offers:     tcx {}, sch_fq {}, sch_htb {}, clsact {} (from its config)",
+            has("CONFIG_NET_XGRESS"),
+            has("CONFIG_NET_SCH_FQ"),
+            has("CONFIG_NET_SCH_HTB"),
+            has("CONFIG_NET_SCH_INGRESS")
+        );
         println!("image:      {}", self.kernel.image.display());
         println!("modules:    {}", self.kernel.modules_dir.display());
         println!("initramfs:  {}", self.initramfs.display());
@@ -295,6 +378,11 @@ impl Vm {
     /// Boots the VM and runs `req.command`; `Ok` carries the command's exit status, `Err` means
     /// the VM itself failed (boot, panic, timeout, signal).
     pub fn run(&self, req: &Request) -> Result<Outcome> {
+        self.run_with(req, None)
+    }
+
+    /// [`Vm::run`] with the command's stdout handed to `sink` as it comes.
+    pub fn run_with(&self, req: &Request, sink: Option<qemu::StdoutSink>) -> Result<Outcome> {
         let run_dir = qemu::tempdir("run")?;
         let share = share_dir();
         fs::create_dir_all(&share).with_context(|| format!("creating {}", share.display()))?;
@@ -438,7 +526,7 @@ impl Vm {
             req.flags.mem,
             shell_words(&req.command)
         );
-        let boot = qemu::Boot {
+        let mut boot = qemu::Boot {
             kernel: &self.kernel,
             initramfs: &self.initramfs,
             accel: self.accel,
@@ -449,8 +537,9 @@ impl Vm {
             share: Some(&share),
             run_dir: run_dir.path(),
             capture_stdout: req.capture_stdout,
+            stdout_sink: sink,
         };
-        let out = qemu::run(&boot)?;
+        let out = qemu::run(&mut boot)?;
         eprintln!(
             "vm: exit status {} (boot {}, total {:.1} s)",
             out.status,

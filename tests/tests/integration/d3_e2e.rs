@@ -3,6 +3,13 @@
 //! echoes the grants. Requests reach the router, grants reach the senders, the senders pace at
 //! them, the grants carry a share of the spare capacity, the deadlines are met,
 //! and the router's counters return to zero when the flows end.
+//!
+//! Under emulation (the VMs of `cargo xtask test` run under TCG) the whole scenario runs
+//! slowed down by a factor k ([`time_scale`]): every duration (deadline, controller interval)
+//! times k, every rate (bottleneck, router capacity, the senders' line rate, the grant
+//! threshold) divided by k, every byte count (transfer size, buffer) unchanged. Each flow then
+//! needs the same share of the bottleneck for the same number of its own RTTs, so every
+//! assertion keeps its meaning; only the emulated machine gets k times longer for its work.
 
 use std::time::{Duration, Instant};
 
@@ -16,14 +23,47 @@ use crate::privileged;
 
 const PLLOAD: &str = env!("CARGO_BIN_EXE_plload");
 
-fn sender_policy(ifname: &str) -> String {
+/// The time dilation k: `PACELINE_D3_E2E_SCALE` (a power of two, 1..=64), else 16 under TCG
+/// emulation, else 1. A power of two keeps the grant threshold (4 MB/s / k) on a bucket
+/// boundary of the granted-rate histogram (powers of two).
+///
+/// Measured under TCG on Debian's 6.12 (2 vCPUs, the 2-core host busy with other builds):
+/// k = 1 missed the deadline in two of three runs (1.0-1.2 s against 150 ms: process start-up
+/// and the emulated stack, not the grants: 13-26 per flow arrived); k = 8 (1.2 s)
+/// missed it in 2 of 4 runs and once fell short of the grant share (12 of 23); k = 16 (2.4 s)
+/// passed 4 of 4 (grant shares 58-78%, transfers done 1.9-2.7 s after the clients started,
+/// their process start included), and on 6.1 met every deadline in 4 of 4 (1.9-2.6 s; grant
+/// shares 52-85%, see the bound below). k = 4 also passed 4 of 4 on 6.12; 16 leaves the most
+/// room for the emulator's stalls, which do not shrink with k.
+fn time_scale() -> u64 {
+    if let Ok(v) = std::env::var("PACELINE_D3_E2E_SCALE") {
+        match v.parse::<u64>() {
+            Ok(k) if k.is_power_of_two() && k <= 64 => return k,
+            _ => panic!("PACELINE_D3_E2E_SCALE={v}: a power of two from 1 to 64"),
+        }
+    }
+    if std::env::var("PACELINE_VM_ACCEL").as_deref() == Ok("TCG") {
+        16
+    } else {
+        1
+    }
+}
+
+/// `bits_per_s` as a policy rate (whole kbit/s).
+fn rate(bits_per_s: u64) -> String {
+    format!("{}kbit", bits_per_s / 1000)
+}
+
+fn sender_policy(ifname: &str, k: u64) -> String {
+    let link_rate = rate(1_000_000_000 / k);
+    let deadline = 150 * k;
     format!(
         r#"apiVersion: paceline/v1
 kind: Policy
 spec:
   interfaces: [{ifname}]
   enforcement: auto
-  link_rate: 1Gbit
+  link_rate: {link_rate}
   levels:
     - name: all
       priority: 0
@@ -31,8 +71,9 @@ spec:
     - name: rpc
       level: all
       d3:
-        # 400 KB in 150 ms needs about 21 Mbit/s; two such flows fit a 100 Mbit/s link.
-        deadline: 150ms
+        # 400 KB in 150 ms needs about 21 Mbit/s; two such flows fit a 100 Mbit/s link
+        # (k = 1; with k, 150*k ms and 100/k Mbit/s).
+        deadline: {deadline}ms
         size: 400KB
     - name: other
       level: all
@@ -46,7 +87,9 @@ spec:
     )
 }
 
-fn router_policy(to_receiver: &str) -> String {
+fn router_policy(to_receiver: &str, k: u64) -> String {
+    let capacity = rate(100_000_000 / k);
+    let interval = k;
     format!(
         r#"apiVersion: paceline/v1
 kind: Policy
@@ -62,9 +105,10 @@ spec:
   default_class: all
   d3:
     receiver: false
+    interval: {interval}ms
     router:
       - interface: {to_receiver}
-        capacity: 100Mbit
+        capacity: {capacity}
 "#
     )
 }
@@ -110,30 +154,24 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
     if !privileged("deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines") {
         return;
     }
-    if std::env::var("PACELINE_VM_ACCEL").as_deref() == Ok("TCG") {
-        // Measured: under TCG the two 400 KB transfers took 1.0-1.2 s against their 150 ms
-        // deadline in two of three runs (process start-up and the emulated stack, not the
-        // grants: 13-26 grants per flow arrived). The D3 router's verification and rewrite on
-        // this kernel are covered by the d3_router tests; enforcement of grants is TCP's own
-        // pacing, the same on both kernels, and this test runs on the host.
-        eprintln!(
-            "SKIPPED: deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines: \
-             150 ms deadlines are not a fair test under TCG emulation (runs on the host kernel)"
-        );
-        return;
-    }
+    let k = time_scale();
+    eprintln!(
+        "time scale k = {k}: deadline {} ms, bottleneck and router capacity {} Mbit/s",
+        150 * k,
+        100.0 / k as f64
+    );
     let tb = Testbed::new("d3_e2e").expect("testbed");
     let star = tb
         .add_star(&StarSpec {
             senders: 2,
-            bottleneck: Some(BottleneckSpec::htb(100_000_000, 150_000)),
+            bottleneck: Some(BottleneckSpec::htb(100_000_000 / k, 150_000)),
             ..StarSpec::default()
         })
         .expect("star");
     let scratch = Scratch::new("d3e2e");
     let to_rx = star.bottleneck_iface().ifname.clone();
     let rx_if = star.receiver.iface_to(&star.router).expect("rx iface").ifname;
-    std::fs::write(scratch.path("router.yaml"), router_policy(&to_rx)).unwrap();
+    std::fs::write(scratch.path("router.yaml"), router_policy(&to_rx, k)).unwrap();
     std::fs::write(scratch.path("rx.yaml"), receiver_policy(&rx_if)).unwrap();
     let router = Agent::start(
         &star.router,
@@ -149,7 +187,7 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
     for (i, s) in star.senders.iter().enumerate() {
         let ifname = s.iface_to(&star.router).expect("sender iface").ifname;
         let p = scratch.path(&format!("s{i}.yaml"));
-        std::fs::write(&p, sender_policy(&ifname)).unwrap();
+        std::fs::write(&p, sender_policy(&ifname, k)).unwrap();
         senders.push(Agent::start(s, &p, &scratch.path(&format!("s{i}-state"))));
     }
 
@@ -169,7 +207,9 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
         })
         .collect();
     for c in clients {
-        let out = c.wait_output(Duration::from_secs(30)).expect("client finished");
+        let out = c
+            .wait_output(Duration::from_secs(30 * k))
+            .expect("client finished");
         assert!(out.success(), "client failed: {}", out.stderr);
     }
     eprintln!("both transfers done after {:?}", started.elapsed());
@@ -203,23 +243,36 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
         assert_eq!(c["deadlines_met"], 1, "sender {i} missed its deadline: {c}");
         let m = a.http_get("/metrics");
         let g = "paceline_d3_granted_rate_bytes_per_second";
-        let (upto4, all) = (bucket(&m, g, "4194304"), bucket(&m, g, "+Inf"));
-        eprintln!("sender {i}: {} of {all} grants above 4 MB/s", all - upto4);
-        above += all - upto4;
+        let threshold = (4u64 << 20) / k;
+        let (upto, all) = (bucket(&m, g, &threshold.to_string()), bucket(&m, g, "+Inf"));
+        assert!(
+            m.contains(&format!("le=\"{threshold}\"")),
+            "no histogram bucket at {threshold} B/s:\n{m}"
+        );
+        eprintln!("sender {i}: {} of {all} grants above {threshold} B/s", all - upto);
+        above += all - upto;
         grants += all;
     }
     // Each flow desires about 2.7 MB/s (400 KB in 150 ms); with two such flows on a 12.5 MB/s
     // link the router adds a fair share of the spare capacity, (C - D)/N, about 3.6 MB/s while
-    // C holds near the line rate, so most grants exceed 4 MB/s (not the last ones: as a flow
+    // C holds near the line rate, so most grants exceed 4 MB/s (all divided by k; with k = 16:
+    // 0.17 MB/s desired on a 0.78 MB/s link, grants above 0.25 MB/s) (not the last ones: as a flow
     // gets ahead its desired rate falls, and a grant is at most 255 units of the request's
-    // scale). Measured: 62-76% of the grants of both flows with the standing-queue filter;
+    // scale). Measured on the host: 62-76% of the grants of both flows with the standing-queue filter;
     // 39-52% when the controller cut C on every burst it sampled in the queue, and the flows
     // finished at their deadline instead of a quarter early. The bound sits between; the
     // controller itself is pinned down on a recorded trace by the tests of
     // `common/src/d3/controller.rs`.
-    eprintln!("{above} of {grants} grants above 4 MB/s");
+    //
+    // Under emulation (k > 1) the bound is a plain majority: there the share also follows the
+    // emulator's bursts, which the controller sees as queue. Measured with k = 16 (2.4 s
+    // deadline): 52-85% on 6.1 (52, 74, 82, 85), 58-78% on 6.12 (58, 58, 73, 78), every
+    // deadline met; 52% in the run that took twice as long as the others (the 2-core host at
+    // its busiest). On the host kernel (k = 1) this test keeps the 56% bound.
+    let bound = if k == 1 { 56 } else { 50 };
+    eprintln!("{above} of {grants} grants above 4 MB/s / {k} (at least {bound}% wanted)");
     assert!(
-        grants > 0 && above * 100 >= grants * 56,
+        grants > 0 && above * 100 >= grants * bound,
         "only {above} of {grants} grants carried a share of the spare capacity"
     );
     // The router granted and, once the flows returned their allocations, holds nothing.

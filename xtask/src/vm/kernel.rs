@@ -1,6 +1,7 @@
-//! The VM kernel: Debian's stock `linux-image-6.1.0-NN-amd64`, fetched once with apt and
-//! prepared in a cache directory (uncompressed vmlinux, module tree without signatures,
-//! generated `modules.dep`/`modules.alias`). See the module docs of `vm.rs`.
+//! The VM kernels: Debian 12's stock `linux-image-6.1.0-NN-amd64` and
+//! `linux-image-6.12.NNN+deb12-amd64` (the two [`Series`]), each fetched once with apt and
+//! prepared in a cache directory (uncompressed vmlinux, module tree uncompressed and without
+//! signatures, generated `modules.dep`/`modules.alias`). See the module docs of `vm.rs`.
 
 use anyhow::{Context, Result, anyhow, bail};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -12,6 +13,75 @@ use std::process::{Command, Stdio};
 /// Bumped whenever the layout or the preparation steps of a cached kernel change.
 const CACHE_FORMAT: &str = "paceline-vm-kernel-cache v2";
 const READY_MARKER: &str = ".ready";
+
+/// A Debian 12 kernel series the VM can boot. Releases are `<stem><N><suffix>` (`N` the
+/// Debian ABI for 6.1, the upstream patch level for 6.12); packages are
+/// `linux-image-<release>[-unsigned]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Series {
+    /// What `--kernel` calls it: `6.1`, `6.12`.
+    pub name: &'static str,
+    stem: &'static str,
+    suffix: &'static str,
+    /// What it offers the agent, for messages and the README (checked against the agent's
+    /// own probe by `cargo xtask test`).
+    pub offers: &'static str,
+}
+
+/// Every series `--kernel all` runs, oldest first.
+pub const SERIES: &[Series] = &[
+    Series {
+        name: "6.1",
+        stem: "6.1.0-",
+        suffix: "-amd64",
+        offers: "clsact, sch_fq",
+    },
+    Series {
+        name: "6.12",
+        stem: "6.12.",
+        suffix: "+deb12-amd64",
+        offers: "tcx, sch_fq",
+    },
+];
+
+impl Series {
+    pub fn by_name(name: &str) -> Option<Series> {
+        SERIES.iter().copied().find(|s| s.name == name)
+    }
+
+    fn release(&self, n: u32) -> String {
+        format!("{}{n}{}", self.stem, self.suffix)
+    }
+
+    /// `N` of a release of this series (`6.12.117+deb12-amd64` -> 117).
+    fn parse_release(&self, release: &str) -> Option<u32> {
+        release
+            .strip_prefix(self.stem)?
+            .strip_suffix(self.suffix)?
+            .parse()
+            .ok()
+    }
+
+    /// `N` of a version the user wrote: `6.1.0-55`, `6.1.0-55-amd64`, `6.12.107`,
+    /// `6.12.107+deb12-amd64`, `linux-image-...`.
+    fn parse_user(&self, v: &str) -> Option<u32> {
+        let v = v.trim_start_matches("linux-image-");
+        let v = v.strip_suffix("-unsigned").unwrap_or(v);
+        let rest = v.strip_prefix(self.stem)?;
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let tail = &rest[digits.len()..];
+        if !(tail.is_empty() || tail == self.suffix) {
+            return None;
+        }
+        digits.parse().ok()
+    }
+
+    /// `N` of a package name of this series, if it is the plain amd64 flavour.
+    fn parse_package(&self, pkg: &str) -> Option<u32> {
+        let r = pkg.strip_prefix("linux-image-")?;
+        self.parse_release(r.strip_suffix("-unsigned").unwrap_or(r))
+    }
+}
 
 /// A kernel ready to boot: an image for `qemu -kernel` and its module tree.
 #[derive(Debug, Clone)]
@@ -26,6 +96,18 @@ pub struct Kernel {
     pub work_dir: PathBuf,
     /// Where it came from, for messages ("Debian package ...", "PACELINE_VM_KERNEL=...").
     pub origin: String,
+}
+
+impl Kernel {
+    /// The kernel's build configuration (`CONFIG_X=y|m`), when the cache has it.
+    pub fn config(&self) -> HashMap<String, String> {
+        fs::read_to_string(self.work_dir.join("config"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+            .collect()
+    }
 }
 
 /// The root of the cache: `PACELINE_VM_CACHE`, else `/var/cache/paceline/vm` when writable
@@ -56,35 +138,41 @@ fn is_writable(p: &Path) -> bool {
     ok
 }
 
-/// Finds (and if needed fetches and prepares) the kernel to boot.
+/// `PACELINE_VM_KERNEL` when it names a directory: a custom kernel that replaces the Debian
+/// ones (one VM run, not one per series).
+pub fn custom_dir() -> Option<PathBuf> {
+    std::env::var_os("PACELINE_VM_KERNEL")
+        .map(PathBuf::from)
+        .filter(|p| !p.as_os_str().is_empty() && p.is_dir())
+}
+
+/// Finds (and if needed fetches and prepares) the kernel of `series` to boot.
 ///
 /// `PACELINE_VM_KERNEL` overrides the choice:
 /// - a directory: either a prepared cache entry, or any tree holding a kernel image
 ///   (`vmlinux`, `vmlinuz*`, `bzImage` or `boot/vmlinuz-*`) and `lib/modules/<release>/`
-///   (e.g. an unpacked `linux-image-*.deb`); it is used read-only;
-/// - a Debian ABI such as `6.1.0-55` or `6.1.0-55-amd64`: that package instead of the newest.
-pub fn ensure() -> Result<Kernel> {
+///   (e.g. an unpacked `linux-image-*.deb`); it is used read-only, whatever the series;
+/// - a Debian version of a series, such as `6.1.0-55` or `6.12.107`: that package instead of
+///   the newest of its series (the other series keep the newest).
+pub fn ensure(series: Series) -> Result<Kernel> {
     let root = cache_root()?;
+    if let Some(dir) = custom_dir() {
+        return from_dir(&dir, &root);
+    }
     match std::env::var("PACELINE_VM_KERNEL") {
         Ok(v) if !v.is_empty() => {
-            let p = PathBuf::from(&v);
-            if p.is_dir() {
-                return from_dir(&p, &root);
+            if !SERIES.iter().any(|s| s.parse_user(&v).is_some()) {
+                bail!(
+                    "PACELINE_VM_KERNEL={v}: neither a directory nor a Debian version like 6.1.0-55 or 6.12.107"
+                );
             }
-            let abi = v.trim_end_matches("-amd64").trim_start_matches("linux-image-");
-            let nn = abi
-                .strip_prefix("6.1.0-")
-                .and_then(|n| n.parse::<u32>().ok())
-                .ok_or_else(|| {
-                    anyhow!("PACELINE_VM_KERNEL={v}: neither a directory nor a Debian ABI like 6.1.0-55")
-                })?;
-            ensure_debian(&root, Some(nn))
+            ensure_debian(&root, series, series.parse_user(&v))
         }
-        _ => ensure_debian(&root, None),
+        _ => ensure_debian(&root, series, None),
     }
 }
 
-fn ensure_debian(root: &Path, want: Option<u32>) -> Result<Kernel> {
+fn ensure_debian(root: &Path, series: Series, want: Option<u32>) -> Result<Kernel> {
     let is_ready = |d: &Path| {
         fs::read_to_string(d.join(READY_MARKER))
             .unwrap_or_default()
@@ -97,14 +185,14 @@ fn ensure_debian(root: &Path, want: Option<u32>) -> Result<Kernel> {
             None => list.first().cloned(),
         }
     };
-    let cached = cached_debian(root);
+    let cached = cached_debian(root, series);
     let cached_pick = match want {
         Some(n) => cached.iter().find(|(a, _)| *a == n),
         None => cached.first(),
     }
     .map(|(_, d)| d.clone());
     // What apt knows, newest first (a local look-up, no network).
-    let mut known = apt_kernels();
+    let mut known = apt_kernels(series);
     let mut updated = false;
     if pick(&known).is_none() {
         // apt knows nothing usable: use the cache when it has the kernel, else refresh the lists.
@@ -113,16 +201,21 @@ fn ensure_debian(root: &Path, want: Option<u32>) -> Result<Kernel> {
         }
         apt_update()?;
         updated = true;
-        known = apt_kernels();
+        known = apt_kernels(series);
     }
     loop {
         let (abi, pkg) = pick(&known).ok_or_else(|| match want {
-            Some(n) => anyhow!("apt has no linux-image-6.1.0-{n}-amd64[-unsigned] package"),
-            None => {
-                anyhow!("apt has no linux-image-6.1.0-*-amd64 package (Debian 12 'bookworm' sources needed)")
-            }
+            Some(n) => anyhow!(
+                "apt has no linux-image-{}[-unsigned] package",
+                series.release(n)
+            ),
+            None => anyhow!(
+                "apt has no linux-image-{}*{} package (Debian 12 'bookworm' sources needed, with bookworm-security for 6.12)",
+                series.stem,
+                series.suffix
+            ),
         })?;
-        let release = format!("6.1.0-{abi}-amd64");
+        let release = series.release(abi);
         let dir = root.join(&release);
         let origin = format!("Debian package {pkg}");
         if is_ready(&dir) {
@@ -157,7 +250,7 @@ fn ensure_debian(root: &Path, want: Option<u32>) -> Result<Kernel> {
             Err(e) if !updated && apt_update().is_ok() => {
                 eprintln!("vm: warning: {e:#}; retrying with refreshed package lists");
                 updated = true;
-                known = apt_kernels();
+                known = apt_kernels(series);
                 drop(lock);
             }
             Err(e) => {
@@ -192,16 +285,13 @@ fn apt_update() -> Result<()> {
     Ok(())
 }
 
-/// Prepared kernels in the cache, newest ABI first.
-fn cached_debian(root: &Path) -> Vec<(u32, PathBuf)> {
+/// Prepared kernels of `series` in the cache, newest first.
+fn cached_debian(root: &Path, series: Series) -> Vec<(u32, PathBuf)> {
     let mut v = Vec::new();
     if let Ok(rd) = fs::read_dir(root) {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(abi) = name
-                .strip_prefix("6.1.0-")
-                .and_then(|r| r.strip_suffix("-amd64"))
-                .and_then(|n| n.parse::<u32>().ok())
+            if let Some(abi) = series.parse_release(&name)
                 && fs::read_to_string(e.path().join(READY_MARKER))
                     .unwrap_or_default()
                     .trim()
@@ -215,17 +305,19 @@ fn cached_debian(root: &Path) -> Vec<(u32, PathBuf)> {
     v
 }
 
-/// `linux-image-6.1.0-NN-amd64[-unsigned]` packages apt can install, newest ABI first,
+/// `linux-image-<release>[-unsigned]` packages of `series` apt can install, newest first,
 /// the unsigned flavour preferred (same kernel and modules, no secure-boot wrapper).
 /// apt-cache takes ~1 s per call here, so the answer is remembered in the cache until apt's
 /// package lists change.
-fn apt_kernels() -> Vec<(u32, String)> {
+fn apt_kernels(series: Series) -> Vec<(u32, String)> {
     let lists_mtime = fs::metadata("/var/lib/apt/lists")
         .and_then(|m| m.modified())
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map(|d| d.as_nanos().to_string());
-    let memo = cache_root().ok().map(|r| r.join("apt-kernels"));
+    let memo = cache_root()
+        .ok()
+        .map(|r| r.join(format!("apt-kernels-{}", series.name)));
     if let (Some(stamp), Some(memo)) = (&lists_mtime, &memo)
         && let Ok(text) = fs::read_to_string(memo)
     {
@@ -237,7 +329,7 @@ fn apt_kernels() -> Vec<(u32, String)> {
                 .collect();
         }
     }
-    let res = apt_kernels_uncached();
+    let res = apt_kernels_uncached(series);
     if let (Some(stamp), Some(memo), false) = (&lists_mtime, &memo, res.is_empty()) {
         let body: String = res.iter().map(|(a, n)| format!("{a} {n}\n")).collect();
         let _ = fs::write(memo, format!("{stamp}\n{body}"));
@@ -245,30 +337,20 @@ fn apt_kernels() -> Vec<(u32, String)> {
     res
 }
 
-fn apt_kernels_uncached() -> Vec<(u32, String)> {
+fn apt_kernels_uncached(series: Series) -> Vec<(u32, String)> {
     let out = match Command::new("apt-cache")
-        .args(["pkgnames", "linux-image-6.1.0-"])
+        .args(["pkgnames", &format!("linux-image-{}", series.stem)])
         .stderr(Stdio::null())
         .output()
     {
         Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
         Err(_) => return Vec::new(),
     };
-    let mut names: Vec<(u32, String)> = Vec::new();
-    for name in out.lines().map(str::trim) {
-        let Some(rest) = name.strip_prefix("linux-image-6.1.0-") else {
-            continue;
-        };
-        let Some((num, flavour)) = rest.split_once('-') else {
-            continue;
-        };
-        if flavour != "amd64" && flavour != "amd64-unsigned" {
-            continue;
-        }
-        if let Ok(n) = num.parse::<u32>() {
-            names.push((n, name.to_string()));
-        }
-    }
+    let mut names: Vec<(u32, String)> = out
+        .lines()
+        .map(str::trim)
+        .filter_map(|name| Some((series.parse_package(name)?, name.to_string())))
+        .collect();
     if names.is_empty() {
         return names;
     }
@@ -287,7 +369,7 @@ fn apt_kernels_uncached() -> Vec<(u32, String)> {
         .map(str::trim)
         .collect();
     names.retain(|(_, n)| available.contains(n.as_str()));
-    // newest first; within an ABI the unsigned flavour first
+    // newest first; within a version the unsigned flavour first
     names.sort_by(|a, b| {
         b.0.cmp(&a.0)
             .then_with(|| b.1.ends_with("-unsigned").cmp(&a.1.ends_with("-unsigned")))
@@ -398,14 +480,30 @@ pub fn extract_vmlinux(bzimage: &Path) -> Result<Vec<u8>> {
     let payload = d
         .get(off..off + len)
         .ok_or_else(|| anyhow!("payload out of bounds"))?;
-    if !payload.starts_with(b"\xfd7zXZ\x00") {
+    let out = if payload.starts_with(b"\xfd7zXZ\x00") {
+        unxz_kernel(payload)?
+    } else if payload.starts_with(b"\x28\xb5\x2f\xfd") {
+        // Debian's 6.12 compresses the kernel with zstd; one frame, then the size field.
+        let mut out = Vec::with_capacity(80 << 20);
+        let mut dec = ruzstd::decoding::StreamingDecoder::new(payload)
+            .map_err(|e| anyhow!("zstd frame header: {e}"))?;
+        std::io::Read::read_to_end(&mut dec, &mut out).context("zstd decompression")?;
+        out
+    } else {
         bail!(
-            "payload is not xz (magic {:02x?})",
+            "payload is neither xz nor zstd (magic {:02x?})",
             &payload[..6.min(payload.len())]
         );
+    };
+    if !out.starts_with(b"\x7fELF") {
+        bail!("decompressed payload is not an ELF file");
     }
-    // The kernel's xz stream uses the x86 BCJ filter; liblzma handles it. The 4 bytes after
-    // the stream (uncompressed size) are ignored by the single-stream decoder.
+    Ok(out)
+}
+
+/// The kernel's xz stream uses the x86 BCJ filter; liblzma handles it. The 4 bytes after the
+/// stream (uncompressed size) are ignored by the single-stream decoder.
+fn unxz_kernel(payload: &[u8]) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(80 << 20);
     let mut s = xz2::stream::Stream::new_stream_decoder(u64::MAX, 0).context("liblzma")?;
     let mut input = payload;
@@ -424,9 +522,6 @@ pub fn extract_vmlinux(bzimage: &Path) -> Result<Vec<u8>> {
         if input.is_empty() && s.total_in() == before && out.capacity() > out.len() {
             bail!("xz stream truncated");
         }
-    }
-    if !out.starts_with(b"\x7fELF") {
-        bail!("decompressed payload is not an ELF file");
     }
     Ok(out)
 }
@@ -455,7 +550,7 @@ fn prepare_modules(moddir: &Path) -> Result<()> {
             let mut fname = e.file_name().to_string_lossy().into_owned();
             let mut p = p;
             if let Some(base) = fname.strip_suffix(".ko.xz") {
-                // Debian 12 ships plain .ko; other trees may compress (busybox insmod cannot xz)
+                // Debian's 6.1 ships plain .ko, its 6.12 .ko.xz (busybox insmod cannot xz)
                 let raw = fs::read(&p)?;
                 let mut out = Vec::new();
                 std::io::Read::read_to_end(&mut xz2::read::XzDecoder::new(&raw[..]), &mut out)
@@ -854,5 +949,32 @@ impl Flock {
             }
         }
         Ok(Flock(f))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_parse_their_own_packages_and_versions_only() {
+        let (s61, s612) = (SERIES[0], SERIES[1]);
+        assert_eq!(s61.parse_package("linux-image-6.1.0-57-amd64"), Some(57));
+        assert_eq!(s61.parse_package("linux-image-6.1.0-57-amd64-unsigned"), Some(57));
+        assert_eq!(s61.parse_package("linux-image-6.1.0-57-cloud-amd64"), None);
+        assert_eq!(s61.parse_package("linux-image-6.1.0-57-amd64-dbg"), None);
+        assert_eq!(
+            s612.parse_package("linux-image-6.12.117+deb12-amd64-unsigned"),
+            Some(117)
+        );
+        assert_eq!(s612.parse_package("linux-image-6.12.117+deb12-rt-amd64"), None);
+        assert_eq!(s612.parse_package("linux-image-6.1.0-57-amd64"), None);
+        assert_eq!(s612.release(117), "6.12.117+deb12-amd64");
+        assert_eq!(s61.parse_release("6.12.117+deb12-amd64"), None);
+        assert_eq!(s61.parse_user("6.1.0-55"), Some(55));
+        assert_eq!(s61.parse_user("6.1.0-55-amd64"), Some(55));
+        assert_eq!(s612.parse_user("6.12.107"), Some(107));
+        assert_eq!(s612.parse_user("linux-image-6.12.107+deb12-amd64"), Some(107));
+        assert_eq!(s612.parse_user("6.1.0-55"), None);
     }
 }

@@ -100,7 +100,12 @@ pub struct Boot<'a> {
     pub run_dir: &'a Path,
     /// Keep a copy of the command's stdout (the test runner parses it).
     pub capture_stdout: bool,
+    /// Where the command's stdout goes as it comes (default: our stdout).
+    pub stdout_sink: Option<StdoutSink>,
 }
+
+/// Receives the command's stdout in the pieces it arrives in.
+pub type StdoutSink = Box<dyn FnMut(&[u8]) + Send>;
 
 #[derive(Debug)]
 pub struct Outcome {
@@ -177,7 +182,7 @@ fn fsdev_security() -> &'static str {
 }
 
 /// Boots, runs the command described in `b.run_dir`, returns its status.
-pub fn run(b: &Boot) -> Result<Outcome> {
+pub fn run(b: &mut Boot) -> Result<Outcome> {
     let qemu = check_qemu()?;
     install_signal_handlers();
     let sock = |n: &str| b.run_dir.join(format!("{n}.sock"));
@@ -292,15 +297,20 @@ pub fn run(b: &Boot) -> Result<Outcome> {
     let t_stdout = {
         let (stop, cap) = (stop.clone(), captured.clone());
         let capture = b.capture_stdout;
+        let mut sink = b.stdout_sink.take();
         forward(l_stdout, stop, move |mut r| {
             let mut buf = [0u8; 16384];
             loop {
                 match r.read(&mut buf) {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
-                        let mut o = std::io::stdout().lock();
-                        let _ = o.write_all(&buf[..n]);
-                        let _ = o.flush();
+                        if let Some(sink) = sink.as_mut() {
+                            sink(&buf[..n]);
+                        } else {
+                            let mut o = std::io::stdout().lock();
+                            let _ = o.write_all(&buf[..n]);
+                            let _ = o.flush();
+                        }
                         if capture {
                             cap.lock().unwrap().extend_from_slice(&buf[..n]);
                         }
@@ -545,6 +555,7 @@ fn probe_kvm(kernel: &Kernel, initramfs: &Path) -> Result<bool> {
         share: None,
         run_dir: dir.path(),
         capture_stdout: false,
+        stdout_sink: None,
     };
     let mut args = base_args(&b);
     args.extend([
