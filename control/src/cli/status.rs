@@ -180,8 +180,8 @@ fn render(b: &LiveStatus, now: u64) -> String {
     let u = &counters.unparsed;
     let _ = writeln!(
         o,
-        "\nunparsed (passed untouched): non-IP {}, truncated {}, IPv6 extension limit {}",
-        u.non_ip, u.truncated, u.ipv6_extension_limit
+        "\nunparsed (passed untouched): non-IP {}, truncated {}, malformed {}, IPv6 extension limit {}",
+        u.non_ip, u.truncated, u.malformed, u.ipv6_extension_limit
     );
     for w in &p.warnings {
         let _ = writeln!(o, "policy warning: {w}");
