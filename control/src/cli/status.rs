@@ -18,13 +18,8 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<i32> {
     let url = format!("http://{}/status", a.addr);
-    let status: LiveStatus = ureq::get(&url)
-        .call()
-        .with_context(|| {
-            format!("asking the agent at {url} (is `paceline agent` running with that --metrics-addr?)")
-        })?
-        .body_mut()
-        .read_json()
+    // The status document holds the policy's levels, classes and counters: far below 64 MiB.
+    let status: LiveStatus = serde_json::from_str(&super::client::get_text(&url, 64 << 20)?)
         .context("parsing the agent's status")?;
     if a.json {
         // Through a JSON value: keys in sorted order, as this command has always printed them.
