@@ -71,7 +71,7 @@ pub struct Layout {
 /// How the parser reads a frame.
 pub trait Frame {
     /// The frame's length (`skb->len`), which the IP lengths are checked against.
-    fn len(&self) -> usize;
+    fn frame_len(&self) -> usize;
     /// Whether the packet is a GSO super-packet (the kernel then may leave an IP length 0).
     fn is_gso(&self) -> bool;
     /// `N` bytes at `off`; the kernel side reads them in place (direct packet access), so `off`
@@ -95,7 +95,7 @@ impl<'a> SliceFrame<'a> {
 }
 
 impl Frame for SliceFrame<'_> {
-    fn len(&self) -> usize {
+    fn frame_len(&self) -> usize {
         self.data.len()
     }
     fn is_gso(&self) -> bool {
@@ -144,7 +144,7 @@ pub fn parse<F: Frame>(f: &F, pkt: &mut PacketInfo) -> Result<Layout, Unparsed> 
             l3 = ETH_HLEN + 8;
         }
     }
-    let len = f.len();
+    let len = f.frame_len();
     // `end`: where the IP packet ends, as its header says; `l4`: the transport header.
     let (end, l4) = match proto {
         ETH_P_IP => {

@@ -12,7 +12,7 @@ struct Skb<'a>(&'a TcContext);
 
 impl Frame for Skb<'_> {
     #[inline(always)]
-    fn len(&self) -> usize {
+    fn frame_len(&self) -> usize {
         self.0.len() as usize
     }
 
