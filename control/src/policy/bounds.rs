@@ -245,6 +245,21 @@ mod tests {
     }
 
     #[test]
+    fn long_cidr_lists_are_within_the_limits() {
+        // What a 100,000-rule policy looks like, scaled down for debug builds: rules with long
+        // address lists. 20 MB of this is ~1.3M nodes, a third of MAX_NODES.
+        let mut t = String::from("apiVersion: paceline/v1\nkind: Policy\nspec:\n  rules:\n");
+        for r in 0..40 {
+            t.push_str(&format!("    - class: c{r}\n      dst:\n"));
+            for i in 0..1500 {
+                t.push_str(&format!("        - 10.{}.{}.0/24\n", r, i % 256));
+            }
+        }
+        assert!(t.len() > 1 << 20);
+        assert_eq!(check(&t, "big.yaml").map(str::len), Ok(t.len()));
+    }
+
+    #[test]
     fn anchors_and_aliases_within_limits_are_fine() {
         let t = "apiVersion: paceline/v1\nkind: Policy\nspec:\n  interfaces: [eth0]\n  levels: [{name: bulk, priority: 0}]\n  classes: [{name: c, level: bulk}]\n  rules:\n    - {class: c, dst: &nets [10.0.0.0/8, 192.168.0.0/16]}\n    - {class: c, src: *nets}\n  default_class: c\n";
         let e = quick(t);
