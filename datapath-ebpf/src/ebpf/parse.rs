@@ -4,7 +4,7 @@
 
 use core::mem::size_of;
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{macros::map, maps::PerCpuArray, programs::TcContext};
 pub use paceline_common::parse::{Layout, Unparsed};
 use paceline_common::{classify::PacketInfo, parse::Frame};
 
@@ -40,8 +40,42 @@ impl Frame for Skb<'_> {
     }
 }
 
+/// Where [`launder`] passes the layout through.
+#[map(name = "PL_PARSE_SCRATCH")]
+static SCRATCH: PerCpuArray<[u32; 4]> = PerCpuArray::with_max_entries(1, 0);
+
 /// Parses the packet into `pkt` (addresses, ports, protocol, DSCP, family).
 #[inline(always)]
 pub fn parse(ctx: &TcContext, pkt: &mut PacketInfo) -> Result<Layout, Unparsed> {
-    paceline_common::parse::parse(&Skb(ctx), pkt)
+    paceline_common::parse::parse(&Skb(ctx), pkt).map(launder)
+}
+
+/// The layout, passed through a per-CPU map value so that the verifier sees offsets it does
+/// not know (as the datapath's `maps::launder` does for the packet): every parse path (no tag,
+/// one or two, IPv4 options, each IPv6 extension chain) then continues as one verifier state
+/// instead of re-verifying classification and pacing once per layout. The offsets are only
+/// used with helpers that check them at run time (`bpf_skb_load_bytes`, `bpf_skb_store_bytes`,
+/// `bpf_l3_csum_replace`).
+#[inline(always)]
+fn launder(l: Layout) -> Layout {
+    const NONE: u32 = u32::MAX;
+    let Some(p) = SCRATCH.get_ptr_mut(0) else {
+        return l;
+    };
+    let enc = [
+        l.l3_off as u32,
+        l.l4_off.map_or(NONE, |o| o as u32),
+        l.vlan_tci_off.map_or(NONE, |o| o as u32),
+        0,
+    ];
+    // SAFETY: this CPU's slot of an array map; volatile so LLVM does not forward the stores.
+    let d = unsafe {
+        p.write_volatile(enc);
+        p.read_volatile()
+    };
+    Layout {
+        l3_off: d[0] as usize,
+        l4_off: (d[1] != NONE).then_some(d[1] as usize),
+        vlan_tci_off: (d[2] != NONE).then_some(d[2] as usize),
+    }
 }

@@ -457,3 +457,21 @@ fn differential_frames_match_the_reference_parser_and_classifier() {
     );
     assert!(ran >= 100 && parsed >= ran / 10, "too few frames exercised");
 }
+
+/// The tc program's verification cost on this kernel (instructions the verifier processed): the
+/// parser's paths multiply it, and older verifiers prune less, with a limit of 1,000,000.
+#[test]
+fn tc_program_verification_cost() {
+    if !privileged("tc_program_verification_cost") {
+        return;
+    }
+    let mut dp = load();
+    let info = dp.tc_program().unwrap().info().unwrap();
+    match info.verified_instruction_count() {
+        Some(n) => {
+            println!("pl_tc_egress: the verifier processed {n} instructions");
+            assert!(n < 500_000, "{n} instructions: too close to the verifier's limit");
+        }
+        None => println!("pl_tc_egress: this kernel does not report the verifier's count"),
+    }
+}
