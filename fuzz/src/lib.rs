@@ -8,16 +8,17 @@
 //!   headers it used is refused, and rewriting DSCP/PCP (what the datapath does) never changes
 //!   what it parses.
 //! - [`classify`]: rules built from arbitrary parameters through the `Rule::with_*` builders:
-//!   the classifier agrees with a plain first-match reading of the parameters.
+//!   the reference matcher (`classify_linear`) and the compiled classifier the datapath looks
+//!   packets up in agree with a plain first-match reading of the parameters.
 //!
-//! The policy table is built and read only in [`table_from_rules`] and [`table_invariants`],
-//! so a change of its type is a change there.
+//! The compiled classifier is built and read only in [`compiled_first_rule`] and
+//! [`table_invariants`], so a change of its type is a change there.
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use paceline::policy::{self, CompileContext, Compiled, EnforcementMode, FakeHost};
 use paceline_common::{
-    classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, classify as classify_table},
-    maps::{MAX_CLASSES, MAX_LEVELS, MAX_RULES, PolicyTable, Rule},
+    classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, classify_linear},
+    maps::{MAX_CLASSES, MAX_LEVELS, Rule},
     parse::{ETH_P_IPV6, Layout, SliceFrame, Unparsed, parse},
 };
 
@@ -57,19 +58,24 @@ pub fn policy(data: &[u8]) {
                 previous: None,
                 all_routes_managed,
             };
-            let c = policy::compile(&v, &ctx);
+            // Compiling may refuse what cannot fit the tables (with an error), never panic.
+            let Ok(c) = policy::compile(&v, &ctx) else {
+                continue;
+            };
             table_invariants(&c);
-            let again = policy::compile(&v, &ctx);
+            let again = policy::compile(&v, &ctx).expect("compiles twice");
             assert_eq!(c.table, again.table, "compiling is deterministic");
-            // Recompiling against itself (a reload of the same file) keeps the table.
+            assert_eq!(c.rule_table, again.rule_table);
+            // Recompiling against itself (a reload of the same file) keeps the rules.
             let reload = policy::compile(
                 &v,
                 &CompileContext {
                     previous: Some(&c),
                     ..ctx
                 },
-            );
-            assert_eq!(c.table.rules, reload.table.rules);
+            )
+            .expect("a reload of the same policy compiles");
+            assert_eq!(c.rule_table, reload.rule_table);
             let _ = policy::render::check_report(&c);
             let _ = policy::render::json(&c);
         }
@@ -79,9 +85,9 @@ pub fn policy(data: &[u8]) {
 /// What every compiled table must satisfy for the datapath to read it as the report says.
 pub fn table_invariants(c: &Compiled) {
     let t = &c.table;
-    let n_rules = t.n_rules as usize;
+    let n_rules = c.rule_table.len();
     let n_classes = t.n_classes as usize;
-    assert!(n_rules <= MAX_RULES && n_rules == c.rules.len(), "rule count");
+    assert!(n_rules == c.rules.len(), "rule count");
     assert!(
         n_classes <= MAX_CLASSES && n_classes == c.class_names.len(),
         "class count"
@@ -94,7 +100,7 @@ pub fn table_invariants(c: &Compiled) {
     assert!(used(t.default_class as usize), "the default class exists");
     assert_eq!(t.default_class, c.default_class as u32);
     assert_eq!(t.horizon_ns, c.horizon_ns);
-    for (i, r) in t.rules[..n_rules].iter().enumerate() {
+    for (i, r) in c.rule_table.iter().enumerate() {
         let ctx = format!("rule {i}: {r:?}");
         assert!(used(r.class as usize), "{ctx}: its class exists");
         assert_eq!(r.class, c.rules[i].class_index, "{ctx}: as reported");
@@ -277,6 +283,30 @@ fn masked(a: &[u8; 16], m: &[u8; 16]) -> [u8; 16] {
     std::array::from_fn(|i| a[i] & m[i])
 }
 
+/// The policy compiler's domain: an IPv4 network (the prefix byte's top bit) is IPv4-mapped
+/// with a prefix of 96 + 0..=32 bits; an IPv6 one has 0..=128 bits.
+fn net((a, p): &([u8; 16], u8)) -> ([u8; 16], u8, bool) {
+    if p & 0x80 != 0 {
+        (mapped(a), 96 + (p & 0x7f) % 33, false)
+    } else {
+        (*a, p % 129, true)
+    }
+}
+
+/// `::ffff:a.b.c.d` from the last four bytes.
+fn mapped(a: &[u8; 16]) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[10] = 0xff;
+    m[11] = 0xff;
+    m[12..].copy_from_slice(&a[12..]);
+    m
+}
+
+/// The family a rule has: its addresses' (the compiler sets it from them), else its own.
+fn family(r: &RuleParams) -> Option<bool> {
+    r.src.as_ref().or(r.dst.as_ref()).map(|n| net(n).2).or(r.family)
+}
+
 fn sorted((a, b): (u16, u16)) -> (u16, u16) {
     (a.min(b), a.max(b))
 }
@@ -298,16 +328,18 @@ fn build(r: &RuleParams) -> Rule {
     if let Some(d) = r.dscp {
         rule = rule.with_dscp(d);
     }
-    if let Some(v6) = r.family {
+    if let Some(v6) = family(r) {
         rule = rule.with_family(v6);
     }
-    if let Some((a, p)) = &r.src {
-        let m = prefix_mask(*p);
-        rule = rule.with_src(words(&masked(a, &m)), words(&m));
+    if let Some(n) = &r.src {
+        let (a, p, _) = net(n);
+        let m = prefix_mask(p);
+        rule = rule.with_src(words(&masked(&a, &m)), words(&m));
     }
-    if let Some((a, p)) = &r.dst {
-        let m = prefix_mask(*p);
-        rule = rule.with_dst(words(&masked(a, &m)), words(&m));
+    if let Some(n) = &r.dst {
+        let (a, p, _) = net(n);
+        let m = prefix_mask(p);
+        rule = rule.with_dst(words(&masked(&a, &m)), words(&m));
     }
     if let Some((mark, mask)) = r.mark {
         rule = rule.with_mark(mark, mask);
@@ -327,10 +359,12 @@ fn naive_matches(r: &RuleParams, i: &ClassifyInput) -> bool {
             lo <= port && port <= hi
         })
     };
-    let in_net = |addr: &[u8; 16], net: &Option<([u8; 16], u8)>| {
-        net.as_ref().is_none_or(|(a, p)| {
-            let m = prefix_mask(*p);
-            masked(addr, &m) == masked(a, &m)
+    let (src, dst) = addresses(i);
+    let in_net = |addr: &[u8; 16], n: &Option<([u8; 16], u8)>| {
+        n.as_ref().is_none_or(|n| {
+            let (a, p, _) = net(n);
+            let m = prefix_mask(p);
+            masked(addr, &m) == masked(&a, &m)
         })
     };
     r.proto.is_none_or(|p| p == i.proto)
@@ -338,9 +372,9 @@ fn naive_matches(r: &RuleParams, i: &ClassifyInput) -> bool {
         && in_range(i.dport, r.dport)
         && r.dscp
             .is_none_or(|d| i.unknown & UNKNOWN_DSCP == 0 && d & 0x3f == dscp)
-        && r.family.is_none_or(|v6| v6 == i.is_v6)
-        && in_net(&i.src, &r.src)
-        && in_net(&i.dst, &r.dst)
+        && family(r).is_none_or(|v6| v6 == i.is_v6)
+        && in_net(&src, &r.src)
+        && in_net(&dst, &r.dst)
         && r.mark.is_none_or(|(mark, mask)| {
             mask == 0 || (i.unknown & UNKNOWN_MARK == 0 && mark & mask == i.mark & mask)
         })
@@ -348,24 +382,30 @@ fn naive_matches(r: &RuleParams, i: &ClassifyInput) -> bool {
             .is_none_or(|id| i.unknown & UNKNOWN_CGROUP == 0 && id == i.cgroup)
 }
 
-/// The table the datapath reads, from rules in order (one place to change with its type).
-pub fn table_from_rules(rules: &[Rule], default_class: u32) -> PolicyTable {
-    let mut t = PolicyTable::empty();
-    t.rules[..rules.len()].copy_from_slice(rules);
-    t.n_rules = rules.len() as u32;
-    t.n_classes = MAX_CLASSES as u32;
-    t.default_class = default_class;
-    t
+/// The packet's addresses as a parser gives them: IPv4 ones are mapped.
+fn addresses(i: &ClassifyInput) -> ([u8; 16], [u8; 16]) {
+    if i.is_v6 {
+        (i.src, i.dst)
+    } else {
+        (mapped(&i.src), mapped(&i.dst))
+    }
+}
+
+/// The first matching rule by the compiled classifier's lookup (what the datapath runs), or
+/// `Err` when the rules do not compile (too large). One place to change with its type.
+pub fn compiled_first_rule(rules: &[Rule], p: &PacketInfo) -> Result<Option<usize>, String> {
+    let image = paceline::ctab::build(rules).map_err(|e| e.to_string())?;
+    Ok(paceline::ctab::MemTables::new(&image).first_rule(p))
 }
 
 pub fn classify(input: &ClassifyInput) {
-    let params = &input.rules[..input.rules.len().min(MAX_RULES)];
+    let params = &input.rules[..input.rules.len().min(256)];
     let rules: Vec<Rule> = params.iter().map(build).collect();
     let default = input.default_class as u32 % MAX_CLASSES as u32;
-    let t = table_from_rules(&rules, default);
+    let (src, dst) = addresses(input);
     let p = PacketInfo {
-        src: words(&input.src),
-        dst: words(&input.dst),
+        src: words(&src),
+        dst: words(&dst),
         cgroup_id: input.cgroup,
         mark: input.mark,
         sport: input.sport,
@@ -376,10 +416,14 @@ pub fn classify(input: &ClassifyInput) {
         unknown: input.unknown & (UNKNOWN_DSCP | UNKNOWN_CGROUP | UNKNOWN_MARK),
         _pad: [0; 4],
     };
-    let want = params
-        .iter()
-        .zip(&rules)
-        .find(|(r, _)| naive_matches(r, input))
-        .map_or(default, |(_, rule)| rule.class as u32);
-    assert_eq!(classify_table(&t, &p), want, "{input:?}");
+    let want = params.iter().position(|r| naive_matches(r, input));
+    let want_class = want.map_or(default, |i| rules[i].class as u32);
+    assert_eq!(
+        classify_linear(&rules, default, &p),
+        want_class,
+        "reference: {input:?}"
+    );
+    if let Ok(got) = compiled_first_rule(&rules, &p) {
+        assert_eq!(got, want, "compiled: {input:?}");
+    }
 }

@@ -4,11 +4,11 @@
 //! and lengths), and what the datapath must make of each according to the reference in
 //! `paceline_common` ([`expect`]).
 //!
-//! The table and the reference classification go through [`table`] and [`reference_class`]
+//! The policy and the reference classification go through [`policy`] and [`reference_class`]
 //! only, so a change of the policy table's type is a change here.
 
 use paceline_common::{
-    classify::{PacketInfo, classify},
+    classify::{PacketInfo, classify_linear},
     maps::{
         ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_LEVELS, PolicyTable, Rule, v4_mapped,
     },
@@ -16,7 +16,7 @@ use paceline_common::{
 };
 use rand::{RngExt, rngs::StdRng};
 
-/// Classes of [`table`]; class [`PACED_CLASS`] has a class clock and a horizon, so it drops.
+/// Classes of [`policy`]; class [`PACED_CLASS`] has a class clock and a horizon, so it drops.
 pub const CLASSES: usize = 8;
 pub const PACED_CLASS: usize = 7;
 
@@ -38,9 +38,15 @@ fn v6(a: [u8; 16]) -> [u32; 4] {
     [w(0), w(4), w(8), w(12)]
 }
 
+/// A table and the rules (first match wins) its classifier is compiled from.
+pub struct Policy {
+    pub table: PolicyTable,
+    pub rules: Vec<Rule>,
+}
+
 /// The differential test's policy: rules on every field the parser fills, levels that rewrite
 /// DSCP, PCP or both, one paced class that drops beyond its horizon.
-pub fn table() -> PolicyTable {
+pub fn policy() -> Policy {
     let rules = [
         Rule::any(1).with_proto(6).with_dport(80, 80),
         Rule::any(2).with_proto(17).with_dport(53, 53).with_family(true),
@@ -55,8 +61,6 @@ pub fn table() -> PolicyTable {
         Rule::any(6).with_proto(136),
     ];
     let mut t = PolicyTable::empty();
-    t.rules[..rules.len()].copy_from_slice(&rules);
-    t.n_rules = rules.len() as u32;
     t.n_classes = CLASSES as u32;
     t.default_class = 0;
     let level = |flags, dscp, pcp| LevelConfig {
@@ -78,12 +82,16 @@ pub fn table() -> PolicyTable {
     // 1 kB/s with a 1 s horizon: about the tenth packet of this class is dropped.
     t.classes[PACED_CLASS].class_rate = 1000;
     t.horizon_ns = 1_000_000_000;
-    t
+    Policy {
+        table: t,
+        rules: rules.to_vec(),
+    }
 }
 
-/// The reference classification (what the datapath must agree with).
-pub fn reference_class(t: &PolicyTable, p: &PacketInfo) -> usize {
-    classify(t, p) as usize
+/// The reference classification (what the datapath must agree with): the linear first-match
+/// matcher of `paceline_common::classify`.
+pub fn reference_class(pol: &Policy, p: &PacketInfo) -> usize {
+    classify_linear(&pol.rules, pol.table.default_class, p) as usize
 }
 
 /// What the datapath must do with a frame.
@@ -103,13 +111,14 @@ pub enum Expect {
 
 /// The reference: the parser and classifier from `paceline_common`, and the rewrites the
 /// datapath's level applies (DSCP with ECN kept, the outer tag's PCP).
-pub fn expect(t: &PolicyTable, frame: &[u8]) -> Expect {
+pub fn expect(pol: &Policy, frame: &[u8]) -> Expect {
+    let t = &pol.table;
     let mut p = PacketInfo::default();
     let layout = match parse(&SliceFrame::new(frame), &mut p) {
         Ok(l) => l,
         Err(r) => return Expect::Unparsed(r),
     };
-    let class = reference_class(t, &p);
+    let class = reference_class(pol, &p);
     let level = &t.levels[t.classes[class].level as usize % MAX_LEVELS];
     let mut out = frame.to_vec();
     let l3 = layout.l3_off;

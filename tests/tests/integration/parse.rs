@@ -21,13 +21,22 @@ use crate::{
     test_run::{TC_ACT_SHOT, TC_ACT_UNSPEC, load, run},
 };
 
-/// TCP port 80 and UDP port 53 go to class 1, at level 1: DSCP 46 and PCP 5.
+/// Loads the datapath with [`port_table`].
+fn load_ports() -> Datapath {
+    let mut dp = load();
+    let rules = [
+        Rule::any(1).with_proto(6).with_dport(80, 80),
+        Rule::any(1).with_proto(17).with_dport(53, 53),
+    ];
+    dp.write_rules(&port_table(), &rules).unwrap();
+    dp
+}
+
+/// TCP port 80 and UDP port 53 (the rules of [`load_ports`]) go to class 1, at level 1: DSCP
+/// 46 and PCP 5.
 fn port_table() -> PolicyTable {
     let mut t = PolicyTable::empty();
     t.n_classes = 2;
-    t.rules[0] = Rule::any(1).with_proto(6).with_dport(80, 80);
-    t.rules[1] = Rule::any(1).with_proto(17).with_dport(53, 53);
-    t.n_rules = 2;
     t.classes[1] = ClassConfig {
         level: 1,
         ..ClassConfig::zeroed()
@@ -87,8 +96,7 @@ fn tcp_frame_ending_inside_its_header_is_neither_classified_nor_rewritten() {
     if !privileged("tcp_frame_ending_inside_its_header_is_neither_classified_nor_rewritten") {
         return;
     }
-    let mut dp = load();
-    dp.write_policy(&port_table()).unwrap();
+    let mut dp = load_ports();
     let mut short = Vec::new();
     for cut in [4usize, 12, 19] {
         // The IP length says the packet ends there too: the kernel's own length checks pass.
@@ -124,8 +132,7 @@ fn ipv4_lengths_that_contradict_the_header_or_frame_are_refused() {
     if !privileged("ipv4_lengths_that_contradict_the_header_or_frame_are_refused") {
         return;
     }
-    let mut dp = load();
-    dp.write_policy(&port_table()).unwrap();
+    let mut dp = load_ports();
     let fix = |mut f: Vec<u8>| {
         frames::fix_ip_checksum(&mut f, 14);
         f
@@ -168,8 +175,7 @@ fn ip_version_that_is_not_the_ethertypes_passes_untouched_as_malformed() {
     if !privileged("ip_version_that_is_not_the_ethertypes_passes_untouched_as_malformed") {
         return;
     }
-    let mut dp = load();
-    dp.write_policy(&port_table()).unwrap();
+    let mut dp = load_ports();
     let mut bad = Vec::new();
     for v in [0u8, 6, 5] {
         let mut f = tcp4(80, 20);
@@ -202,8 +208,7 @@ fn qinq_frames_are_classified_and_the_outer_tag_gets_the_pcp() {
     if !privileged("qinq_frames_are_classified_and_the_outer_tag_gets_the_pcp") {
         return;
     }
-    let mut dp = load();
-    dp.write_policy(&port_table()).unwrap();
+    let mut dp = load_ports();
     let inner = packet::ipv4(
         [10, 0, 0, 1],
         [10, 0, 0, 2],
@@ -293,8 +298,7 @@ fn ipv6_extension_headers_are_followed_up_to_the_documented_six() {
     if !privileged("ipv6_extension_headers_are_followed_up_to_the_documented_six") {
         return;
     }
-    let mut dp = load();
-    dp.write_policy(&port_table()).unwrap();
+    let mut dp = load_ports();
     assert_eq!(MAX_V6_EXT, 6);
     let o = run(&mut dp, &v6_chain(MAX_V6_EXT), SkBuff::default());
     assert_eq!(packet::inspect(&o.data).dscp, 46, "six headers: classified");
@@ -309,8 +313,7 @@ fn all_fragments_of_a_datagram_get_the_ip_header_class() {
     if !privileged("all_fragments_of_a_datagram_get_the_ip_header_class") {
         return;
     }
-    let mut dp = load();
-    dp.write_policy(&port_table()).unwrap();
+    let mut dp = load_ports();
     let udp = packet::ipv4(
         [10, 0, 0, 1],
         [10, 0, 0, 2],
@@ -368,8 +371,8 @@ fn reason_delta(before: &GlobalCounters, after: &GlobalCounters) -> Vec<Unparsed
 /// how many ran and how many of those the reference classified.
 fn differential(seed: u64, frames_max: usize, until: Option<Instant>) -> (usize, usize, usize) {
     let mut dp = load();
-    let table = frames::table();
-    dp.write_policy(&table).unwrap();
+    let pol = frames::policy();
+    dp.write_rules(&pol.table, &pol.rules).unwrap();
     let mut rng = frames::rng(seed);
     let (mut ran, mut parsed, mut refused) = (0, 0, 0);
     let mut before = dp.snapshot().unwrap();
@@ -394,7 +397,7 @@ fn differential(seed: u64, frames_max: usize, until: Option<Instant>) -> (usize,
         let reasons = reason_delta(&before.global, &after.global);
         before = after;
         let ctx = format!("seed {seed}, frame #{ran}: {f:02x?}");
-        match frames::expect(&table, &f) {
+        match frames::expect(&pol, &f) {
             Expect::Unparsed(why) => {
                 assert_eq!(reasons, [why], "unparsed reason; {ctx}");
                 assert!(got.is_empty(), "classified {got:?}; {ctx}");
@@ -456,22 +459,4 @@ fn differential_frames_match_the_reference_parser_and_classifier() {
         "differential: seed {seed}: {ran} frames through the program ({parsed} classified, {refused} refused by BPF_PROG_TEST_RUN)"
     );
     assert!(ran >= 100 && parsed >= ran / 10, "too few frames exercised");
-}
-
-/// The tc program's verification cost on this kernel (instructions the verifier processed): the
-/// parser's paths multiply it, and older verifiers prune less, with a limit of 1,000,000.
-#[test]
-fn tc_program_verification_cost() {
-    if !privileged("tc_program_verification_cost") {
-        return;
-    }
-    let mut dp = load();
-    let info = dp.tc_program().unwrap().info().unwrap();
-    match info.verified_instruction_count() {
-        Some(n) => {
-            println!("pl_tc_egress: the verifier processed {n} instructions");
-            assert!(n < 500_000, "{n} instructions: too close to the verifier's limit");
-        }
-        None => println!("pl_tc_egress: this kernel does not report the verifier's count"),
-    }
 }
