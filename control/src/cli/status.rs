@@ -222,7 +222,7 @@ CLASS            LEVEL             PACKETS          BYTES    DELAYED    DROPPED 
 rpc              latency                 3            222          0          0         3         0
 other            bulk                    5            426          0          0         5         0
 
-unparsed (passed untouched): non-IP 1, truncated 0, IPv6 extension limit 0
+unparsed (passed untouched): non-IP 1, truncated 0, malformed 0, IPv6 extension limit 0
 policy warning: /tmp/h1cap/policy.yaml:16: spec.classes[0].class_rate: 200 Mbit/s is above the rate of level "latency" (30.9 Mbit/s); the level's rate binds
 "#;
         assert_eq!(text, expected);
