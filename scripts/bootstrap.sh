@@ -65,6 +65,17 @@ else
   say "bpf-linker present"
 fi
 
+# cargo-fuzz runs the fuzz targets (cargo xtask fuzz; a short seeded run in cargo xtask test).
+if [ "$want_test" = 1 ]; then
+  if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    say "installing cargo-fuzz 0.13 (about 80 s, once)"
+    cargo install cargo-fuzz --version '^0.13' --locked >/tmp/paceline-cargo-fuzz.log 2>&1 || {
+      echo "bootstrap: cargo install cargo-fuzz failed; see /tmp/paceline-cargo-fuzz.log" >&2; tail -30 /tmp/paceline-cargo-fuzz.log >&2; exit 1; }
+  else
+    say "cargo-fuzz present"
+  fi
+fi
+
 # aya pins maps under a BPF filesystem; make sure one is mounted.
 if ! mount | grep -q ' /sys/fs/bpf type bpf'; then
   say "mounting bpffs at /sys/fs/bpf"

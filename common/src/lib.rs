@@ -5,6 +5,8 @@
 //! # Layout
 //! - [`maps`]: every `#[repr(C)]` type that crosses a BPF map, with size assertions beside each.
 //! - [`edt`]: Earliest-Departure-Time clock arithmetic (what the tc program computes per packet).
+//! - [`parse`]: the packet parser the tc program runs (generic over how bytes are read), so user
+//!   space runs the same code as the reference (tests, fuzzing).
 //! - [`classify`]: what the classifier looks at ([`classify::PacketInfo`]) and the linear
 //!   first-match rule matcher, the reference the compiled classifier is tested against.
 //! - [`ctab`]: the compiled classifier: the per-packet lookup both sides run, in a cost that
@@ -21,4 +23,5 @@ pub mod ctab;
 pub mod d3;
 pub mod edt;
 pub mod maps;
+pub mod parse;
 pub mod qjump;

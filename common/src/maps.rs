@@ -452,11 +452,15 @@ impl Counters {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct GlobalCounters {
-    /// Frames that are neither IPv4 nor IPv6 (ARP, LLDP, ...): passed untouched.
+    /// Frames whose ethertype, after at most two VLAN tags, is neither IPv4 nor IPv6 (ARP,
+    /// LLDP, MPLS, a third tag): passed untouched.
     pub non_ip: u64,
-    /// Frames too short for the headers they announce: passed untouched.
+    /// Frames shorter than what their headers announce (an IP header, the IPv4 total length or
+    /// IPv6 payload length, an extension header, a TCP/UDP/SCTP header), or whose headers are
+    /// not in the packet's linear data: passed untouched.
     pub truncated: u64,
-    /// IPv6 packets with more extension headers than the parser follows: passed untouched.
+    /// IPv6 packets with more extension headers than the parser follows (6), or whose transport
+    /// header starts past byte 512: passed untouched.
     pub ipv6_ext_limit: u64,
     /// Packets seen while no policy was loaded.
     pub no_policy: u64,
@@ -465,7 +469,11 @@ pub struct GlobalCounters {
     /// Paced packets whose stack timestamp was not CLOCK_MONOTONIC (SO_TXTIME with REALTIME
     /// or TAI): the timestamp was ignored and replaced by the pacing departure.
     pub foreign_tstamp: u64,
-    pub _reserved: [u64; 2],
+    /// Frames whose IP or TCP header contradicts itself: a version that is not the ethertype's,
+    /// an IPv4 header length below 20 bytes or beyond the total length, a TCP data offset
+    /// below 5: passed untouched.
+    pub malformed: u64,
+    pub _reserved: [u64; 1],
 }
 const _: () = assert!(size_of::<GlobalCounters>() == 64);
 
@@ -477,6 +485,7 @@ impl GlobalCounters {
         self.no_policy = self.no_policy.wrapping_add(o.no_policy);
         self.rewrite_errors = self.rewrite_errors.wrapping_add(o.rewrite_errors);
         self.foreign_tstamp = self.foreign_tstamp.wrapping_add(o.foreign_tstamp);
+        self.malformed = self.malformed.wrapping_add(o.malformed);
     }
 }
 

@@ -178,6 +178,9 @@ pub fn render(
     unparsed
         .with_label_values(&["ipv6_extension_limit"])
         .inc_by(snap.global.ipv6_ext_limit);
+    unparsed
+        .with_label_values(&["malformed"])
+        .inc_by(snap.global.malformed);
     counter(
         &r,
         "paceline_rewrite_errors_total",

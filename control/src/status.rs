@@ -288,6 +288,7 @@ impl LiveStatus {
                 non_ip: snap.global.non_ip,
                 truncated: snap.global.truncated,
                 ipv6_extension_limit: snap.global.ipv6_ext_limit,
+                malformed: snap.global.malformed,
             },
             d3_classes: d3
                 .map(|d| {
@@ -402,6 +403,9 @@ pub struct Unparsed {
     pub non_ip: u64,
     pub truncated: u64,
     pub ipv6_extension_limit: u64,
+    /// Absent from the status of agents older than this counter.
+    #[serde(default)]
+    pub malformed: u64,
 }
 
 /// A D3 router link's figures, as [`LinkReport`] has them (the controller's report, which the

@@ -7,12 +7,15 @@
 //! - [`agent`]: the agent run inside a testbed host (start, status, stop, kill -9).
 //! - [`skb`]: the `__sk_buff` mirror for BPF_PROG_TEST_RUN contexts.
 //! - [`packet`]: test packet builders and checkers.
+//! - [`frames`]: random and mutated frames for the datapath's differential test, and what the
+//!   reference parser and classifier in `paceline_common` expect of each.
 //! - [`report`]: turns result JSON into markdown tables and plots.
 //! - [`policygen`]: large generated policies (YAML and datapath rules) for the scale tests.
 //! - `tests/`: the privileged integration suite (one binary, flat module list).
 
 pub mod agent;
 pub mod experiments;
+pub mod frames;
 pub mod packet;
 pub mod policygen;
 pub mod report;

@@ -4,8 +4,10 @@
 //! - [`test`]: the full test suite on the host kernel and, with `--vm`, inside a VM (kernel matrix).
 //! - [`vm`]: boots Debian's stock kernel in qemu with the host filesystem shared over 9p.
 //! - [`bench`]: benchmarks that print figures and write results (never pass/fail on speed).
+//! - [`fuzz`]: the cargo-fuzz targets and the differential run through the real datapath.
 
 mod bench;
+mod fuzz;
 mod test;
 mod vm;
 
@@ -26,6 +28,8 @@ enum Task {
     Vm(vm::Args),
     /// Run a benchmark; prints figures and writes JSON (and plots) under results/.
     Bench(bench::Args),
+    /// Run every fuzzer (cargo-fuzz targets, the datapath differential) for --time seconds each.
+    Fuzz(fuzz::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,5 +37,6 @@ fn main() -> anyhow::Result<()> {
         Task::Test(a) => test::run(a),
         Task::Vm(a) => vm::run(a),
         Task::Bench(a) => bench::run(a),
+        Task::Fuzz(a) => fuzz::run(a),
     }
 }

@@ -8,6 +8,10 @@
 //!    VM booting Debian 12's 6.1 kernel (clsact, sch_fq), then one booting its 6.12 kernel (tcx,
 //!    sch_fq); see `vm.rs`. One boot per test binary and kernel.
 //!
+//! 3. Fuzz (after step 1; `--no-fuzz` skips it): every cargo-fuzz target for
+//!    [`FUZZ_SECS`] seconds from a fixed seed (see `fuzz.rs`; building the targets with
+//!    nightly takes a few minutes the first time).
+//!
 //! `--kernel` takes `host`, `6.1`, `6.12`, `vm` (both VMs), `all` (the default) or a
 //! comma-separated list; `--no-vm`/`--host-only` and `--vm-only` are the older spellings of
 //! `host` and `vm`.
@@ -49,6 +53,9 @@ pub struct Args {
     /// Only the VMs (skip `cargo test --workspace` on the host; same as `--kernel vm`).
     #[arg(long, conflicts_with = "no_vm")]
     vm_only: bool,
+    /// Skip the short seeded fuzz run.
+    #[arg(long)]
+    no_fuzz: bool,
     /// Kill a VM test binary after this many seconds.
     #[arg(long, default_value_t = 1800)]
     vm_timeout: u64,
@@ -318,6 +325,10 @@ fn run_inner(a: Args) -> Result<()> {
             secs: Some(t0.elapsed().as_secs_f64()),
         });
         stop_if_interrupted(&rows)?;
+        if !a.no_fuzz {
+            rows.push(fuzz_row(&root, &host_kernel));
+            stop_if_interrupted(&rows)?;
+        }
     }
 
     let vms: Vec<Series> = targets
@@ -633,6 +644,45 @@ fn probe_row(kernel: &str, p: &Probe, want: &Expected) -> Row {
         ok: problems.is_empty(),
         note,
         secs: None,
+    }
+}
+
+/// Seconds each cargo-fuzz target runs in `cargo xtask test`.
+pub const FUZZ_SECS: u64 = 20;
+
+fn fuzz_row(root: &Path, host_kernel: &str) -> Row {
+    println!("==> fuzz: every cargo-fuzz target for {FUZZ_SECS} s, seed 1");
+    let what = format!("cargo fuzz (seeded, {FUZZ_SECS} s/target)");
+    let t0 = Instant::now();
+    match crate::fuzz::short_run(root, FUZZ_SECS) {
+        Ok(outs) => {
+            let failed = outs.iter().filter(|o| !o.ok).count() as u64;
+            Row {
+                kernel: format!("host {host_kernel}"),
+                what,
+                counts: Counts {
+                    passed: outs.len() as u64 - failed,
+                    failed,
+                    seen: true,
+                    ..Counts::default()
+                },
+                ok: failed == 0,
+                note: outs
+                    .iter()
+                    .map(|o| format!("{}: {}", o.target, o.note))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                secs: Some(t0.elapsed().as_secs_f64()),
+            }
+        }
+        Err(e) => Row {
+            kernel: format!("host {host_kernel}"),
+            what,
+            counts: Counts::default(),
+            ok: false,
+            note: format!("{e:#}"),
+            secs: Some(t0.elapsed().as_secs_f64()),
+        },
     }
 }
 

@@ -68,7 +68,7 @@ pub async fn watch(
                 // Editors write in several steps: wait for the file to settle.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 while changes.try_recv().is_ok() {}
-                let bytes = std::fs::read(policy).ok();
+                let bytes = crate::policy::bounds::read_file(policy).ok();
                 let now = bytes.as_deref().map(digest);
                 if now != last_bytes {
                     last_bytes = now;

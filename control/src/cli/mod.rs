@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod cleanup;
+pub mod client;
 pub mod policy;
 pub mod status;
 

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 
 use crate::policy::{
     self, CompileContext, EnforcementMode, HostFacts, OfflineHost, SystemHost, host::all_routes_managed,
@@ -127,24 +127,25 @@ fn compile_text(text: &str, name: &str) -> Result<serde_json::Value, i32> {
 }
 
 fn diff(a: DiffArgs) -> Result<i32> {
-    let left_text =
-        std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    // Both sides are read within the policy size limit (the parse then reports it by name).
+    let read = |p: &std::path::Path| {
+        policy::read(p).map_err(|errs| {
+            for e in &errs {
+                eprintln!("{e}");
+            }
+        })
+    };
+    let Ok(left_text) = read(&a.file) else {
+        return Ok(2);
+    };
     let (right_name, right_text) = match &a.other {
-        Some(p) => (
-            p.display().to_string(),
-            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-        ),
+        Some(p) => {
+            let Ok(t) = read(p) else { return Ok(2) };
+            (p.display().to_string(), t)
+        }
         None => {
             let url = format!("http://{}/policy", a.addr);
-            let text = ureq::get(&url)
-                .call()
-                .with_context(|| {
-                    format!(
-                        "asking the agent at {url} (is `paceline agent` running with that --metrics-addr?)"
-                    )
-                })?
-                .body_mut()
-                .read_to_string()?;
+            let text = super::client::get_text(&url, policy::bounds::MAX_POLICY_BYTES)?;
             (format!("running agent at {}", a.addr), text)
         }
     };

@@ -18,13 +18,8 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<i32> {
     let url = format!("http://{}/status", a.addr);
-    let status: LiveStatus = ureq::get(&url)
-        .call()
-        .with_context(|| {
-            format!("asking the agent at {url} (is `paceline agent` running with that --metrics-addr?)")
-        })?
-        .body_mut()
-        .read_json()
+    // The status document holds the policy's levels, classes and counters: far below 64 MiB.
+    let status: LiveStatus = serde_json::from_str(&super::client::get_text(&url, 64 << 20)?)
         .context("parsing the agent's status")?;
     if a.json {
         // Through a JSON value: keys in sorted order, as this command has always printed them.
@@ -180,8 +175,8 @@ fn render(b: &LiveStatus, now: u64) -> String {
     let u = &counters.unparsed;
     let _ = writeln!(
         o,
-        "\nunparsed (passed untouched): non-IP {}, truncated {}, IPv6 extension limit {}",
-        u.non_ip, u.truncated, u.ipv6_extension_limit
+        "\nunparsed (passed untouched): non-IP {}, truncated {}, malformed {}, IPv6 extension limit {}",
+        u.non_ip, u.truncated, u.malformed, u.ipv6_extension_limit
     );
     for w in &p.warnings {
         let _ = writeln!(o, "policy warning: {w}");
@@ -227,7 +222,7 @@ CLASS            LEVEL             PACKETS          BYTES    DELAYED    DROPPED 
 rpc              latency                 3            222          0          0         3         0
 other            bulk                    5            426          0          0         5         0
 
-unparsed (passed untouched): non-IP 1, truncated 0, IPv6 extension limit 0
+unparsed (passed untouched): non-IP 1, truncated 0, malformed 0, IPv6 extension limit 0
 policy warning: /tmp/h1cap/policy.yaml:16: spec.classes[0].class_rate: 200 Mbit/s is above the rate of level "latency" (30.9 Mbit/s); the level's rate binds
 "#;
         assert_eq!(text, expected);

@@ -10,6 +10,9 @@ use std::collections::HashMap;
 use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
 use yaml_rust2::scanner::Marker;
 
+/// Keys longer than this are indexed as `?`.
+const MAX_KEY: usize = 256;
+
 /// Path -> line index of one document.
 #[derive(Clone, Debug, Default)]
 pub struct LineIndex {
@@ -60,8 +63,10 @@ impl Builder {
             }) => {
                 if *expecting_key {
                     *expecting_key = false;
+                    // A key longer than any field name is no field: indexed as `?`, so that a
+                    // hostile megabyte-long key is not copied into the path of every child.
                     let k = match ev {
-                        Event::Scalar(s, ..) => s.clone(),
+                        Event::Scalar(s, ..) if s.len() <= MAX_KEY => s.clone(),
                         _ => "?".to_string(),
                     };
                     let p = join(path, &k);

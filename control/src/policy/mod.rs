@@ -15,6 +15,7 @@
 //!    ([`Compiled`]); [`render`] turns that into `paceline policy check` output.
 //!
 //! # Layout
+//! - [`bounds`]: size, depth and node limits checked before any YAML parser runs.
 //! - [`raw`]: the file format (stage 1) and the schema.
 //! - `error`: [`PolicyError`], a problem located by file, line and field.
 //! - [`units`]: rates, sizes, durations: parsing and formatting.
@@ -45,6 +46,7 @@
 //! - In HTB mode `skb->priority` carries the HTB class id, so a level's hardware priority
 //!   reaches switches only through its DSCP/PCP rewrites.
 
+pub mod bounds;
 pub mod compile;
 pub mod enforcement;
 mod error;
@@ -80,10 +82,11 @@ pub fn load(path: &Path, host: &dyn HostFacts) -> Result<Validated, Vec<PolicyEr
 }
 
 /// Reads the policy at `path` as text (the errors name the file). The agent reads once and
-/// validates what it read, so the text it keeps is the text it applied.
+/// validates what it read, so the text it keeps is the text it applied. Reads at most
+/// [`bounds::MAX_POLICY_BYTES`] + 1 bytes.
 pub fn read(path: &Path) -> Result<String, Vec<PolicyError>> {
     let file = path.display().to_string();
-    match std::fs::read(path) {
+    match bounds::read_file(path) {
         Ok(bytes) => match String::from_utf8(bytes) {
             Ok(text) => Ok(text),
             Err(e) => Err(vec![PolicyError {
@@ -102,10 +105,12 @@ pub fn read(path: &Path) -> Result<String, Vec<PolicyError>> {
     }
 }
 
-/// Parses and validates policy text; `file_name` is used in messages.
+/// Parses and validates policy text; `file_name` is used in messages. The text is checked
+/// against [`bounds`] first.
 pub fn parse_str(text: &str, file_name: &str, host: &dyn HostFacts) -> Result<Validated, Vec<PolicyError>> {
-    let lines = lines::LineIndex::new(text);
-    let raw = parse_raw(text, file_name, &lines).map_err(|e| vec![e])?;
+    let text_checked = bounds::check(text, file_name).map_err(|e| vec![e])?;
+    let lines = lines::LineIndex::new(text_checked);
+    let raw = parse_raw(text_checked, file_name, &lines).map_err(|e| vec![e])?;
     validate::validate(&raw, file_name, hash(text.as_bytes()), &lines, host)
 }
 

@@ -58,7 +58,9 @@ fn split(text: &str) -> Option<(Decimal, &str)> {
         Some((i, f)) => (i, f),
         None => (num, ""),
     };
-    if int.is_empty() || (num.contains('.') && frac.is_empty()) {
+    // One decimal point at most: `1.2.3` is no number (its second `.` was once read as a
+    // digit, found by the policy fuzzer: a panic in debug builds, a wrong value in release).
+    if int.is_empty() || (num.contains('.') && frac.is_empty()) || frac.contains('.') {
         return None;
     }
     if int.len() + frac.len() > 36 {
@@ -500,6 +502,12 @@ mod tests {
         assert!(parse_duration("fast").is_err());
         assert!(parse_duration("5 parsecs").is_err());
         assert_eq!(parse_duration("99999999999999999999s"), Err(UnitError::Overflow));
+        // Found by the policy fuzzer (`horizon: 10.0.0.0/8000ms`): a second `.` was a digit.
+        for bad in ["1.2.3ms", "10.0.0.0/8000ms", "1..5ms"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert!(parse_rate("1.2.3Gbit").is_err());
+        assert!(parse_size("1.2.3KB").is_err());
     }
 
     #[test]

@@ -57,6 +57,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             match why {
                 parse::Unparsed::NonIp => cpu.global.non_ip += 1,
                 parse::Unparsed::Truncated => cpu.global.truncated += 1,
+                parse::Unparsed::Malformed => cpu.global.malformed += 1,
                 parse::Unparsed::V6ExtLimit => cpu.global.ipv6_ext_limit += 1,
             }
             return Ok(TC_ACT_UNSPEC);

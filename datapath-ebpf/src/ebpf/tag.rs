@@ -39,7 +39,10 @@ pub fn set_dscp(ctx: &TcContext, l3: usize, v6: bool, dscp: u8) -> Result<bool, 
     }
 }
 
-/// Rewrites the PCP of the VLAN tag (in data at `tci_off`, or in skb metadata).
+/// Rewrites the PCP of the outer VLAN tag: the one in skb metadata (a tag the NIC inserts on
+/// transmit, outside any tag in the data), else the first tag in the data at `tci_off`. On QinQ
+/// frames that is the service tag, the one the next switch reads; the customer's inner tag
+/// keeps its PCP.
 #[inline(always)]
 pub fn set_pcp(ctx: &TcContext, tci_off: Option<usize>, pcp: u8) -> Result<bool, ()> {
     let skb = ctx.skb.skb;

@@ -1,0 +1,91 @@
+//! What `paceline status` and `paceline policy diff --running` use to ask an agent over HTTP:
+//! bounded in time and in the size of the answer, so a hung or hostile endpoint cannot hold or
+//! exhaust the command.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+
+/// The whole request, the body included.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// Connecting (a local agent answers at once).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// GETs `url` and returns its body as text, refusing a body over `limit` bytes.
+pub fn get_text(url: &str, limit: usize) -> Result<String> {
+    let agent = ureq::Agent::config_builder()
+        .timeout_global(Some(TIMEOUT))
+        .timeout_connect(Some(CONNECT_TIMEOUT))
+        .build()
+        .new_agent();
+    let mut resp = agent.get(url).call().with_context(|| {
+        format!("asking the agent at {url} (is `paceline agent` running with that --metrics-addr?)")
+    })?;
+    // One byte over the limit tells "too large" from "exactly the limit".
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(limit as u64 + 1)
+        .read_to_string();
+    let body = match body {
+        Ok(b) => b,
+        Err(ureq::Error::BodyExceedsLimit(_)) => bail!("{url}: the answer is larger than {limit} bytes"),
+        Err(e) => return Err(e).with_context(|| format!("reading the answer from {url}")),
+    };
+    if body.len() > limit {
+        bail!("{url}: the answer is larger than {limit} bytes");
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpListener;
+    use std::time::Instant;
+
+    use super::*;
+
+    /// A one-connection server that answers with `head` and then `body_len` bytes, or hangs.
+    fn serve(head: &'static str, body_len: usize, hang: bool) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf);
+            if hang {
+                std::thread::sleep(TIMEOUT + Duration::from_secs(5));
+                return;
+            }
+            let _ = s.write_all(head.as_bytes());
+            let chunk = vec![b'a'; 64 * 1024];
+            let mut left = body_len;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                if s.write_all(&chunk[..n]).is_err() {
+                    return;
+                }
+                left -= n;
+            }
+        });
+        format!("http://{addr}/policy")
+    }
+
+    #[test]
+    fn a_body_over_the_limit_is_refused() {
+        let url = serve("HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n", 3 << 20, false);
+        let e = get_text(&url, 1 << 20).unwrap_err().to_string();
+        assert!(e.contains("larger than 1048576 bytes"), "{e}");
+        let url = serve("HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n", 1000, false);
+        assert_eq!(get_text(&url, 1000).unwrap().len(), 1000);
+    }
+
+    #[test]
+    fn a_hung_agent_times_out() {
+        let url = serve("", 0, true);
+        let t = Instant::now();
+        assert!(get_text(&url, 1000).is_err());
+        assert!(t.elapsed() < TIMEOUT + Duration::from_secs(2));
+    }
+}

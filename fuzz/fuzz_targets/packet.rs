@@ -1,0 +1,3 @@
+//! Any bytes as a frame through the parser the tc program runs (`paceline_fuzz::packet`).
+#![no_main]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| paceline_fuzz::packet(data));

@@ -1,0 +1,210 @@
+//! `cargo xtask fuzz [--time S] [--seed N] [--only T]`: every fuzzer, each for S seconds.
+//!
+//! 1. The cargo-fuzz targets in `fuzz/` (their own workspace, built with nightly and no
+//!    sanitizer: the code under test is safe Rust): `policy` (the policy pipeline), `packet`
+//!    (the parser the tc program runs), `classify` (the classifier against a plain reading of
+//!    its rules). Each starts from its checked-in corpus `fuzz/corpus/<target>` (read only);
+//!    what it finds new goes to `target/fuzz-corpus/<target>`, crashes to
+//!    `fuzz/artifacts/<target>` (`cargo +nightly fuzz run <target> <crash file>` replays one).
+//! 2. `differential`: random and mutated frames through the real program with
+//!    BPF_PROG_TEST_RUN against the reference parser and classifier (needs root; run it under
+//!    the privileged-test lock when others share the machine).
+//!
+//! `cargo xtask test` runs step 1 for a few seconds per target with a fixed seed
+//! ([`short_run`]); the integration suite runs the differential test on a fixed seed.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::vm;
+
+pub const TARGETS: [&str; 3] = ["policy", "packet", "classify"];
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Seconds per target.
+    #[arg(long, default_value_t = 60)]
+    time: u64,
+    /// libFuzzer's seed and the differential run's; 0 picks one from the clock.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Only these targets (policy, packet, classify, differential); repeatable.
+    #[arg(long)]
+    only: Vec<String>,
+}
+
+/// One target's outcome.
+pub struct Outcome {
+    pub target: String,
+    pub ok: bool,
+    pub note: String,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let seed = if a.seed == 0 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs() % 1_000_000 + 1)
+    } else {
+        a.seed
+    };
+    let wanted = |t: &str| a.only.is_empty() || a.only.iter().any(|o| o == t);
+    let root = vm::repo_root();
+    let mut outcomes = Vec::new();
+    let libfuzzer: Vec<&str> = TARGETS.iter().copied().filter(|t| wanted(t)).collect();
+    if !libfuzzer.is_empty() {
+        outcomes.extend(libfuzzer_targets(&root, &libfuzzer, a.time, seed)?);
+    }
+    if wanted("differential") {
+        outcomes.push(differential(&root, a.time, seed)?);
+    }
+    println!("==> fuzz summary (seed {seed}, {} s per target)", a.time);
+    for o in &outcomes {
+        println!(
+            "  {:<8} {:<14} {}",
+            if o.ok { "ok" } else { "FAILED" },
+            o.target,
+            o.note
+        );
+    }
+    let failed = outcomes.iter().filter(|o| !o.ok).count();
+    println!("{} passed, {} failed", outcomes.len() - failed, failed);
+    if failed > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// What `cargo xtask test` runs: every cargo-fuzz target for `secs` seconds from a fixed seed.
+pub fn short_run(root: &Path, secs: u64) -> Result<Vec<Outcome>> {
+    libfuzzer_targets(root, &TARGETS, secs, 1)
+}
+
+fn cargo_fuzz(root: &Path) -> Command {
+    let mut c = Command::new("cargo");
+    c.current_dir(root).args(["+nightly", "fuzz"]);
+    c
+}
+
+fn libfuzzer_targets(root: &Path, targets: &[&str], secs: u64, seed: u64) -> Result<Vec<Outcome>> {
+    let version = cargo_fuzz(root).arg("--version").output();
+    if !version.is_ok_and(|o| o.status.success()) {
+        bail!(
+            "cargo-fuzz is missing: `cargo install cargo-fuzz --locked` (scripts/bootstrap.sh --test does)"
+        );
+    }
+    println!("==> building the fuzz targets: cargo +nightly fuzz build -s none");
+    let st = cargo_fuzz(root)
+        .args(["build", "-s", "none"])
+        .status()
+        .context("running cargo fuzz build")?;
+    if !st.success() {
+        bail!("cargo +nightly fuzz build failed");
+    }
+    let scratch = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), Into::into)
+        .join("fuzz-corpus");
+    let mut out = Vec::new();
+    for t in targets {
+        let new = scratch.join(t);
+        std::fs::create_dir_all(&new).with_context(|| format!("creating {}", new.display()))?;
+        let seeds = root.join("fuzz/corpus").join(t);
+        let mut args = vec![
+            format!("-max_total_time={secs}"),
+            format!("-seed={seed}"),
+            "-timeout=10".into(),
+            "-rss_limit_mb=4096".into(),
+            "-print_final_stats=1".into(),
+        ];
+        if *t == "policy" {
+            args.push(format!("-dict={}", root.join("fuzz/policy.dict").display()));
+            args.push("-max_len=16384".into());
+        }
+        println!("==> fuzz {t}: {secs} s, seed {seed}");
+        let started = Instant::now();
+        let o = cargo_fuzz(root)
+            .args(["run", "-s", "none", t])
+            .arg(&new)
+            .arg(&seeds)
+            .arg("--")
+            .args(&args)
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::piped())
+            .output()
+            .with_context(|| format!("running cargo fuzz run {t}"))?;
+        let log = String::from_utf8_lossy(&o.stderr);
+        let runs = log
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("Done ").and_then(|r| r.split_whitespace().next()))
+            .unwrap_or("?")
+            .to_string();
+        let ok = o.status.success();
+        if !ok {
+            // The crash report and its reproducer path.
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+        out.push(Outcome {
+            target: t.to_string(),
+            ok,
+            note: if ok {
+                format!(
+                    "{runs} runs in {:.0} s, no failure",
+                    started.elapsed().as_secs_f64()
+                )
+            } else {
+                format!("failed after {runs} runs: see fuzz/artifacts/{t}/")
+            },
+        });
+    }
+    Ok(out)
+}
+
+fn differential(root: &Path, secs: u64, seed: u64) -> Result<Outcome> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(Outcome {
+            target: "differential".into(),
+            ok: true,
+            note: "SKIPPED: needs root (BPF_PROG_TEST_RUN)".into(),
+        });
+    }
+    println!("==> fuzz differential: {secs} s, seed {seed}");
+    let name = "parse::differential_frames_match_the_reference_parser_and_classifier";
+    let o = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(root)
+        .args([
+            "test",
+            "-p",
+            "paceline-tests",
+            "--test",
+            "integration",
+            "--",
+            "--exact",
+            name,
+        ])
+        .arg("--nocapture")
+        .env("PACELINE_DIFF_SECS", secs.to_string())
+        .env("PACELINE_DIFF_SEED", seed.to_string())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the differential test")?;
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    print!("{stdout}");
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("differential: "))
+        .unwrap_or("no figures")
+        .to_string();
+    Ok(Outcome {
+        target: "differential".into(),
+        ok: o.status.success(),
+        note: line,
+    })
+}
