@@ -86,7 +86,10 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable, bank: u32) {
     };
     // The IP version the segments leave with: a v6 socket talking to a v4-mapped peer sends
     // IPv4, whose TOS only IP_TOS on an AF_INET socket sets (there tc keeps rewriting).
-    let mut tos_via = Some((SOL_IP, IP_TOS));
+    // `(level, name)`, name 0 for none. Plain values rather than an `Option`: Linux 6.1's
+    // verifier loses the tie between an option's tag and its payload register across the
+    // setsockopt calls and then rejects the payload's spill ("invalid size of register spill").
+    let mut tos_via = (SOL_IP, IP_TOS);
     if ctx.family() == AF_INET6 {
         // SAFETY: reads of the program's own context.
         unsafe {
@@ -95,9 +98,9 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable, bank: u32) {
         }
         pkt.is_v6 = 1;
         tos_via = if is_v4_mapped(&pkt.dst) {
-            None
+            (0, 0)
         } else {
-            Some((SOL_IPV6, IPV6_TCLASS))
+            (SOL_IPV6, IPV6_TCLASS)
         };
     } else {
         pkt.src = v4_mapped(ctx.local_ip4());
@@ -116,11 +119,12 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable, bank: u32) {
     let level = &table.levels[(class.level as usize) & (MAX_LEVELS - 1)];
     // Only where the agent allows it (`TABLE_SOCK_TOS`): every route leaves through a managed
     // interface, and no rule matches on DSCP.
-    let tos = if level.flags & LEVEL_SET_DSCP != 0 && table.flags & TABLE_SOCK_TOS != 0 {
-        tos_via.map(|(sol, name)| (sol, name, (level.dscp as u32 & 0x3f) << 2))
+    let tos_name = if level.flags & LEVEL_SET_DSCP != 0 && table.flags & TABLE_SOCK_TOS != 0 {
+        tos_via.1
     } else {
-        None
+        0
     };
+    let tos = (tos_via.0, tos_name, (level.dscp as u32 & 0x3f) << 2);
     let (ok, failed) = apply(ctx.ops, class, mss, pkt.is_v6 != 0, headroom, tos);
     if ok + failed != 0 {
         if let Some(c) = maps::stats(class_idx) {
@@ -167,8 +171,8 @@ unsafe fn ip6(a: *const [u32; 4]) -> [u32; 4] {
     }
 }
 
-/// Applies the class's settings (and the TOS byte, through `(level, name, value)`); returns
-/// (settings applied, settings refused).
+/// Applies the class's settings (and the TOS byte, through `(level, name, value)`, unless name
+/// is 0); returns (settings applied, settings refused).
 #[inline(always)]
 fn apply(
     ops: *mut bpf_sock_ops,
@@ -176,7 +180,7 @@ fn apply(
     mss: u32,
     v6: bool,
     headroom: bool,
-    tos: Option<(i32, i32, u32)>,
+    tos: (i32, i32, u32),
 ) -> (u64, u64) {
     let mut ok = 0;
     let mut failed = 0;
@@ -200,7 +204,8 @@ fn apply(
     if class.delack_max_us != 0 {
         set(SOL_TCP, TCP_BPF_DELACK_MAX, class.delack_max_us);
     }
-    if let Some((sol, name, v)) = tos {
+    let (sol, name, v) = tos;
+    if name != 0 {
         // The kernel keeps the socket's ECN bits (TCP owns them).
         set(sol, name, v);
     }
