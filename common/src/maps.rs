@@ -473,7 +473,10 @@ pub struct GlobalCounters {
     /// an IPv4 header length below 20 bytes or beyond the total length, a TCP data offset
     /// below 5: passed untouched.
     pub malformed: u64,
-    pub _reserved: [u64; 1],
+    /// Flows given a clock in the flow table ([`names::FLOWS`]). The table is an LRU map:
+    /// once it is full, each insert evicts the least recently paced flow, so evictions are
+    /// inserts minus the entries present (the agent counts them).
+    pub flow_inserts: u64,
 }
 const _: () = assert!(size_of::<GlobalCounters>() == 64);
 
@@ -486,6 +489,7 @@ impl GlobalCounters {
         self.rewrite_errors = self.rewrite_errors.wrapping_add(o.rewrite_errors);
         self.foreign_tstamp = self.foreign_tstamp.wrapping_add(o.foreign_tstamp);
         self.malformed = self.malformed.wrapping_add(o.malformed);
+        self.flow_inserts = self.flow_inserts.wrapping_add(o.flow_inserts);
     }
 }
 
@@ -498,8 +502,11 @@ pub struct CpuState {
     pub global: GlobalCounters,
     /// The parsed packet passes through here (see the datapath's `launder`).
     pub scratch: crate::classify::PacketInfo,
+    /// Words the classifier's lookups pass through so that LLVM cannot fold them into the
+    /// verifier's blind spots (see the datapath's `opaque`); never read as data.
+    pub opaque: [u32; 2],
 }
-const _: () = assert!(size_of::<CpuState>() == 64 + 56);
+const _: () = assert!(size_of::<CpuState>() == 64 + 56 + 8);
 
 // ---------------------------------------------------------------------------------------
 // D3 (see crate::d3 and docs/d3.md)

@@ -11,7 +11,7 @@ use aya::{
 };
 use paceline_common::maps::{
     AggClock, BenchEdt, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, DEFAULT_FLOW_TABLE_SIZE,
-    GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, Rule, names,
+    FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, Rule, names,
 };
 
 use crate::bpfsys;
@@ -64,7 +64,23 @@ pub struct Snapshot {
     pub classes: Vec<Counters>,
     pub levels: Vec<Counters>,
     pub global: GlobalCounters,
+    /// Entries in the flow table, counted at most every [`FLOW_COUNT_EVERY`] (`None` where
+    /// nobody counted).
+    pub flow_entries: Option<u64>,
 }
+
+impl Snapshot {
+    /// Flows evicted from the full flow table: inserts minus the entries present (the datapath
+    /// never deletes), as long as the two describe the same table.
+    pub fn flow_evictions(&self) -> Option<u64> {
+        self.flow_entries
+            .map(|e| self.global.flow_inserts.saturating_sub(e))
+    }
+}
+
+/// How long a count of the flow table's entries serves: counting walks the table with one
+/// syscall per entry (about 0.5 s for a million), so scrapes and status share one count.
+pub const FLOW_COUNT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub struct Datapath {
     ebpf: Ebpf,
@@ -79,6 +95,9 @@ pub struct Datapath {
     ctab_outer_fds: [std::os::fd::OwnedFd; 3],
     clocks: Array<MapData, AggClock>,
     flow_table_memlock: Option<u64>,
+    /// The last count of the flow table's entries and when it was taken.
+    flow_count: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
+    flow_capacity: u32,
     d3_stats: PerCpuArray<MapData, D3ClassStats>,
     d3_link_ctl: HashMap<MapData, u32, D3LinkCtl>,
     d3_links: HashMap<MapData, u32, D3LinkCounters>,
@@ -165,6 +184,8 @@ impl Datapath {
             ctab_outer_fds: [words_fd, sels_fd, rules_fd],
             clocks,
             flow_table_memlock,
+            flow_count: std::sync::Mutex::new(None),
+            flow_capacity: opts.flow_table_size,
             generation: 0,
         })
         .map(|mut dp: Datapath| {
@@ -336,6 +357,7 @@ impl Datapath {
             classes: vec![Counters::default(); MAX_CLASSES],
             levels: vec![Counters::default(); MAX_LEVELS],
             global: GlobalCounters::default(),
+            flow_entries: self.flow_entries(),
         };
         for cpu in self.cpu.get(&0, 0).context("reading PL_CPU")?.iter() {
             s.global.add(&cpu.global);
@@ -372,6 +394,29 @@ impl Datapath {
     /// An aggregate clock's value (tests and diagnostics).
     pub fn agg_clock(&self, slot: u32) -> Result<u64> {
         Ok(self.clocks.get(&slot, 0)?.t_next)
+    }
+
+    /// The flow table's entries, counted again when the last count is older than
+    /// [`FLOW_COUNT_EVERY`]; `None` if the table cannot be read.
+    pub fn flow_entries(&self) -> Option<u64> {
+        let mut cached = self.flow_count.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, n)) = *cached
+            && at.elapsed() < FLOW_COUNT_EVERY
+        {
+            return Some(n);
+        }
+        let map = self.ebpf.map(names::FLOWS)?;
+        let flows: HashMap<&MapData, FlowKey, FlowState> = HashMap::try_from(map).ok()?;
+        // Keys only: a flow evicted mid-walk restarts the walk at the first key (the kernel's
+        // rule for a missing key), so bound it by the capacity plus a margin.
+        let n = flows
+            .keys()
+            .take(self.flow_capacity as usize * 2 + 16)
+            .filter(|k| k.is_ok())
+            .count() as u64;
+        let n = n.min(self.flow_capacity as u64);
+        *cached = Some((std::time::Instant::now(), n));
+        Some(n)
     }
 
     /// Kernel memory charged to the flow table, from `/proc/self/fdinfo` (bytes).

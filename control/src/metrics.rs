@@ -307,6 +307,32 @@ pub fn render(
     )?
     .with_label_values(&[] as &[&str])
     .set(status.flow_table.capacity as i64);
+    if let Some(entries) = snap.flow_entries {
+        igauge(
+            &r,
+            "paceline_flow_table_entries",
+            "Flows in the per-flow LRU table (counted at most every 5 s).",
+            &[],
+        )?
+        .with_label_values(&[] as &[&str])
+        .set(entries as i64);
+        counter(
+            &r,
+            "paceline_flow_table_evictions_total",
+            "Flows evicted from the full per-flow table by newer ones (their next packet starts a fresh clock).",
+            &[],
+        )?
+        .with_label_values(&[] as &[&str])
+        .inc_by(snap.flow_evictions().unwrap_or(0));
+    }
+    counter(
+        &r,
+        "paceline_flow_table_inserts_total",
+        "Flows the datapath gave a clock in the per-flow table.",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .inc_by(snap.global.flow_inserts);
     if let Some(m) = status.flow_table.memlock_bytes {
         igauge(
             &r,

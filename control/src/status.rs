@@ -290,6 +290,11 @@ impl LiveStatus {
                 ipv6_extension_limit: snap.global.ipv6_ext_limit,
                 malformed: snap.global.malformed,
             },
+            flow_table: snap.flow_entries.map(|entries| FlowTableCounters {
+                entries,
+                inserts: snap.global.flow_inserts,
+                evictions: snap.flow_evictions().unwrap_or(0),
+            }),
             d3_classes: d3
                 .map(|d| {
                     policy
@@ -319,6 +324,20 @@ pub struct LiveCounters {
     pub d3_classes: Vec<NamedD3Counters>,
     /// C, N, D, A and counters of the D3 router links.
     pub d3_router_links: Vec<D3LinkStatus>,
+    /// The flow table's fill and churn (absent from older agents' status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_table: Option<FlowTableCounters>,
+}
+
+/// The per-flow table as the datapath fills it (see [`maps::GlobalCounters::flow_inserts`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowTableCounters {
+    /// Entries present (counted at most every few seconds).
+    pub entries: u64,
+    /// Flows the datapath gave a clock since the table was created.
+    pub inserts: u64,
+    /// Flows evicted by newer ones because the table was full.
+    pub evictions: u64,
 }
 
 /// A class's or level's counters, under its name.
@@ -520,6 +539,7 @@ pub(crate) mod tests {
             classes: vec![maps::Counters::default(); maps::MAX_CLASSES],
             levels: vec![maps::Counters::default(); maps::MAX_LEVELS],
             global: Default::default(),
+            flow_entries: Some(3),
         };
         snap.classes[1].packets = 5;
         snap.classes[1].delay_ns = 1_500_000_000;
@@ -538,6 +558,12 @@ pub(crate) mod tests {
         );
         assert_eq!(c.unparsed.non_ip, 1);
         assert_eq!(c.d3_classes.len(), 1, "only the classes that speak D3");
+        let ft = c.flow_table.as_ref().expect("flow table counted");
+        assert_eq!((ft.entries, ft.inserts, ft.evictions), (3, 0, 0));
+        snap.global.flow_inserts = 10;
+        let live = LiveStatus::new(typed.status.clone(), &snap, Some(&d3), &[]);
+        let ft = live.counters.flow_table.expect("flow table counted");
+        assert_eq!((ft.entries, ft.inserts, ft.evictions), (3, 10, 7));
         assert_eq!(
             (
                 c.d3_classes[0].name.as_str(),

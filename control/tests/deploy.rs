@@ -162,8 +162,10 @@ fn rendered_metrics() -> String {
             truncated: 1,
             ipv6_ext_limit: 1,
             rewrite_errors: 1,
+            flow_inserts: 9,
             ..Default::default()
         },
+        flow_entries: Some(4),
     };
     let mut d = D3ClassStats {
         flows: 5,

@@ -64,9 +64,28 @@ pub fn read_bounded(r: impl std::io::Read) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// [`read_bounded`] on a file.
+/// [`read_bounded`] on a file. Opening does not wait for a writer: a FIFO nobody writes
+/// reads as empty instead of blocking the reader (the agent's reload) forever.
 pub fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
-    read_bounded(std::fs::File::open(path)?)
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let t = f.metadata()?.file_type();
+    if t.is_dir() {
+        return Err(std::io::Error::other("is a directory, not a policy file"));
+    }
+    if t.is_fifo() {
+        // A pipe with a writer (`<(...)`) is read as it comes: back to blocking reads.
+        // SAFETY: fcntl on an fd this function owns.
+        unsafe {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+    }
+    read_bounded(f)
 }
 
 /// Checks `text` against the limits. On success returns the part of `text` a YAML parser may

@@ -92,7 +92,7 @@ impl Tables for Ctab {
     fn opaque(&self, v: [u32; 2]) -> [u32; 2] {
         match cpu() {
             Some(c) => {
-                let p: *mut [u32; 2] = c.global._reserved.as_mut_ptr().cast();
+                let p: *mut [u32; 2] = &mut c.opaque;
                 // SAFETY: this CPU's scratch words; volatile so LLVM keeps the round trip.
                 unsafe {
                     p.write_volatile(v);

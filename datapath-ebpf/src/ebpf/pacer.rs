@@ -173,14 +173,15 @@ pub fn pace(
             Some(f) => unsafe { f.as_ptr().write_volatile(t_next) },
             None if from_table => {
                 // A flood of new flows evicts the least recently used state (LRU map).
-                let _ = FLOWS.insert(
-                    &key,
-                    &FlowState {
-                        t_next,
-                        rate_override: 0,
-                    },
-                    0,
-                );
+                let state = FlowState {
+                    t_next,
+                    rate_override: 0,
+                };
+                if FLOWS.insert(&key, &state, 0).is_ok() {
+                    if let Some(c) = super::maps::cpu() {
+                        c.global.flow_inserts += 1;
+                    }
+                }
             }
             None => {}
         }
