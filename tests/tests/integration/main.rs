@@ -9,6 +9,8 @@ mod classify_scale;
 mod d3_e2e;
 mod d3_router;
 mod parse;
+mod ops;
+mod prometheus;
 mod test_run;
 
 /// True when the test can use BPF and netlink; otherwise prints why it is skipped.
