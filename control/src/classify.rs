@@ -74,7 +74,8 @@ fn endpoint(s: &str) -> Result<(IpAddr, u16)> {
         .map_err(|_| anyhow!("{s:?} is not an address or address:port (e.g. 10.0.0.1:443, [fd00::1]:443)"))
 }
 
-fn words(ip: IpAddr) -> [u32; 4] {
+/// An address as the datapath keeps it (IPv4 mapped), in network-order words.
+pub fn words(ip: IpAddr) -> [u32; 4] {
     match ip {
         IpAddr::V4(v) => v4_mapped(u32::from_ne_bytes(v.octets())),
         IpAddr::V6(v) => {

@@ -1,9 +1,15 @@
-//! `paceline flows`: the per-flow table (`PL_FLOWS`, an LRU hash of `FlowKey -> FlowState`) as
-//! rows: the 5-tuple, the class its 5-tuple selects under the policy in force, the rate the
-//! flow's clock runs at (a D3 grant overrides the class's `flow_rate`), its next departure
-//! relative to now (positive: the clock runs ahead, packets wait; negative: idle that long),
-//! and bytes sent where the kernel's TCP socket for the tuple is found (the flow table keeps
-//! no byte count; UDP flows show none). Served by the agent at `/flows?top=N&class=C`.
+//! `paceline flows`: the flows the agent paces, as rows, from two places:
+//!
+//! - the per-flow table (`PL_FLOWS`, an LRU hash of `FlowKey -> FlowState`): UDP and forwarded
+//!   flows of paced classes (per-flow clocks run with fq): the 5-tuple, the class its 5-tuple
+//!   selects under the policy in force, the rate the flow's clock runs at (a D3 grant overrides
+//!   the class's `flow_rate`), its next departure relative to now (positive: the clock runs
+//!   ahead, packets wait; negative: idle that long); the table keeps no byte count;
+//! - this host's established TCP connections ([`crate::sockdiag`]): a local TCP socket keeps
+//!   its class and clock in socket storage, not in the table; their rows carry the bytes sent
+//!   and the pacing rate the kernel applies, and no departure.
+//!
+//! Served by the agent at `/flows?top=N&class=C`.
 //!
 //! The class is what the 5-tuple alone selects: rules on DSCP, socket mark or cgroup cannot be
 //! evaluated from the flow table, and are skipped.
@@ -29,17 +35,22 @@ pub struct FlowRow {
     pub rate_bytes_per_second: Option<u64>,
     /// The rate is a D3 grant (not the class's flow rate).
     pub d3_grant: bool,
-    /// Next departure minus now, seconds.
-    pub next_departure_seconds: f64,
-    /// Bytes the local TCP socket of this tuple sent, when there is one.
+    /// Next departure minus now, seconds (flow table rows).
+    pub next_departure_seconds: Option<f64>,
+    /// Bytes sent (socket rows).
     pub bytes: Option<u64>,
+    /// `table` (PL_FLOWS) or `socket` (a local TCP connection).
+    pub source: String,
 }
 
 /// The flows document of `/flows`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Flows {
-    /// Entries in the table.
+    /// Entries in the flow table.
     pub total: usize,
+    /// Local established TCP connections (rows of their own).
+    #[serde(default)]
+    pub sockets: usize,
     /// The table's capacity.
     pub capacity: u32,
     pub flows: Vec<FlowRow>,
@@ -65,8 +76,8 @@ fn endpoint(ip: IpAddr, port: u16, has_ports: bool) -> String {
     }
 }
 
-/// The row of one table entry; `now_ns`: CLOCK_MONOTONIC now.
-pub fn row(c: &Compiled, k: &FlowKey, s: &FlowState, now_ns: u64) -> FlowRow {
+/// The class a 5-tuple selects (rules on DSCP, mark or cgroup skipped).
+pub fn class_of<'a>(c: &'a Compiled, k: &FlowKey) -> Option<&'a crate::policy::ClassInfo> {
     let p = PacketInfo {
         src: k.src,
         dst: k.dst,
@@ -78,7 +89,24 @@ pub fn row(c: &Compiled, k: &FlowKey, s: &FlowState, now_ns: u64) -> FlowRow {
         ..Default::default()
     };
     let class_index = first_match(&c.rule_table, &p).map_or(c.default_class, |i| c.rule_table[i].class);
-    let class = c.classes.iter().find(|k| k.index == class_index);
+    c.classes.iter().find(|k| k.index == class_index)
+}
+
+/// The flow key of a TCP 5-tuple (addresses as the datapath keeps them).
+pub fn tcp_key(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> FlowKey {
+    FlowKey {
+        src: crate::classify::words(src),
+        dst: crate::classify::words(dst),
+        sport,
+        dport,
+        proto: 6,
+        _pad: [0; 3],
+    }
+}
+
+/// The row of one table entry; `now_ns`: CLOCK_MONOTONIC now.
+pub fn row(c: &Compiled, k: &FlowKey, s: &FlowState, now_ns: u64) -> FlowRow {
+    let class = class_of(c, k);
     let ports = protocols::has_ports(k.proto);
     let (rate, grant) = if s.rate_override != 0 {
         (Some(s.rate_override), true)
@@ -94,18 +122,26 @@ pub fn row(c: &Compiled, k: &FlowKey, s: &FlowState, now_ns: u64) -> FlowRow {
         class: class.map(|k| k.name.clone()).unwrap_or_else(|| "?".into()),
         rate_bytes_per_second: rate,
         d3_grant: grant,
-        next_departure_seconds: (s.t_next as i128 - now_ns as i128) as f64 * 1e-9,
+        next_departure_seconds: Some((s.t_next as i128 - now_ns as i128) as f64 * 1e-9),
         bytes: None,
+        source: "table".into(),
     }
 }
 
-/// Picks and orders rows: those of `class` (if given), furthest-ahead departure first (the
-/// flows pacing holds back most), at most `top`.
+/// Picks and orders rows: those of `class` (if given); table rows furthest-ahead departure
+/// first (the flows pacing holds back most), then socket rows by bytes; at most `top`.
 pub fn select(mut rows: Vec<FlowRow>, class: Option<&str>, top: usize) -> Vec<FlowRow> {
     if let Some(c) = class {
         rows.retain(|r| r.class == c);
     }
-    rows.sort_by(|a, b| b.next_departure_seconds.total_cmp(&a.next_departure_seconds));
+    rows.sort_by(
+        |a, b| match (a.next_departure_seconds, b.next_departure_seconds) {
+            (Some(x), Some(y)) => y.total_cmp(&x),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => b.bytes.cmp(&a.bytes),
+        },
+    );
     rows.truncate(top);
     rows
 }
@@ -136,9 +172,10 @@ fn secs(s: f64) -> String {
 /// The table as `paceline flows` prints it.
 pub fn render(f: &Flows) -> String {
     let mut o = format!(
-        "{} flows in the table (capacity {}); showing {}\n",
+        "{} flows in the flow table (capacity {}), {} local TCP connections; showing {}\n",
         f.total,
         f.capacity,
+        f.sockets,
         f.flows.len()
     );
     o.push_str(&format!(
@@ -157,7 +194,7 @@ pub fn render(f: &Flows) -> String {
             r.dst,
             r.class,
             rate,
-            secs(r.next_departure_seconds),
+            r.next_departure_seconds.map_or("-".into(), secs),
             r.bytes.map_or("-".into(), |b| b.to_string())
         ));
     }
@@ -217,7 +254,7 @@ spec:
             ("10.0.0.1:40000", "10.0.0.2:443", "web")
         );
         assert_eq!(r.rate_bytes_per_second, Some(1_000_000));
-        assert!((r.next_departure_seconds - 0.002).abs() < 1e-9);
+        assert!((r.next_departure_seconds.unwrap() - 0.002).abs() < 1e-9);
         let other = FlowKey { dport: 80, ..key };
         let o = row(
             &c,
@@ -229,13 +266,25 @@ spec:
             1_000_000_000,
         );
         assert_eq!(o.class, "other");
-        assert!(o.d3_grant && o.next_departure_seconds < 0.0);
-        let picked = select(vec![o.clone(), r.clone()], None, 1);
-        assert_eq!(picked, std::slice::from_ref(&r), "furthest ahead first");
+        assert!(o.d3_grant && o.next_departure_seconds.unwrap() < 0.0);
+        let sock = FlowRow {
+            source: "socket".into(),
+            next_departure_seconds: None,
+            bytes: Some(100),
+            ..r.clone()
+        };
+        let picked = select(vec![sock.clone(), o.clone(), r.clone()], None, 2);
+        assert_eq!(
+            picked,
+            [r.clone(), o.clone()],
+            "table rows first, furthest ahead first"
+        );
+        assert_eq!(select(vec![sock.clone(), o.clone()], None, 3)[1], sock);
         assert_eq!(select(vec![o, r], Some("other"), 10).len(), 1);
         let text = render(&Flows {
             total: 2,
             capacity: 65536,
+            sockets: 0,
             flows: picked,
         });
         assert!(

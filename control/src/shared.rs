@@ -146,17 +146,22 @@ impl Shared {
         // (spec.flow_table_size).
         let (entries, total) = dp.flows(usize::MAX)?;
         let now = flows::monotonic_ns();
-        let rows = entries
+        let mut rows: Vec<flows::FlowRow> = entries
             .iter()
             .map(|(k, s)| flows::row(&g.compiled, k, s, now))
             .collect();
-        let mut rows = flows::select(rows, class, top);
-        drop(g);
-        crate::sockdiag::fill_bytes(&mut rows);
+        let sockets = crate::sockdiag::socket_rows(|t| {
+            flows::class_of(&g.compiled, &flows::tcp_key(t.0, t.1, t.2, t.3))
+                .map(|c| c.name.clone())
+                .unwrap_or_else(|| "?".into())
+        });
+        let n_sockets = sockets.len();
+        rows.extend(sockets);
         Ok(Flows {
             total,
-            capacity: self.lock().status.flow_table.capacity,
-            flows: rows,
+            capacity: g.status.flow_table.capacity,
+            sockets: n_sockets,
+            flows: flows::select(rows, class, top),
         })
     }
 }

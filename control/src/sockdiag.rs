@@ -1,6 +1,7 @@
-//! Bytes sent by this host's TCP sockets, from the kernel's socket table (NETLINK_SOCK_DIAG,
-//! `inet_diag` with `tcp_info`, what `ss -ti` reads): the flow table keeps no byte count, so
-//! `paceline flows` takes a TCP flow's bytes from its socket. The requests and replies are a
+//! This host's TCP sockets, from the kernel's socket table (NETLINK_SOCK_DIAG, `inet_diag` with
+//! `tcp_info`, what `ss -ti` reads): a local TCP flow keeps its clock in socket storage, not in
+//! the flow table, and nothing in the datapath counts a flow's bytes, so `paceline flows` shows
+//! local TCP connections from here, with their bytes and the kernel's pacing rate. The requests and replies are a
 //! few fixed-layout kernel structs (`linux/inet_diag.h`), written and read here by offset.
 
 use std::{collections::HashMap, net::IpAddr};
@@ -15,9 +16,22 @@ const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_DUMP: u16 = 0x300;
 const INET_DIAG_INFO: u16 = 2;
-/// `tcp_info.tcpi_bytes_acked` (Linux 4.1) and `tcpi_bytes_sent` (4.19).
+/// `tcp_info.tcpi_pacing_rate` (bytes/s), `tcpi_bytes_acked` (Linux 4.1) and `tcpi_bytes_sent`
+/// (4.19).
+const TCPI_PACING_RATE: usize = 104;
 const TCPI_BYTES_ACKED: usize = 120;
 const TCPI_BYTES_SENT: usize = 200;
+/// `inet_diag_msg.idiag_state` of an established connection.
+const TCP_ESTABLISHED: u8 = 1;
+
+/// What the kernel says of one TCP socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SockInfo {
+    pub bytes_sent: u64,
+    /// The socket's pacing rate (bytes/s; `u64::MAX`: not paced).
+    pub pacing_rate: u64,
+    pub established: bool,
+}
 
 type Tuple = (IpAddr, u16, IpAddr, u16);
 
@@ -31,8 +45,8 @@ fn ip(family: u8, b: &[u8]) -> IpAddr {
 }
 
 /// Every TCP socket of this network namespace: (local, local port, remote, remote port) ->
-/// bytes sent.
-pub fn tcp_bytes() -> std::io::Result<HashMap<Tuple, u64>> {
+/// what the kernel says of it.
+pub fn tcp_sockets() -> std::io::Result<HashMap<Tuple, SockInfo>> {
     let mut sock = Socket::new(NETLINK_SOCK_DIAG)?;
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
@@ -80,11 +94,12 @@ pub fn tcp_bytes() -> std::io::Result<HashMap<Tuple, u64>> {
 }
 
 /// One `inet_diag_msg` and its attributes.
-fn parse(m: &[u8]) -> Option<(Tuple, u64)> {
+fn parse(m: &[u8]) -> Option<(Tuple, SockInfo)> {
     if m.len() < 72 {
         return None;
     }
     let family = m[0];
+    let established = m[1] == TCP_ESTABLISHED;
     let sport = u16::from_be_bytes([m[4], m[5]]);
     let dport = u16::from_be_bytes([m[6], m[7]]);
     let src = ip(family, &m[8..24]);
@@ -102,29 +117,49 @@ fn parse(m: &[u8]) -> Option<(Tuple, u64)> {
                 info.get(o..o + 8)
                     .map(|b| u64::from_ne_bytes(b.try_into().expect("8")))
             };
-            let bytes = at(TCPI_BYTES_SENT).or_else(|| at(TCPI_BYTES_ACKED))?;
-            return Some(((src, sport, dst, dport), bytes));
+            let bytes_sent = at(TCPI_BYTES_SENT).or_else(|| at(TCPI_BYTES_ACKED))?;
+            let pacing_rate = at(TCPI_PACING_RATE).unwrap_or(u64::MAX);
+            return Some((
+                (src, sport, dst, dport),
+                SockInfo {
+                    bytes_sent,
+                    pacing_rate,
+                    established,
+                },
+            ));
         }
         off += (alen + 3) & !3;
     }
     None
 }
 
-/// Fills in the bytes of the TCP rows whose socket is found.
-pub fn fill_bytes(rows: &mut [FlowRow]) {
-    if !rows.iter().any(|r| r.proto == "tcp") {
-        return;
-    }
-    let Ok(table) = tcp_bytes() else { return };
-    let split = |s: &str| -> Option<(IpAddr, u16)> {
-        let a: std::net::SocketAddr = s.parse().ok()?;
-        Some((a.ip(), a.port()))
+/// The local TCP sockets as flows: the flow table has no entry for them (the tc program keeps
+/// a local TCP socket's class and clock in socket storage), so each established socket is a row
+/// of its own, with its bytes and the pacing rate the kernel applies. `class_of` classifies a
+/// 5-tuple as the policy in force does.
+pub fn socket_rows(class_of: impl Fn(&Tuple) -> String) -> Vec<FlowRow> {
+    let Ok(table) = tcp_sockets() else {
+        return Vec::new();
     };
-    for r in rows.iter_mut().filter(|r| r.proto == "tcp") {
-        if let (Some((s, sp)), Some((d, dp))) = (split(&r.src), split(&r.dst)) {
-            r.bytes = table.get(&(s, sp, d, dp)).copied();
-        }
-    }
+    let ep = |ip: IpAddr, port: u16| match ip {
+        IpAddr::V6(v) => format!("[{v}]:{port}"),
+        ip => format!("{ip}:{port}"),
+    };
+    table
+        .iter()
+        .filter(|(t, i)| i.established && !t.0.is_loopback())
+        .map(|(t, i)| FlowRow {
+            proto: "tcp".into(),
+            src: ep(t.0, t.1),
+            dst: ep(t.2, t.3),
+            class: class_of(t),
+            rate_bytes_per_second: (i.pacing_rate != u64::MAX && i.pacing_rate != 0).then_some(i.pacing_rate),
+            d3_grant: false,
+            next_departure_seconds: None,
+            bytes: Some(i.bytes_sent),
+            source: "socket".into(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -137,13 +172,15 @@ mod tests {
         let (_s, _) = l.accept().unwrap();
         c.write_all(&[7u8; 5000]).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let t = super::tcp_bytes().unwrap();
+        let t = super::tcp_sockets().unwrap();
         let key = (
             c.local_addr().unwrap().ip(),
             c.local_addr().unwrap().port(),
             c.peer_addr().unwrap().ip(),
             c.peer_addr().unwrap().port(),
         );
-        assert_eq!(t.get(&key).copied(), Some(5000), "{key:?} in {t:?}");
+        let info = t.get(&key).copied().unwrap_or_else(|| panic!("{key:?} in {t:?}"));
+        assert_eq!(info.bytes_sent, 5000);
+        assert!(info.established);
     }
 }

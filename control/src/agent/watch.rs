@@ -135,7 +135,8 @@ pub fn notify_stopping() {
 
 /// `STATUS=` for systemctl status: the policy and the health.
 fn status_line(shared: &Shared) -> String {
-    let h = shared.health(true);
+    let live = shared.health(false);
+    let h = if live.healthy() { shared.health(true) } else { live };
     let g = shared.lock();
     let p = &g.status.policy;
     let base = format!(

@@ -18,9 +18,10 @@ pub struct Args {
     #[arg(long, default_value = state::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Change nothing: report what of paceline's is still on this host (a running agent, a
-    /// crashed agent's state, the classifier on an interface's tcx or clsact egress, paceline's
-    /// BPF links, pins). Exit 0 clean, 1 something found. tcx attachments are invisible to
-    /// `tc filter show` and to Debian 12's bpftool; this sees them.
+    /// crashed agent's state, the classifier on an interface's tcx or clsact egress, pins), and
+    /// note paceline's BPF links held by running agents elsewhere. Exit 0 clean, 1 something
+    /// found. tcx attachments are invisible to `tc filter show` and to Debian 12's bpftool; this
+    /// sees them.
     #[arg(long)]
     pub check: bool,
     /// Where that agent pinned its maps and links.
@@ -30,15 +31,17 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<i32> {
     if a.check {
-        let found = check(&a);
-        if found.is_empty() {
-            println!("clean: nothing of paceline's on this host");
-            return Ok(0);
-        }
+        let (found, notes) = check(&a);
         for f in &found {
             println!("{f}");
         }
-        return Ok(1);
+        if found.is_empty() {
+            println!("clean: nothing of paceline's on this host's interfaces or in its state");
+        }
+        for n in &notes {
+            println!("note: {n}");
+        }
+        return Ok(if found.is_empty() { 0 } else { 1 });
     }
     let dir = StateDir::lock(&a.state_dir)?;
     // The pins first: removing the links detaches the programs.
@@ -61,8 +64,11 @@ pub fn run(a: Args) -> Result<i32> {
 /// paceline's program names in the kernel (truncated to 15 bytes there).
 const PROGRAMS: [&str; 3] = ["pl_tc_egress", "pl_sock_ops", "pl_d3_router"];
 
-fn check(a: &Args) -> Vec<String> {
+/// What is left (counts against a clean node) and notes (paceline's links held by live
+/// processes elsewhere: another agent, in another network namespace or state directory).
+fn check(a: &Args) -> (Vec<String>, Vec<String>) {
     let mut found = Vec::new();
+    let mut notes = Vec::new();
     match StateDir::lock(&a.state_dir) {
         Err(_) => found.push(format!(
             "an agent is running: it holds {}/lock (stop it first: systemctl stop paceline)",
@@ -127,9 +133,12 @@ fn check(a: &Args) -> Vec<String> {
         .flatten()
         .filter_map(|l| name_of(l.program_id()).map(|n| (l.id(), n)))
         .collect::<Vec<_>>();
+    // A link lives as long as a process holds it or a pin keeps it: these belong to running
+    // agents (this host's, or others in other network namespaces or state directories) or to
+    // pins, which are reported below when they are under --bpffs-dir.
     if !links.is_empty() {
-        found.push(format!(
-            "BPF links of paceline's programs (any agent on this host, any network namespace): {}",
+        notes.push(format!(
+            "BPF links of paceline's programs held by running agents or pins (this host's cgroup or any network namespace): {}",
             links
                 .iter()
                 .map(|(id, n)| format!("{n} (link {id})"))
@@ -155,5 +164,5 @@ fn check(a: &Args) -> Vec<String> {
         pinned.sort();
         found.push(format!("pinned under {}: {}", a.bpffs_dir.display(), pinned.join(", ")));
     }
-    found
+    (found, notes)
 }

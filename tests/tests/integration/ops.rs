@@ -473,7 +473,7 @@ fn auto_interfaces_follow_the_default_route() {
             .map(|i| i["name"].as_str().unwrap().to_string())
             .collect()
     };
-    assert_eq!(names(&agent.status().unwrap()), [ib.clone()]);
+    assert_eq!(names(&agent.status().unwrap()), std::slice::from_ref(&ib));
 
     a.run(&["ip", "route", "replace", "default", "via", &via_c, "dev", &ic])
         .unwrap();
@@ -482,7 +482,7 @@ fn auto_interfaces_follow_the_default_route() {
             .as_array()
             .is_some_and(|i| i.len() == 1 && i[0]["name"] == ic.as_str())
     });
-    assert_eq!(names(&s), [ic.clone()]);
+    assert_eq!(names(&s), std::slice::from_ref(&ic));
     assert_eq!(s["reloads"]["rejected"], 0);
     assert_eq!(
         metric(&agent, "paceline_interface_changes_total{change=\"attached\"}"),
@@ -534,8 +534,8 @@ fn classify_flows_and_cleanup_check() {
     let ib = a.iface_to(&b).unwrap().ifname;
     let scratch = Scratch::local("flows");
     let p = scratch.path("p.yaml");
-    let paced = "    - name: bulk\n      level: low\n      flow_rate: 50Mbit\n";
-    let rule = "    - class: bulk\n      protocol: tcp\n      dst_port: 5501\n";
+    let paced = "    - name: bulk\n      level: low\n      flow_rate: 50Mbit\n    - name: stream\n      level: low\n      flow_rate: 20Mbit\n";
+    let rule = "    - class: bulk\n      protocol: tcp\n      dst_port: 5501\n    - class: stream\n      protocol: udp\n      dst_port: 5502\n";
     write(&p, &policy(&ib, "auto", paced, rule));
     let bpffs = Agent::bpffs_dir(&scratch.path("state"));
     let check = |host: &Host| {
@@ -604,8 +604,9 @@ fn classify_flows_and_cleanup_check() {
     let bad = cli(&a, &["classify", "tcpx", "1.2.3.4", "5.6.7.8"]);
     assert_eq!(bad.status.code(), Some(2));
 
-    // flows: a TCP flow of a paced class. Per-flow clocks exist with fq (without it TCP paces
-    // itself and the table stays empty).
+    // flows: a local TCP connection of a paced class (its clock lives in socket storage: a
+    // row from the kernel's socket table, with its bytes), and a UDP flow of a paced class (a
+    // row of the flow table with its next departure, where per-flow clocks run: with fq).
     let pl = env!("CARGO_BIN_EXE_plload");
     let _server = b.spawn(&[pl, "serve", "--port", "5501"]).expect("server");
     std::thread::sleep(Duration::from_millis(500));
@@ -613,28 +614,47 @@ fn classify_flows_and_cleanup_check() {
     let _client = a
         .spawn(&[pl, "bulk", "--to", &to, "--flows", "1", "--duration", "4"])
         .expect("client");
+    let udp_to = b.ipv4();
+    a.in_netns(move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..50 {
+            let _ = s.send_to(&[0u8; 1000], (udp_to, 5502));
+        }
+    })
+    .unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let f = cli(&a, &["flows", "--json"]);
+    let f = cli(&a, &["flows", "--json", "--top", "100"]);
     assert_eq!(f.status.code(), Some(0), "{}", text(&f));
     let v: Value = serde_json::from_slice(&f.stdout).expect("flows JSON");
     assert_eq!(v["capacity"], 65536);
+    let flows = v["flows"].as_array().unwrap();
+    let tcp = flows
+        .iter()
+        .find(|r| r["dst"] == to.as_str())
+        .unwrap_or_else(|| panic!("the TCP connection is not in {v:#}"));
+    assert_eq!(
+        (tcp["class"].as_str(), tcp["source"].as_str()),
+        (Some("bulk"), Some("socket")),
+        "{tcp:#}"
+    );
+    assert!(tcp["bytes"].as_u64().unwrap_or(0) > 100_000, "{tcp:#}");
+    let human = cli(&a, &["flows", "--class", "bulk", "--top", "5"]);
+    let hs = String::from_utf8_lossy(&human.stdout);
+    assert!(hs.contains(&to) && !hs.contains(":5502"), "{}", text(&human));
     if sch_fq() {
-        let flows = v["flows"].as_array().unwrap();
-        let mine = flows
+        let udp = flows
             .iter()
-            .find(|r| r["dst"] == to.as_str())
-            .unwrap_or_else(|| panic!("the bulk flow is not in {v:#}"));
-        assert_eq!(mine["class"], "bulk");
-        assert_eq!(mine["rate_bytes_per_second"], 6_250_000);
-        assert!(mine["bytes"].as_u64().unwrap_or(0) > 0, "{mine:#}");
-        let human = cli(&a, &["flows", "--class", "bulk", "--top", "5"]);
-        assert!(
-            String::from_utf8_lossy(&human.stdout).contains(&to),
-            "{}",
-            text(&human)
-        );
+            .find(|r| r["dst"] == format!("{}:5502", b.ipv4()).as_str())
+            .unwrap_or_else(|| panic!("the UDP flow is not in {v:#}"));
+        assert_eq!(udp["class"], "stream");
+        assert_eq!(udp["source"], "table");
+        assert_eq!(udp["rate_bytes_per_second"], 2_500_000);
+        assert!(udp["next_departure_seconds"].is_f64(), "{udp:#}");
     } else {
-        eprintln!("no sch_fq: per-flow clocks are off, the flow table is empty ({v})");
+        eprintln!(
+            "no sch_fq: per-flow clocks are off, the flow table is empty ({})",
+            v["total"]
+        );
         assert_eq!(v["total"], 0);
     }
     agent.stop();
