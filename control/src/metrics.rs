@@ -468,10 +468,11 @@ fn d3_metrics(r: &Registry, d3: &[D3ClassStats], status: &Status) -> Result<()> 
         grants.with_label_values(&lab).inc_by(v.grants);
         ignored.with_label_values(&lab).inc_by(v.feedback_ignored);
     }
-    // Echoes are counted on the receiving socket's class, whatever it is.
+    // Echoes are counted on the receiving socket's class, whatever it is: every D3 class has
+    // the series (0 until it echoes), other classes once they echo.
     for c in &status.policy.classes {
         if let Some(v) = d3.get(c.index as usize)
-            && v.echoes > 0
+            && (v.echoes > 0 || c.d3)
         {
             echoes.with_label_values(&[c.name.as_str()]).inc_by(v.echoes);
         }

@@ -72,6 +72,9 @@ pub struct Inner {
     pub iface_changes: IfaceChanges,
     /// The history generation of the policy in force.
     pub history_generation: u64,
+    /// A digest of the policy file's bytes as last read by any reload of the file (the file
+    /// watcher, SIGHUP, a reload request): the watcher reloads only when the file differs.
+    pub file_digest: Option<u64>,
 }
 
 impl Shared {

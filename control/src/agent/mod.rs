@@ -149,6 +149,7 @@ pub async fn run(opts: Options) -> Result<()> {
                 .ok(),
             iface_changes: Default::default(),
             history_generation: 0,
+            file_digest: None,
         },
         events,
         Ctl {

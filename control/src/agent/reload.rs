@@ -178,10 +178,15 @@ fn try_reload_inner(
     text: Option<String>,
 ) -> Result<Outcome, Vec<String>> {
     let policy = &shared.ctl.policy;
+    let from_file = text.is_none();
     let text = match text {
         Some(t) => t,
         None => policy::read(policy).map_err(errs)?,
     };
+    if from_file {
+        // What this reload saw of the file: the watcher compares the next change with it.
+        shared.lock().file_digest = Some(super::watch::digest(text.as_bytes()));
+    }
     let validated = policy::parse_str(&text, &policy.display().to_string(), host).map_err(errs)?;
     let started = std::time::Instant::now();
     let mut g = shared.lock();

@@ -47,9 +47,13 @@ pub async fn watch(shared: &Shared, host: &SystemHost, signals: Signals) -> Resu
     if let Err(e) = super::interfaces::watch_routes(rtx) {
         log::warn!("route notifications unavailable ({e}); interfaces: [auto] will not follow route changes");
     }
-    // Raw bytes last looked at: unrelated churn in the directory, or a rejected file that
-    // has not changed since, must not trigger another parse (or another rejection).
-    let mut last_bytes = Some(digest(shared.lock().policy_text.as_bytes()));
+    // Raw bytes last looked at (by this loop, a SIGHUP or a reload request: the shared
+    // `file_digest`): unrelated churn in the directory, or a rejected file that has not changed
+    // since, must not trigger another parse (or another rejection).
+    {
+        let mut g = shared.lock();
+        g.file_digest = Some(digest(g.policy_text.as_bytes()));
+    }
     let interval_ns = shared.lock().router.as_ref().map(|r| r.interval_ns);
     let mut d3_timer = tokio::time::interval(Duration::from_nanos(interval_ns.unwrap_or(3_600_000_000_000)));
     d3_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -82,7 +86,6 @@ pub async fn watch(shared: &Shared, host: &SystemHost, signals: Signals) -> Resu
             _ = int.recv() => { log::info!("SIGINT: shutting down"); return Ok(()); }
             _ = hup.recv() => {
                 // SIGHUP applies the file (and so ends a rollback).
-                last_bytes = crate::policy::bounds::read_file(&policy).ok().as_deref().map(digest);
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Reloading]);
                 reload(shared, host, "SIGHUP", true, None);
                 notify_ready(shared);
@@ -103,8 +106,9 @@ pub async fn watch(shared: &Shared, host: &SystemHost, signals: Signals) -> Resu
                 while changes.try_recv().is_ok() {}
                 let bytes = crate::policy::bounds::read_file(&policy).ok();
                 let now = bytes.as_deref().map(digest);
-                if now != last_bytes {
-                    last_bytes = now;
+                let last = shared.lock().file_digest;
+                if now != last {
+                    shared.lock().file_digest = now;
                     // The bytes just read are the policy to check (text that is not UTF-8 is
                     // read again by the reload, which reports it).
                     let text = bytes.and_then(|b| String::from_utf8(b).ok());
@@ -250,7 +254,7 @@ impl Watchers {
 }
 
 /// A digest of the policy file's bytes.
-fn digest(bytes: &[u8]) -> u64 {
+pub(crate) fn digest(bytes: &[u8]) -> u64 {
     use std::hash::{Hash as _, Hasher as _};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut h);
