@@ -29,7 +29,10 @@ fn repo() -> &'static Path {
 
 /// A policy with a rate-limited QJump level (level limit and epoch panels), DSCP, and, on the
 /// router agent, a D3 class and a D3 router link (the D3 rows of the dashboard).
-fn policy(ifname: &str, flow_rate: &str, d3: bool) -> String {
+/// `interfaces: [auto]` (each node's default route leaves through its link to the monitor), so
+/// the nodes of a group hold the very same file, as a rollout group does. A class rate, not a
+/// per-flow rate: HTB enforces it where the kernel has no sch_fq, so no node is degraded.
+fn policy(ifname: &str, class_rate: &str, d3: bool) -> String {
     let (class, d3spec) = if d3 {
         (
             "      d3:\n        deadline: 150ms\n        size: 400KB\n",
@@ -44,7 +47,7 @@ kind: Policy
 metadata:
   name: fleet
 spec:
-  interfaces: [{ifname}]
+  interfaces: [auto]
   enforcement: auto
   link_rate: 1Gbit
   qjump: {{hosts: 4, max_packet: 9KB, link_rate: 1Gbit, switch_delay: 4us}}
@@ -58,7 +61,7 @@ spec:
   classes:
     - name: rpc
       level: high
-      flow_rate: {flow_rate}
+      class_rate: {class_rate}
 {class}    - name: other
       level: low
   rules:
@@ -135,6 +138,10 @@ fn prometheus_scrapes_agents_fires_and_clears_alerts_and_feeds_every_panel() {
         .collect();
     for n in &nodes {
         tb.link(&m, n).expect("link");
+        let via = m.iface_to(n).unwrap().ipv4.to_string();
+        let dev = n.iface_to(&m).unwrap().ifname;
+        n.run(&["ip", "route", "replace", "default", "via", &via, "dev", &dev])
+            .expect("default route");
     }
     let scratch = Scratch::local("prom");
     // n1, n2: group main; n3: group canary, with D3 and a router link.
@@ -288,6 +295,20 @@ scrape_configs:
     p.wait("PacelinePolicyReloadRejected to clear", 30, |p| {
         p.firing("PacelinePolicyReloadRejected").is_empty()
     });
+
+    // Group main holds one policy (n1 and n2 the same file): no divergence so far.
+    assert!(
+        p.firing("PacelinePolicyDivergent").is_empty(),
+        "{:?}",
+        p.firing("PacelinePolicyDivergent")
+    );
+    let (code, out) = m
+        .command(AGENT)
+        .args(["fleet", "status", "--prometheus", "http://127.0.0.1:9090"])
+        .output()
+        .map(|o| (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned()))
+        .unwrap();
+    assert_eq!(code, Some(0), "converged and healthy before the rollout:\n{out}");
 
     // A staged rollout in group main: n1 first. The group runs two policies: the divergence
     // alert fires for group main (not canary), and fleet status flags it with exit 1.
