@@ -223,7 +223,12 @@ fn diff(a: DiffArgs) -> Result<i32> {
         (Ok(l), Ok(r)) => (l, r),
         _ => return Ok(2),
     };
-    let changes = policy::diff::diff(&l, &r);
+    let mut changes = policy::diff::diff(&l, &r);
+    if a.running
+        && let Some(line) = resolved_interfaces(&a, &left_text, &left_name)
+    {
+        changes.push(line);
+    }
     if changes.is_empty() {
         println!("{left_name} and {right_name}: same policy");
         return Ok(0);
@@ -233,6 +238,30 @@ fn diff(a: DiffArgs) -> Result<i32> {
         println!("{c}");
     }
     Ok(1)
+}
+
+/// With `--running` on the agent's host: the interfaces the file resolves to here (`auto`: the
+/// default routes' now) against those the agent manages, when they differ (an agent that did
+/// not follow a route change shows here, although the texts are the same).
+fn resolved_interfaces(a: &DiffArgs, text: &str, name: &str) -> Option<String> {
+    let v = policy::parse_str(text, name, &SystemHost::new()).ok()?;
+    let (code, body) = a.api.get("/status").ok()?;
+    if code != 200 {
+        return None;
+    }
+    let st: crate::status::LiveStatus = serde_json::from_str(&body).ok()?;
+    let running: Vec<String> = st.status.interfaces.iter().map(|i| i.name.clone()).collect();
+    let mut want = v.interfaces.clone();
+    let mut have = running.clone();
+    want.sort();
+    have.sort();
+    (want != have).then(|| {
+        format!(
+            "interfaces (resolved on this host): {} -> {} (what the file resolves to now -> what the agent manages)",
+            v.interfaces.join(", "),
+            running.join(", ")
+        )
+    })
 }
 
 fn check(a: CheckArgs) -> Result<i32> {
