@@ -142,7 +142,8 @@ pub fn install(
     let result: Result<()> = (|| {
         for iface in &compiled.interfaces {
             let before: IfaceState = was(iface);
-            let (status, att) = install_iface(&mut dp, iface, compiled, features, dir, &mut st, pins, &before)?;
+            let (status, att) =
+                install_iface(&mut dp, iface, compiled, features, dir, &mut st, pins, &before)?;
             ifaces.push(status);
             attachments.push(att);
         }
@@ -291,7 +292,12 @@ pub fn install_iface(
 /// Detaches the classifier from `att`'s interface (its pinned tcx link removed, or its clsact
 /// filter deleted) and removes what paceline installed there (its root qdisc, a clsact it
 /// added), then forgets the interface in `st`. Returns what was done, one line each.
-pub fn uninstall_iface(att: attach::TcAttachment, dir: &StateDir, st: &mut State, pins: &Pins) -> Vec<String> {
+pub fn uninstall_iface(
+    att: attach::TcAttachment,
+    dir: &StateDir,
+    st: &mut State,
+    pins: &Pins,
+) -> Vec<String> {
     let iface = att.iface.clone();
     let mut done = Vec::new();
     // The pin holds the tcx link: removing it detaches the program.

@@ -60,7 +60,16 @@ pub fn sync(g: &mut Inner, shared: &Shared, compiled: &Compiled, why: &str) -> R
             return Err(vec!["the agent is shutting down".into()]);
         };
         let before = crate::state::IfaceState::default();
-        match install::install_iface(dp, iface, compiled, &features, &dir, state, &shared.ctl.pins, &before) {
+        match install::install_iface(
+            dp,
+            iface,
+            compiled,
+            &features,
+            &dir,
+            state,
+            &shared.ctl.pins,
+            &before,
+        ) {
             Ok((st, att)) => {
                 let msg = format!(
                     "{why}: {iface} is managed: classifier attached ({}), root qdisc {}",

@@ -162,7 +162,11 @@ fn check(a: &Args) -> (Vec<String>, Vec<String>) {
     }
     if !pinned.is_empty() {
         pinned.sort();
-        found.push(format!("pinned under {}: {}", a.bpffs_dir.display(), pinned.join(", ")));
+        found.push(format!(
+            "pinned under {}: {}",
+            a.bpffs_dir.display(),
+            pinned.join(", ")
+        ));
     }
     (found, notes)
 }

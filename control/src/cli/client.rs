@@ -48,7 +48,10 @@ fn body(mut resp: ureq::http::Response<ureq::Body>, url: &str, limit: usize) -> 
 
 /// GETs `url`: (HTTP status, body), refusing a body over `limit` bytes.
 pub fn get(url: &str, limit: usize) -> Result<(u16, String)> {
-    let resp = agent(TIMEOUT).get(url).call().with_context(|| format!("asking {url}"))?;
+    let resp = agent(TIMEOUT)
+        .get(url)
+        .call()
+        .with_context(|| format!("asking {url}"))?;
     body(resp, url, limit)
 }
 

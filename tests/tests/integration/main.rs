@@ -8,8 +8,8 @@ mod agent_scale;
 mod classify_scale;
 mod d3_e2e;
 mod d3_router;
-mod parse;
 mod ops;
+mod parse;
 mod prometheus;
 mod test_run;
 
