@@ -25,7 +25,8 @@ if [ "$want_test" = 1 ]; then
   # cpio to pack it, ethtool for the tests that read offloads.
   pkgs+=(qemu-system-x86 qemu-system-data busybox-static cpio ethtool)
   # promtool and amtool: the deployment tests check and unit-test the alerting rules and the
-  # Alertmanager example with them.
+  # Alertmanager example with them; the prometheus server itself: the privileged test
+  # tests/tests/integration/prometheus.rs starts one scraping several agents.
   pkgs+=(prometheus prometheus-alertmanager)
 fi
 missing=()

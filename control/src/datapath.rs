@@ -419,6 +419,40 @@ impl Datapath {
         Some(n)
     }
 
+    /// The per-flow table's entries, at most `limit` (read-only; `paceline flows`), and how
+    /// many entries the table holds in all.
+    pub fn flows(&self, limit: usize) -> Result<(Vec<(FlowKey, FlowState)>, usize)> {
+        let m = self
+            .ebpf
+            .map(names::FLOWS)
+            .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::FLOWS))?;
+        let h: HashMap<&MapData, FlowKey, FlowState> = HashMap::try_from(m)?;
+        let mut out = Vec::new();
+        let mut total = 0;
+        // Entries evicted while we walk the table are skipped.
+        for (k, v) in h.iter().take(self.flow_capacity as usize * 2 + 16).flatten() {
+            total += 1;
+            if out.len() < limit {
+                out.push((k, v));
+            }
+        }
+        Ok((out, total))
+    }
+
+    /// The kernel's id of a loaded program (the health check looks for it in the interfaces'
+    /// and the cgroup's attachments).
+    pub fn program_id(&self, name: &str) -> Option<u32> {
+        self.ebpf
+            .program(name)
+            .and_then(|p| p.info().ok())
+            .map(|i| i.id())
+    }
+
+    /// The generation of the last policy written (the live table holds it).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Kernel memory charged to the flow table, from `/proc/self/fdinfo` (bytes).
     pub fn flow_table_memlock(&self) -> Option<u64> {
         self.flow_table_memlock

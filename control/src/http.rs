@@ -1,38 +1,96 @@
-//! The agent's HTTP endpoints: `/metrics` (Prometheus text format), `/status` (JSON: the
-//! agent's status plus live per-class and per-level counters) and `/healthz`.
+//! The agent's HTTP endpoints, on two listeners:
+//!
+//! - `--metrics-addr` (what Prometheus scrapes, often on the node's network): `/metrics`
+//!   (Prometheus text format), `/healthz` (liveness) and `/readyz` (readiness);
+//! - `--api-addr` (loopback by default: it reveals the policy and the flows and changes state):
+//!   `/status` (JSON: the status plus live counters), `/policy` (the text in force), `/events`
+//!   (JSON lines, `?since=SEQ&limit=N`), `/flows` (`?top=N&class=C`), `/classify`
+//!   (`?proto=tcp&src=A:P&dst=B:P[&dscp=&mark=&cgroup_id=]`), `/history`, `/history/GEN`,
+//!   `POST /reload` (apply the file now, answer with the outcome), `POST /rollback[?generation=N]`,
+//!   and `/healthz`, `/readyz` again.
+//!
+//! When both addresses are the same, one listener serves everything.
+//! Unhealthy or not ready: HTTP 503 with the JSON reasons ([`crate::health`]).
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{collections::HashMap, net::SocketAddr, sync::Arc};
 
-use crate::shared::Shared;
+use crate::{classify, policy::SystemHost, shared::Shared};
 use anyhow::{Context as _, Result};
 use axum::{
     Router,
-    extract::State,
+    extract::{Path, Query, State},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
-    routing::get,
+    routing::{get, post},
 };
 
-/// Binds `addr` (so a port clash fails the start, not later) and serves until `shutdown`.
+type Params = Query<HashMap<String, String>>;
+
+/// Binds both addresses (so a port clash fails the start, not later) and serves until `stop`
+/// turns true.
 pub async fn serve(
-    addr: SocketAddr,
+    metrics_addr: SocketAddr,
+    api_addr: SocketAddr,
     shared: Arc<Shared>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the metrics address {addr} (--metrics-addr)"))?;
-    let app = Router::new()
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>> {
+    let metrics = Router::new()
         .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz));
+    let api = Router::new()
         .route("/status", get(status))
-        .route("/healthz", get(|| async { "ok\n" }))
         .route("/policy", get(policy_text))
-        .with_state(shared);
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
-            log::error!("HTTP server stopped: {e}");
-        }
-    }))
+        .route("/events", get(events))
+        .route("/flows", get(flows))
+        .route("/classify", get(classify_q))
+        .route("/history", get(history))
+        .route("/history/{generation}", get(history_text))
+        .route("/reload", post(reload))
+        .route("/rollback", post(rollback))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz));
+    let mut plans = Vec::new();
+    if metrics_addr == api_addr {
+        plans.push((metrics_addr, "--metrics-addr and --api-addr", metrics.merge(api)));
+    } else {
+        plans.push((metrics_addr, "--metrics-addr", metrics));
+        plans.push((api_addr, "--api-addr", api));
+    }
+    let mut listeners = Vec::new();
+    for (addr, flag, app) in plans {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr} ({flag})"))?;
+        listeners.push((l, app.with_state(shared.clone())));
+    }
+    Ok(listeners
+        .into_iter()
+        .map(|(l, app)| {
+            let mut stop = stop.clone();
+            tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                if let Err(e) = axum::serve(l, app).with_graceful_shutdown(shutdown).await {
+                    log::error!("HTTP server stopped: {e}");
+                }
+            })
+        })
+        .collect())
+}
+
+fn internal(e: anyhow::Error) -> Response {
+    (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}\n")).into_response()
+}
+
+fn bad_request(e: impl std::fmt::Display) -> Response {
+    (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response()
+}
+
+/// Runs `f` off the async workers (it takes the shared lock and may do many syscalls).
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.context("request task")
 }
 
 /// `/policy`: the text of the policy in force (`paceline policy diff --running`).
@@ -40,21 +98,161 @@ async fn policy_text(State(shared): State<Arc<Shared>>) -> Response {
     ([(header::CONTENT_TYPE, "application/yaml")], shared.policy_text()).into_response()
 }
 
-fn internal(e: anyhow::Error) -> Response {
-    (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}\n")).into_response()
-}
-
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    match shared.metrics() {
+    match blocking(move || shared.metrics()).await.and_then(|r| r) {
         Ok(text) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
         Err(e) => internal(e),
     }
 }
 
-/// `/status`: the status document with live counters per class and level.
+async fn health(shared: Arc<Shared>, readiness: bool) -> Response {
+    match blocking(move || shared.health(readiness)).await {
+        Ok(h) => {
+            let code = if h.healthy() {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (code, axum::Json(h)).into_response()
+        }
+        Err(e) => internal(e),
+    }
+}
+
+async fn healthz(State(shared): State<Arc<Shared>>) -> Response {
+    health(shared, false).await
+}
+
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    health(shared, true).await
+}
+
+/// `/status`: the status document with live counters.
 async fn status(State(shared): State<Arc<Shared>>) -> Response {
-    match shared.live_status() {
+    match blocking(move || shared.live_status()).await.and_then(|r| r) {
         Ok(s) => axum::Json(s).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+fn num<T: std::str::FromStr>(q: &HashMap<String, String>, k: &str) -> Result<Option<T>, String> {
+    match q.get(k) {
+        None => Ok(None),
+        Some(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{k}={v:?} is not a number")),
+    }
+}
+
+/// `/events?since=SEQ&limit=N`: JSON lines, oldest first.
+async fn events(State(shared): State<Arc<Shared>>, Query(q): Params) -> Response {
+    let since = match num::<u64>(&q, "since") {
+        Ok(v) => v.unwrap_or(0),
+        Err(e) => return bad_request(e),
+    };
+    let limit = match num::<usize>(&q, "limit") {
+        Ok(v) => v.unwrap_or(crate::events::MEMORY),
+        Err(e) => return bad_request(e),
+    };
+    let body = crate::events::to_json_lines(&shared.events.since(since, limit));
+    ([(header::CONTENT_TYPE, "application/jsonl")], body).into_response()
+}
+
+/// `/flows?top=N&class=C`.
+async fn flows(State(shared): State<Arc<Shared>>, Query(q): Params) -> Response {
+    let top = match num::<usize>(&q, "top") {
+        Ok(v) => v.unwrap_or(50),
+        Err(e) => return bad_request(e),
+    };
+    let class = q.get("class").cloned();
+    match blocking(move || shared.flows(top, class.as_deref()))
+        .await
+        .and_then(|r| r)
+    {
+        Ok(f) => axum::Json(f).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+/// `/classify?proto=tcp&src=A[:P]&dst=B[:P]&dscp=&mark=&cgroup_id=`.
+async fn classify_q(State(shared): State<Arc<Shared>>, Query(q): Params) -> Response {
+    let get = |k: &str| q.get(k).cloned().unwrap_or_default();
+    let query = classify::Query {
+        proto: get("proto"),
+        src: get("src"),
+        dst: get("dst"),
+        dscp: match num(&q, "dscp") {
+            Ok(v) => v,
+            Err(e) => return bad_request(e),
+        },
+        mark: match num(&q, "mark") {
+            Ok(v) => v,
+            Err(e) => return bad_request(e),
+        },
+        cgroup_id: match num(&q, "cgroup_id") {
+            Ok(v) => v,
+            Err(e) => return bad_request(e),
+        },
+    };
+    let answer = classify::explain(&shared.lock().compiled, &query);
+    match answer {
+        Ok(a) => axum::Json(a).into_response(),
+        Err(e) => bad_request(format!("{e:#}")),
+    }
+}
+
+/// `/history`: the entries, oldest first, and the hash in force.
+async fn history(State(shared): State<Arc<Shared>>) -> Response {
+    let current = shared.lock().compiled.hash.clone();
+    axum::Json(serde_json::json!({
+        "current_hash": current,
+        "entries": shared.history.entries(),
+    }))
+    .into_response()
+}
+
+/// `/history/GEN`: that entry's policy text.
+async fn history_text(State(shared): State<Arc<Shared>>, Path(generation): Path<u64>) -> Response {
+    match shared.history.get(generation) {
+        Ok((_, text)) => ([(header::CONTENT_TYPE, "application/yaml")], text).into_response(),
+        Err(e) => (StatusCode::NOT_FOUND, format!("{e:#}\n")).into_response(),
+    }
+}
+
+fn outcome_response(o: crate::agent::reload::Outcome) -> Response {
+    let code = if o.ok() {
+        StatusCode::OK
+    } else {
+        StatusCode::UNPROCESSABLE_ENTITY
+    };
+    (code, axum::Json(o)).into_response()
+}
+
+/// `POST /reload`: applies the policy file now (`systemctl reload`), answering with what
+/// happened: applied (with the changes), unchanged, or rejected (with the errors).
+async fn reload(State(shared): State<Arc<Shared>>) -> Response {
+    match blocking(move || {
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Reloading]);
+        let o = crate::agent::reload::reload(&shared, &SystemHost::new(), "reload request", true, None);
+        crate::agent::watch::notify_ready(&shared);
+        o
+    })
+    .await
+    {
+        Ok(o) => outcome_response(o),
+        Err(e) => internal(e),
+    }
+}
+
+/// `POST /rollback[?generation=N]`.
+async fn rollback(State(shared): State<Arc<Shared>>, Query(q): Params) -> Response {
+    let generation = match num::<u64>(&q, "generation") {
+        Ok(v) => v,
+        Err(e) => return bad_request(e),
+    };
+    match blocking(move || crate::agent::reload::rollback(&shared, &SystemHost::new(), generation)).await {
+        Ok(o) => outcome_response(o),
         Err(e) => internal(e),
     }
 }

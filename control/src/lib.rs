@@ -3,7 +3,8 @@
 //! The agent's library: the `paceline` binary only parses arguments and calls into it.
 //!
 //! # Layout
-//! - [`cli`]: the subcommands (`agent`, `policy check|schema`, `status`, `cleanup`), one per file.
+//! - [`cli`]: the subcommands (`agent`, `policy check|schema|diff|history|rollback`, `status`,
+//!   `reload`, `top`, `flows`, `classify`, `events`, `fleet status`, `cleanup`), one per file.
 //! - [`agent`]: the agent in stages: start-up ([`agent::run`]), host changes and their undo
 //!   ([`agent::install`]), reloads ([`agent::reload`]), the event loop ([`agent::watch`]).
 //! - [`policy`]: YAML policy: raw (mirrors the file) -> validated -> compiled (map entries);
@@ -21,17 +22,31 @@
 //! - [`features`]: what the running kernel offers, probed at start.
 //! - [`state`]: the lock and the record of host changes that a start after `kill -9` undoes.
 //! - [`status`]: the typed status model (`/status`, `status.json`, `paceline status`, the tests).
-//! - [`metrics`], [`http`]: the Prometheus text and the HTTP endpoints.
+//! - [`metrics`], [`http`]: the Prometheus text and the HTTP endpoints (metrics and API
+//!   listeners).
 //! - [`shared`]: what the event loop, reloads and HTTP handlers share, behind one lock.
+//! - [`health`]: `/healthz` and `/readyz` from the kernel's real state; the systemd watchdog.
+//! - [`events`]: the structured event log (`/events`, `paceline events`).
+//! - [`history`]: the policies applied, and rollback to one of them.
+//! - [`classify`]: which class, level and rule a 5-tuple gets (`paceline classify`).
+//! - [`flows`], [`sockdiag`]: the per-flow table as rows (`paceline flows`), with TCP sockets'
+//!   bytes.
+//! - [`fleet`]: the inventory of many agents, from Prometheus or their `/metrics`.
 pub mod agent;
 pub mod attach;
 pub mod bpfsys;
+pub mod classify;
 pub mod cli;
 pub mod ctab;
 pub mod d3app;
 pub mod d3router;
 pub mod datapath;
+pub mod events;
 pub mod features;
+pub mod fleet;
+pub mod flows;
+pub mod health;
+pub mod history;
 pub mod http;
 pub mod metrics;
 pub mod persist;
@@ -39,5 +54,6 @@ pub mod policy;
 pub mod qdisc;
 pub mod qstats;
 pub mod shared;
+pub mod sockdiag;
 pub mod state;
 pub mod status;

@@ -9,7 +9,7 @@ use prometheus::{
 
 use paceline_common::maps::{D3_HIST_BUCKETS, D3ClassStats};
 
-use crate::{d3router::LinkReport, datapath::Snapshot, status::Status};
+use crate::{d3router::LinkReport, datapath::Snapshot, qstats::RootStats, status::Status};
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
     let c = IntCounterVec::new(Opts::new(name, help), labels)?;
@@ -35,6 +35,21 @@ fn igauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntGa
     Ok(g)
 }
 
+/// What the metrics take from the host rather than the datapath.
+#[derive(Clone, Debug, Default)]
+pub struct OpsMetrics {
+    /// Each managed interface's root qdisc statistics.
+    pub qdiscs: Vec<(String, RootStats)>,
+    /// Interfaces attached and detached since the start (`interfaces: [auto]` following the
+    /// routes).
+    pub interfaces_attached: u64,
+    pub interfaces_detached: u64,
+    /// The policy history's generation of the policy in force.
+    pub history_generation: u64,
+    /// sock_ops is attached.
+    pub sock_ops: bool,
+}
+
 /// The Prometheus text exposition of `snap` (and the D3 counters and router links, when D3 is
 /// on) labelled by `status`.
 pub fn render(
@@ -42,6 +57,17 @@ pub fn render(
     d3: Option<&[D3ClassStats]>,
     links: &[LinkReport],
     status: &Status,
+) -> Result<String> {
+    render_with(snap, d3, links, status, &OpsMetrics::default())
+}
+
+/// [`render`] plus the host's side ([`OpsMetrics`]).
+pub fn render_with(
+    snap: &Snapshot,
+    d3: Option<&[D3ClassStats]>,
+    links: &[LinkReport],
+    status: &Status,
+    ops: &OpsMetrics,
 ) -> Result<String> {
     let r = Registry::new();
     let cl = &["class", "level"];
@@ -276,8 +302,16 @@ pub fn render(
     }
     igauge(
         &r,
+        "paceline_kernel_info",
+        "The running kernel's release (value 1).",
+        &["release"],
+    )?
+    .with_label_values(&[status.kernel.kernel_release.as_str()])
+    .set(1);
+    igauge(
+        &r,
         "paceline_enforcement_degraded",
-        "1 when the kernel cannot enforce everything the policy asks.",
+        "1 when this host does not enforce something the policy asks for (a rate without the qdisc that enforces it, TCP settings without sock_ops); 0 when it enforces all the policy asks, e.g. always under enforcement: none.",
         &[],
     )?
     .with_label_values(&[] as &[&str])
@@ -343,6 +377,35 @@ pub fn render(
         .with_label_values(&[] as &[&str])
         .set(m as i64);
     }
+    igauge(
+        &r,
+        "paceline_policy_history_generation",
+        "The policy history's generation of the policy in force (counts across restarts; paceline policy history).",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(ops.history_generation as i64);
+    let changes = counter(
+        &r,
+        "paceline_interface_changes_total",
+        "Interfaces attached and detached since the start (interfaces: [auto] following the default routes).",
+        &["change"],
+    )?;
+    changes
+        .with_label_values(&["attached"])
+        .inc_by(ops.interfaces_attached);
+    changes
+        .with_label_values(&["detached"])
+        .inc_by(ops.interfaces_detached);
+    igauge(
+        &r,
+        "paceline_sock_ops_attached",
+        "1 when sock_ops is attached (TCP settings, TCP pacing, socket DSCP, D3).",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(ops.sock_ops as i64);
+    qdisc_metrics(&r, &ops.qdiscs)?;
     igauge(
         &r,
         "paceline_build_info",
@@ -431,10 +494,11 @@ fn d3_metrics(r: &Registry, d3: &[D3ClassStats], status: &Status) -> Result<()> 
         grants.with_label_values(&lab).inc_by(v.grants);
         ignored.with_label_values(&lab).inc_by(v.feedback_ignored);
     }
-    // Echoes are counted on the receiving socket's class, whatever it is.
+    // Echoes are counted on the receiving socket's class, whatever it is: every D3 class has
+    // the series (0 until it echoes), other classes once they echo.
     for c in &status.policy.classes {
         if let Some(v) = d3.get(c.index as usize)
-            && v.echoes > 0
+            && (v.echoes > 0 || c.d3)
         {
             echoes.with_label_values(&[c.name.as_str()]).inc_by(v.echoes);
         }
@@ -599,6 +663,63 @@ fn d3_link_metrics(r: &Registry, links: &[LinkReport]) -> Result<()> {
         resets.with_label_values(&lab).inc_by(k.idle_resets);
         dups.with_label_values(&lab).inc_by(k.duplicates);
         short.with_label_values(&lab).inc_by(k.short_grants);
+    }
+    Ok(())
+}
+
+/// Each managed interface's root qdisc (labels `interface`, `qdisc`): what `tc -s qdisc show`
+/// reports, so the queues pacing builds are visible next to the classes.
+fn qdisc_metrics(r: &Registry, qdiscs: &[(String, RootStats)]) -> Result<()> {
+    if qdiscs.is_empty() {
+        return Ok(());
+    }
+    let l = &["interface", "qdisc"];
+    let backlog = igauge(
+        r,
+        "paceline_qdisc_backlog_bytes",
+        "Bytes queued in the managed interface's root qdisc.",
+        l,
+    )?;
+    let qlen = igauge(
+        r,
+        "paceline_qdisc_backlog_packets",
+        "Packets queued in the managed interface's root qdisc.",
+        l,
+    )?;
+    let drops = counter(
+        r,
+        "paceline_qdisc_dropped_packets_total",
+        "Packets the root qdisc dropped (queue full, fq's flow limit or horizon).",
+        l,
+    )?;
+    let over = counter(
+        r,
+        "paceline_qdisc_overlimits_total",
+        "Times the root qdisc held packets back over a limit (HTB: a class over its rate).",
+        l,
+    )?;
+    let requeues = counter(
+        r,
+        "paceline_qdisc_requeues_total",
+        "Packets the driver handed back to the root qdisc.",
+        l,
+    )?;
+    let throttled = counter(
+        r,
+        "paceline_qdisc_throttled_total",
+        "fq: times a flow was throttled until its packets' departure times (summed over the fq qdiscs).",
+        l,
+    )?;
+    for (iface, s) in qdiscs {
+        let lab = [iface.as_str(), s.kind.as_str()];
+        backlog.with_label_values(&lab).set(s.backlog_bytes as i64);
+        qlen.with_label_values(&lab).set(s.qlen as i64);
+        drops.with_label_values(&lab).inc_by(s.drops);
+        over.with_label_values(&lab).inc_by(s.overlimits);
+        requeues.with_label_values(&lab).inc_by(s.requeues);
+        if let Some(t) = s.throttled {
+            throttled.with_label_values(&lab).inc_by(t);
+        }
     }
     Ok(())
 }

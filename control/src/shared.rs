@@ -1,21 +1,53 @@
 //! What the agent's event loop, its reloads and the HTTP handlers share: the loaded datapath,
-//! the D3 router, the compiled policy in force and its text, and the status. One lock guards
-//! them all (a scrape, a reload and a controller tick never interleave).
+//! the D3 router, the compiled policy in force and its text, the status, what is attached
+//! where. One lock guards them all (a scrape, a reload and a controller tick never
+//! interleave). The event log and the policy history have their own (they are written while
+//! the lock is held, and read by the HTTP handlers without it).
 
-use std::sync::{Mutex, MutexGuard};
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard},
+};
 
 use anyhow::{Result, anyhow};
+use aya::programs::tc::TcAttachType;
 
 use crate::{
+    attach::{AttachMode, TcAttachment, TcProgram},
     d3router::Router,
-    datapath::Datapath,
-    metrics,
+    datapath::{self, Datapath},
+    events::Events,
+    flows::{self, Flows},
+    health::{Check, Health},
+    history::History,
+    metrics::{self, OpsMetrics},
     policy::Compiled,
+    qstats::QdiscStats,
+    state::{State, StateDir},
     status::{LiveStatus, Status},
 };
 
 pub struct Shared {
     inner: Mutex<Inner>,
+    pub events: Events,
+    pub history: History,
+    /// The policy file, the state directory, where maps are pinned.
+    pub ctl: Ctl,
+}
+
+/// What the agent was started with that reloads and requests need.
+pub struct Ctl {
+    pub policy: PathBuf,
+    pub dir: Arc<StateDir>,
+    /// Where the maps and links are pinned (an interface `auto` leaves has its link unpinned).
+    pub pins: crate::persist::Pins,
+}
+
+/// Interfaces attached and detached since the start (`auto` following the routes).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IfaceChanges {
+    pub attached: u64,
+    pub detached: u64,
 }
 
 /// The shared state, behind [`Shared::lock`].
@@ -28,12 +60,30 @@ pub struct Inner {
     pub status: Status,
     /// The policy in force, compiled for the running mode and interfaces.
     pub compiled: Compiled,
+    /// The classifier's attachment on each managed interface (detached when `auto` moves away
+    /// from an interface).
+    pub attachments: Vec<TcAttachment>,
+    /// sock_ops is attached.
+    pub sock_ops: bool,
+    /// What is recorded in `state.json` (what a start after a crash undoes).
+    pub state: State,
+    /// Netlink for the qdisc statistics and the health check's filter lookups.
+    pub netlink: Option<QdiscStats>,
+    pub iface_changes: IfaceChanges,
+    /// The history generation of the policy in force.
+    pub history_generation: u64,
+    /// A digest of the policy file's bytes as last read by any reload of the file (the file
+    /// watcher, SIGHUP, a reload request): the watcher reloads only when the file differs.
+    pub file_digest: Option<u64>,
 }
 
 impl Shared {
-    pub fn new(inner: Inner) -> Shared {
+    pub fn new(inner: Inner, events: Events, ctl: Ctl) -> Shared {
         Shared {
             inner: Mutex::new(inner),
+            history: History::new(ctl.dir.path()),
+            events,
+            ctl,
         }
     }
 
@@ -44,7 +94,8 @@ impl Shared {
 
     /// `/metrics`: the Prometheus text of the counters, labelled by the status.
     pub fn metrics(&self) -> Result<String> {
-        let g = self.lock();
+        let mut g = self.lock();
+        let ops = g.ops_metrics();
         let dp = g.dp()?;
         let d3 = if g.status.d3.is_some() {
             Some(dp.d3_snapshot()?)
@@ -52,7 +103,7 @@ impl Shared {
             None
         };
         let links = g.router.as_ref().map(|r| r.report(dp)).unwrap_or_default();
-        metrics::render(&dp.snapshot()?, d3.as_deref(), &links, &g.status)
+        metrics::render_with(&dp.snapshot()?, d3.as_deref(), &links, &g.status, &ops)
     }
 
     /// The text of the policy in force.
@@ -83,6 +134,39 @@ impl Shared {
         let links = g.router.as_ref().map(|r| r.report(dp)).unwrap_or_default();
         Ok(LiveStatus::new(g.status.clone(), &snap, d3.as_deref(), &links))
     }
+
+    /// `/healthz` (`readiness` false) and `/readyz` (true).
+    pub fn health(&self, readiness: bool) -> Health {
+        let mut g = self.lock();
+        Health::of(g.checks(), readiness)
+    }
+
+    /// `/flows`: the flow table, at most `top` flows (of `class`, if given).
+    pub fn flows(&self, top: usize, class: Option<&str>) -> Result<Flows> {
+        let g = self.lock();
+        let dp = g.dp()?;
+        // Every entry is read to filter by class and order by departure; the table is bounded
+        // (spec.flow_table_size).
+        let (entries, total) = dp.flows(usize::MAX)?;
+        let now = flows::monotonic_ns();
+        let mut rows: Vec<flows::FlowRow> = entries
+            .iter()
+            .map(|(k, s)| flows::row(&g.compiled, k, s, now))
+            .collect();
+        let sockets = crate::sockdiag::socket_rows(|t| {
+            flows::class_of(&g.compiled, &flows::tcp_key(t.0, t.1, t.2, t.3))
+                .map(|c| c.name.clone())
+                .unwrap_or_else(|| "?".into())
+        });
+        let n_sockets = sockets.len();
+        rows.extend(sockets);
+        Ok(Flows {
+            total,
+            capacity: g.status.flow_table.capacity,
+            sockets: n_sockets,
+            flows: flows::select(rows, class, top),
+        })
+    }
 }
 
 impl Inner {
@@ -96,5 +180,106 @@ impl Inner {
         self.dp
             .as_mut()
             .ok_or_else(|| anyhow!("the agent is shutting down"))
+    }
+
+    /// The metrics that come from the host rather than the datapath: each managed interface's
+    /// root qdisc, interface changes, the history generation.
+    pub fn ops_metrics(&mut self) -> OpsMetrics {
+        let mut qdiscs = Vec::new();
+        if let Some(nl) = self.netlink.as_mut() {
+            for i in &self.status.interfaces {
+                let Ok(idx) = nix::net::if_::if_nametoindex(i.name.as_str()) else {
+                    continue;
+                };
+                if let Ok(Some(s)) = nl.root_stats(idx) {
+                    qdiscs.push((i.name.clone(), s));
+                }
+            }
+        }
+        OpsMetrics {
+            qdiscs,
+            interfaces_attached: self.iface_changes.attached,
+            interfaces_detached: self.iface_changes.detached,
+            history_generation: self.history_generation,
+            sock_ops: self.sock_ops,
+        }
+    }
+
+    /// The health checks (see [`crate::health`]).
+    pub fn checks(&mut self) -> Vec<Check> {
+        let mut out = Vec::new();
+        let Some(dp) = self.dp.as_ref() else {
+            out.push(Check::fail(
+                "datapath",
+                "the agent is shutting down: programs detached",
+            ));
+            return out;
+        };
+        out.push(Check::ok("datapath", "programs and maps loaded"));
+        let expected = dp.generation();
+        out.push(match dp.live_policy() {
+            Ok(t) if t.generation == expected => {
+                Check::ok("policy_map", format!("generation {expected} live"))
+            }
+            Ok(t) => Check::fail(
+                "policy_map",
+                format!(
+                    "the datapath reads generation {}, the agent wrote {expected}",
+                    t.generation
+                ),
+            ),
+            Err(e) => Check::fail("policy_map", format!("reading the policy map: {e:#}")),
+        });
+        let tc_id = dp.program_id(datapath::TC_EGRESS);
+        let so_id = dp.program_id(datapath::SOCK_OPS);
+        for a in &self.attachments {
+            let name = format!("attached:{}", a.iface);
+            let Ok(idx) = nix::net::if_::if_nametoindex(a.iface.as_str()) else {
+                out.push(Check::fail(name, format!("interface {} is gone", a.iface)));
+                continue;
+            };
+            let found = match a.mode {
+                AttachMode::Tcx => aya::programs::SchedClassifier::query_tcx(&a.iface, TcAttachType::Egress)
+                    .map(|(_, progs)| progs.iter().any(|p| Some(p.id()) == tc_id))
+                    .map_err(|e| anyhow!("{e}")),
+                AttachMode::Clsact => match self.netlink.as_mut() {
+                    Some(nl) => nl.has_egress_bpf_filter(idx, TcProgram::Egress.nl_priority()),
+                    None => Err(anyhow!("no netlink socket")),
+                },
+            };
+            out.push(match found {
+                Ok(true) => Check::ok(name, format!("classifier attached ({})", a.mode.as_str())),
+                Ok(false) => Check::fail(
+                    name,
+                    format!(
+                        "the classifier is no longer attached to {} ({})",
+                        a.iface,
+                        a.mode.as_str()
+                    ),
+                ),
+                Err(e) => Check::fail(name, format!("querying {}: {e:#}", a.iface)),
+            });
+        }
+        if self.sock_ops {
+            let found = aya::programs::loaded_links()
+                .flatten()
+                .any(|l| Some(l.program_id()) == so_id);
+            out.push(if found {
+                Check::ok("sock_ops", "attached to the cgroup v2 root")
+            } else {
+                Check::fail("sock_ops", "the sock_ops link is gone")
+            });
+        }
+        out.push(match &self.status.reloads.last {
+            Some(l) if !l.applied => Check::fail(
+                "last_reload",
+                format!(
+                    "rejected, the previous policy stays in force: {}",
+                    l.errors.first().cloned().unwrap_or_default()
+                ),
+            ),
+            _ => Check::ok("last_reload", "applied"),
+        });
+        out
     }
 }

@@ -36,6 +36,10 @@ pub struct Status {
     pub reloads: Reloads,
     pub flow_table: FlowTable,
     pub metrics_addr: String,
+    /// Where `/status`, `/policy`, `/events`, `/flows`, `/classify` and the policy history are
+    /// served (`--api-addr`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub api_addr: String,
 }
 
 /// How rates are enforced, by kind of traffic.
@@ -117,6 +121,21 @@ pub struct PolicyStatus {
     /// Seconds the last apply took: compiling the policy and writing it into the datapath.
     #[serde(default)]
     pub apply_seconds: f64,
+    /// What applied it: `start`, `file change`, `SIGHUP`, `reload request`, `route change`,
+    /// `rollback to generation N` (the file on disk differs until it changes again).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// Its generation in the policy history (`paceline policy history`; counts across restarts).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub history_generation: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 /// The compiled classifier of the policy in force (see `paceline policy check`).
@@ -190,6 +209,8 @@ impl PolicyStatus {
                 kernel_bytes: c.ctab.stats.kernel_bytes(),
             },
             apply_seconds: 0.0,
+            source: String::new(),
+            history_generation: 0,
         }
     }
 }
@@ -243,6 +264,10 @@ pub struct ReloadEvent {
     pub at: u64,
     pub applied: bool,
     pub errors: Vec<String>,
+    /// The file held the policy already in force (e.g. a bad edit reverted): nothing to
+    /// apply, but the last reload is no longer a rejection.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unchanged: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -202,7 +202,25 @@ fn rendered_metrics() -> String {
         queue_bytes: 1500,
         standing_queue_bytes: 0,
     }];
-    paceline::metrics::render(&snap, Some(&d3), &links, &status).expect("render")
+    let ops = paceline::metrics::OpsMetrics {
+        qdiscs: vec![(
+            "eth0".into(),
+            paceline::qstats::RootStats {
+                kind: "mq".into(),
+                backlog_bytes: 3000,
+                qlen: 2,
+                drops: 1,
+                overlimits: 5,
+                requeues: 1,
+                throttled: Some(7),
+            },
+        )],
+        interfaces_attached: 1,
+        interfaces_detached: 1,
+        history_generation: 4,
+        sock_ops: true,
+    };
+    paceline::metrics::render_with(&snap, Some(&d3), &links, &status, &ops).expect("render")
 }
 
 /// Metric name -> label names, from the text exposition (histograms give their `_bucket`,
@@ -974,13 +992,27 @@ fn daemonset_runs_the_agent_with_what_it_needs() {
         !a.metrics_addr.ip().is_loopback(),
         "kubelet probes the node IP: the agent must not listen on loopback only"
     );
+    // /status, /policy, /events, /flows and the rollback requests stay off the node's
+    // interfaces (issue 8): the API listens on loopback, apart from /metrics.
+    assert!(
+        a.api_addr.ip().is_loopback() && a.api_addr != a.metrics_addr,
+        "the API must not be exposed with the metrics: {}",
+        a.api_addr
+    );
     let port = seq(&agent["ports"], "ports")
         .iter()
         .find(|p| p["name"] == "metrics")
         .expect("a port named metrics");
     assert_eq!(port["containerPort"], 9977);
-    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
-        assert_eq!(agent[probe]["httpGet"]["path"], "/healthz", "{probe}");
+    // Liveness: the datapath is attached and live (a failure restarts the pod, whose start
+    // reattaches); readiness also needs the last reload applied (a rejected policy stops a
+    // rollout at the node without restarting the agent that keeps the previous policy).
+    for (probe, path) in [
+        ("livenessProbe", "/healthz"),
+        ("startupProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ] {
+        assert_eq!(agent[probe]["httpGet"]["path"], path, "{probe}");
         assert_eq!(agent[probe]["httpGet"]["port"], "metrics", "{probe}");
     }
     assert!(
@@ -1167,11 +1199,29 @@ fn systemd_unit_starts_reloads_and_stops_the_agent_as_it_expects() {
     assert_eq!(a.policy, Path::new("/etc/paceline/policy.yaml"));
     assert_eq!(a.state_dir, Path::new("/run/paceline"));
 
+    // `systemctl reload` asks the agent and fails when the agent rejects the policy (invalid,
+    // or a change that needs a restart); a bare SIGHUP always "succeeded".
     let reload = all("ExecReload");
+    assert_eq!(reload.len(), 1, "{reload:?}");
+    let argv: Vec<&str> = reload[0].split_whitespace().collect();
+    assert_eq!(argv[0], "/usr/local/bin/paceline");
+    let cli = Cli::try_parse_from(std::iter::once("paceline").chain(argv[1..].iter().copied()))
+        .unwrap_or_else(|e| panic!("ExecReload={}: {e}", reload[0]));
     assert!(
-        reload.iter().any(|r| r.contains("kill -HUP $MAINPID")),
-        "ExecReload sends SIGHUP: {reload:?}"
+        matches!(cli.command, Sub::Reload(_)),
+        "ExecReload runs `paceline reload`"
     );
+    // Readiness and the watchdog: the agent sends READY=1 once attached and WATCHDOG=1 while
+    // healthy.
+    assert_eq!(one("Type"), "notify");
+    assert!(
+        one("WatchdogSec")
+            .trim_end_matches('s')
+            .parse::<u32>()
+            .is_ok_and(|t| t >= 10),
+        "WatchdogSec"
+    );
+    assert_eq!(one("NotifyAccess"), "main");
     assert_eq!(one("KillSignal"), "SIGTERM");
     assert!(
         one("TimeoutStopSec")

@@ -67,10 +67,11 @@ pub fn policy(data: &[u8]) {
             assert_eq!(c.table, again.table, "compiling is deterministic");
             assert_eq!(c.rule_table, again.rule_table);
             // Recompiling against itself (a reload of the same file) keeps the rules.
+            let slots = c.slots();
             let reload = policy::compile(
                 &v,
                 &CompileContext {
-                    previous: Some(&c),
+                    previous: Some(&slots),
                     ..ctx
                 },
             )

@@ -74,6 +74,11 @@ pub struct Agent<'a> {
 
 impl<'a> Agent<'a> {
     pub fn start(host: &'a Host, policy: &Path, state_dir: &Path) -> Agent<'a> {
+        Self::start_with(host, policy, state_dir, &[])
+    }
+
+    /// [`Agent::start`] with more `paceline agent` arguments (e.g. `--metrics-addr`).
+    pub fn start_with(host: &'a Host, policy: &Path, state_dir: &Path, extra: &[&str]) -> Agent<'a> {
         let mut cmd = host.command(bin("plagent"));
         cmd.args(["agent", "--policy"])
             .arg(policy)
@@ -81,6 +86,7 @@ impl<'a> Agent<'a> {
             .arg(state_dir)
             .arg("--bpffs-dir")
             .arg(Self::bpffs_dir(state_dir))
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let child = host.spawn_cmd(cmd).expect("spawn the agent");
@@ -155,10 +161,74 @@ impl<'a> Agent<'a> {
             .args(["status", "--json"])
             .output()
             .ok()?;
-        if !out.status.success() {
+        // Exit 1 is a degraded or not-ready agent: it still printed its status.
+        if !matches!(out.status.code(), Some(0 | 1)) {
             return None;
         }
         serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// GET or POST `path` on the agent's API (127.0.0.1:9978 in its namespace): (status code,
+    /// body), whatever the code.
+    pub fn api(&self, method: &str, path: &str) -> (u16, String) {
+        Self::request(self.host, "127.0.0.1:9978", method, path)
+    }
+
+    /// The same on the metrics listener (127.0.0.1:9977): `/metrics`, `/healthz`, `/readyz`.
+    pub fn metrics_listener(&self, path: &str) -> (u16, String) {
+        Self::request(self.host, "127.0.0.1:9977", "GET", path)
+    }
+
+    /// One HTTP/1.0 request in `host`'s namespace: (status code, body).
+    pub fn request(host: &Host, addr: &str, method: &str, path: &str) -> (u16, String) {
+        use std::io::{Read as _, Write as _};
+        let addr = addr.to_string();
+        let (method, path) = (method.to_string(), path.to_string());
+        host.in_netns(move || {
+            let mut c = std::net::TcpStream::connect(&addr).expect("connect to the agent");
+            write!(
+                c,
+                "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n"
+            )
+            .unwrap();
+            let mut resp = String::new();
+            c.read_to_string(&mut resp).unwrap();
+            let code = resp
+                .split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            let body = resp
+                .split_once("\r\n\r\n")
+                .map(|(_, b)| b.to_string())
+                .unwrap_or_default();
+            (code, body)
+        })
+        .expect("in netns")
+    }
+
+    /// The status code of GET `path` at `addr` in `host`'s namespace; `None` when nothing
+    /// answers.
+    pub fn request_opt(host: &Host, addr: &str, path: &str) -> Option<u16> {
+        use std::io::{Read as _, Write as _};
+        let (addr, path) = (addr.to_string(), path.to_string());
+        host.in_netns(move || {
+            let mut c = std::net::TcpStream::connect(&addr).ok()?;
+            write!(c, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+            let mut resp = String::new();
+            c.read_to_string(&mut resp).ok()?;
+            resp.split_whitespace().nth(1)?.parse().ok()
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// The agent's log so far is not readable while it runs; its event log is.
+    pub fn events(&self) -> Vec<Value> {
+        let (_, body) = self.api("GET", "/events");
+        body.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     /// The agent's `/status` document as the agent's own typed model.

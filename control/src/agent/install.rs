@@ -29,21 +29,47 @@ pub struct Installed {
     pub dp: Datapath,
     pub interfaces: Vec<IfaceStatus>,
     pub router: Option<Router>,
+    /// The classifier's attachment on each interface (to detach one when `auto` moves away).
+    pub attachments: Vec<attach::TcAttachment>,
+    /// sock_ops is attached.
+    pub sock_ops: bool,
+    /// What `state.json` records.
+    pub state: State,
+}
+
+/// What a previous agent on this state directory left behind (it did not exit cleanly).
+pub enum Recovered {
+    /// Nothing: the previous agent stopped cleanly, or there was none.
+    Clean,
+    /// Its links are pinned, so its datapath is still running: [`install`] adopts it.
+    Adopted(State),
+    /// No pins (an older agent, or pins removed by hand): what it left was undone.
+    Undone(Vec<String>),
+}
+
+impl Recovered {
+    /// The state for [`install`] to adopt.
+    pub fn adopt(&self) -> Option<State> {
+        match self {
+            Recovered::Adopted(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
 }
 
 /// What a previous agent on this state directory left behind (it did not exit cleanly). With
 /// its links pinned, its datapath is still running: the state is returned for [`install`] to
 /// adopt. Without (an older agent, or pins removed by hand) it is undone, each step logged.
-pub fn recover(dir: &StateDir, pins: &Pins) -> Result<Option<State>> {
+pub fn recover(dir: &StateDir, pins: &Pins) -> Result<Recovered> {
     let Some(prev) = dir.leftover()? else {
-        return Ok(None);
+        return Ok(Recovered::Clean);
     };
     if pins.has_links() {
         log::warn!(
             "a previous agent (pid {}) did not exit cleanly; its datapath is still running: adopting it",
             prev.pid
         );
-        return Ok(Some(prev));
+        return Ok(Recovered::Adopted(prev));
     }
     let undone = state::clean_up(&prev);
     log::warn!(
@@ -55,11 +81,11 @@ pub fn recover(dir: &StateDir, pins: &Pins) -> Result<Option<State>> {
             "undoing what it left:"
         }
     );
-    for line in undone {
+    for line in &undone {
         log::warn!("  {line}");
     }
     dir.clear()?;
-    Ok(None)
+    Ok(Recovered::Undone(undone))
 }
 
 /// Attaches `dp` for the policy `compiled` in its mode: per interface the classifier and the
@@ -109,64 +135,22 @@ pub fn install(
         dir.save(&st)?;
     }
     let mut ifaces = Vec::new();
+    let mut attachments = Vec::new();
+    let mut sock_ops = false;
     let mut router = None;
     let mode = compiled.mode;
     let result: Result<()> = (|| {
         for iface in &compiled.interfaces {
             let before: IfaceState = was(iface);
-            let att = attach::attach_tc(&mut dp, iface, features, pins, before.clsact_filter, |added| {
-                let s = st.iface(iface);
-                s.clsact_filter = true;
-                s.clsact_added |= added;
-                dir.save(&st)
-            })?;
-            // A root qdisc the previous agent installed is ours to replace.
-            let ours = before.qdisc.is_some();
-            let installed = match mode {
-                EnforcementMode::Fq => {
-                    st.iface(iface).qdisc = Some(qdisc::Installed::Fq);
-                    dir.save(&st)?;
-                    let p = qdisc::FqParams::for_policy(compiled.horizon_ns, fastest_paced_rate(compiled));
-                    Some(qdisc::install_fq(iface, p, ours)?)
-                }
-                EnforcementMode::Htb => {
-                    st.iface(iface).qdisc = Some(qdisc::Installed::Htb);
-                    dir.save(&st)?;
-                    let plan = compiled.htb.as_ref().ok_or_else(|| {
-                        anyhow!("no HTB plan: the link rate is unknown; set spec.link_rate")
-                    })?;
-                    // HTB has no "change" of its root: an HTB root a previous agent installed
-                    // keeps its qdisc and gets this plan's classes.
-                    let htb_root = ours
-                        && qdisc::root_qdisc(iface)?.is_some_and(|q| q.kind == "htb" && q.handle == "1:");
-                    Some(qdisc::install_htb(iface, plan, htb_root, ours)?)
-                }
-                EnforcementMode::SockopsOnly | EnforcementMode::None => None,
-            };
-            st.iface(iface).qdisc = installed.clone();
-            dir.save(&st)?;
-            log::info!(
-                "{iface}: classifier {} ({}), root qdisc {}",
-                if att.adopted {
-                    "adopted from the previous agent"
-                } else {
-                    "attached"
-                },
-                att.mode.as_str(),
-                installed
-                    .as_ref()
-                    .map(|q| q.describe())
-                    .unwrap_or_else(|| "unchanged".into())
-            );
-            ifaces.push(IfaceStatus {
-                name: iface.clone(),
-                attach: att.mode,
-                qdisc: installed.map(|q| q.describe()),
-            });
+            let (status, att) =
+                install_iface(&mut dp, iface, compiled, features, dir, &mut st, pins, &before)?;
+            ifaces.push(status);
+            attachments.push(att);
         }
         let needs_sockops = mode != EnforcementMode::None || compiled.d3.is_some();
         if needs_sockops && let Some(cg) = &features.cgroup2 {
             let adopted = attach::attach_sock_ops(&mut dp, cg, pins)?;
+            sock_ops = true;
             log::info!(
                 "sock_ops {} {}",
                 if adopted { "adopted on" } else { "attached to" },
@@ -230,7 +214,113 @@ pub fn install(
         dp,
         interfaces: ifaces,
         router,
+        attachments,
+        sock_ops,
+        state: st,
     })
+}
+
+/// Attaches the classifier to `iface` (or gives a previous agent's pinned link or filter the
+/// new program) and installs the root qdisc `compiled`'s mode needs, recording each step in
+/// `st` (saved in `dir`) before it is taken. `before`: what a previous agent recorded there.
+#[allow(clippy::too_many_arguments)] // reason: the install's context, passed through as it is
+pub fn install_iface(
+    dp: &mut Datapath,
+    iface: &str,
+    compiled: &Compiled,
+    features: &Features,
+    dir: &StateDir,
+    st: &mut State,
+    pins: &Pins,
+    before: &IfaceState,
+) -> Result<(IfaceStatus, attach::TcAttachment)> {
+    let att = attach::attach_tc(dp, iface, features, pins, before.clsact_filter, |added| {
+        let s = st.iface(iface);
+        s.clsact_filter = true;
+        s.clsact_added |= added;
+        dir.save(st)
+    })?;
+    // A root qdisc the previous agent installed is ours to replace.
+    let ours = before.qdisc.is_some();
+    let installed = match compiled.mode {
+        EnforcementMode::Fq => {
+            st.iface(iface).qdisc = Some(qdisc::Installed::Fq);
+            dir.save(st)?;
+            let p = qdisc::FqParams::for_policy(compiled.horizon_ns, fastest_paced_rate(compiled));
+            Some(qdisc::install_fq(iface, p, ours)?)
+        }
+        EnforcementMode::Htb => {
+            st.iface(iface).qdisc = Some(qdisc::Installed::Htb);
+            dir.save(st)?;
+            let plan = compiled
+                .htb
+                .as_ref()
+                .ok_or_else(|| anyhow!("no HTB plan: the link rate is unknown; set spec.link_rate"))?;
+            // HTB has no "change" of its root: an HTB root a previous agent installed keeps its
+            // qdisc and gets this plan's classes.
+            let htb_root =
+                ours && qdisc::root_qdisc(iface)?.is_some_and(|q| q.kind == "htb" && q.handle == "1:");
+            Some(qdisc::install_htb(iface, plan, htb_root, ours)?)
+        }
+        EnforcementMode::SockopsOnly | EnforcementMode::None => None,
+    };
+    st.iface(iface).qdisc = installed.clone();
+    dir.save(st)?;
+    log::info!(
+        "{iface}: classifier {} ({}), root qdisc {}",
+        if att.adopted {
+            "adopted from the previous agent"
+        } else {
+            "attached"
+        },
+        att.mode.as_str(),
+        installed
+            .as_ref()
+            .map(|q| q.describe())
+            .unwrap_or_else(|| "unchanged".into())
+    );
+    Ok((
+        IfaceStatus {
+            name: iface.to_string(),
+            attach: att.mode,
+            qdisc: installed.map(|q| q.describe()),
+        },
+        att,
+    ))
+}
+
+/// Detaches the classifier from `att`'s interface (its pinned tcx link removed, or its clsact
+/// filter deleted) and removes what paceline installed there (its root qdisc, a clsact it
+/// added), then forgets the interface in `st`. Returns what was done, one line each.
+pub fn uninstall_iface(
+    att: attach::TcAttachment,
+    dir: &StateDir,
+    st: &mut State,
+    pins: &Pins,
+) -> Vec<String> {
+    let iface = att.iface.clone();
+    let mut done = Vec::new();
+    // The pin holds the tcx link: removing it detaches the program.
+    let pin = pins.link(&attach::TcProgram::Egress.pin_name(&iface));
+    match std::fs::remove_file(&pin) {
+        Ok(()) => done.push(format!("{iface}: classifier detached (link unpinned)")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => done.push(format!("{iface}: unpinning {}: {e}", pin.display())),
+    }
+    if let Some(pos) = st.interfaces.iter().position(|i| i.name == iface) {
+        let mut rec = st.interfaces.remove(pos);
+        // A clsact filter is deleted by clean_up; a tcx link went with its pin.
+        rec.clsact_filter = att.mode == attach::AttachMode::Clsact;
+        done.extend(state::clean_up(&State {
+            pid: st.pid,
+            interfaces: vec![rec],
+            pins: vec![],
+        }));
+    }
+    if let Err(e) = dir.save(st) {
+        done.push(format!("saving the state: {e:#}"));
+    }
+    done
 }
 
 /// Detaches the programs (the pins removed, dropping the datapath closes tcx/cgroup links and
@@ -245,6 +335,7 @@ pub fn uninstall(shared: &Shared, dir: &StateDir, pins: &Pins) {
     {
         let mut g = shared.lock();
         g.router = None;
+        g.attachments.clear();
         drop(g.dp.take());
     }
     // The filters are gone with the programs; clsact and root qdiscs are paceline's to remove.

@@ -24,6 +24,7 @@
 //! - [`watch`]: the event loop (file watcher, signals, D3 timer).
 
 pub mod install;
+pub mod interfaces;
 pub mod reload;
 pub mod watch;
 
@@ -32,13 +33,16 @@ use std::{net::SocketAddr, path::PathBuf, sync::Arc};
 use anyhow::{Result, anyhow, bail};
 use paceline_common::maps::TABLE_SOCK_TOS;
 
+use serde_json::json;
+
 use crate::{
     datapath::{Datapath, EBPF_OBJECT, LoadOptions},
+    events::Events,
     features::Features,
     http,
     persist::{self, Pins},
     policy::{self, CompileContext, Compiled, Slots, SystemHost, Validated, decide_mode},
-    shared::{Inner, Shared},
+    shared::{Ctl, Inner, Shared},
     state::StateDir,
     status::{self, Enforcement, PolicyStatus, Status},
 };
@@ -51,7 +55,11 @@ pub(crate) const SLOTS_FILE: &str = "slots.json";
 #[derive(Clone, Debug)]
 pub struct Options {
     pub policy: PathBuf,
+    /// `/metrics`, `/healthz`, `/readyz`.
     pub metrics_addr: SocketAddr,
+    /// `/status`, `/policy`, `/events`, `/flows`, `/classify`, the policy history, reload and
+    /// rollback requests (and `/healthz`, `/readyz`). May equal `metrics_addr`.
+    pub api_addr: SocketAddr,
     pub state_dir: PathBuf,
     /// Where the maps and links are pinned (see [`crate::persist`]; the D3 application map is
     /// `<dir>/d3_app`).
@@ -63,9 +71,11 @@ pub async fn run(opts: Options) -> Result<()> {
     // From here on SIGTERM/SIGINT/SIGHUP are queued for the event loop instead of killing the
     // process half-way through the start (which would leave qdiscs behind).
     let signals = watch::Signals::new()?;
-    let dir = StateDir::lock(&opts.state_dir)?;
+    let dir = Arc::new(StateDir::lock(&opts.state_dir)?);
+    let events = Events::open(dir.path());
     let pins = Pins::new(&opts.bpffs_dir);
-    let previous = install::recover(&dir, &pins)?;
+    let recovered = install::recover(&dir, &pins)?;
+    let previous = recovered.adopt();
 
     let features = probe();
     let host = SystemHost::new();
@@ -83,7 +93,6 @@ pub async fn run(opts: Options) -> Result<()> {
         },
     )
     .map_err(|e| anyhow::anyhow!("policy rejected, nothing was loaded:\n  {e}"))?;
-    log_compiled(&compiled);
     if compiled.interfaces.is_empty() {
         bail!("the policy selects no interface (spec.interfaces resolved to nothing on this host)");
     }
@@ -118,25 +127,43 @@ pub async fn run(opts: Options) -> Result<()> {
     let apply = started.elapsed().as_secs_f64();
     log_applied(&compiled, generation, apply);
     let installed = install::install(dp, &compiled, &features, &dir, &pins, previous)?;
+    log_compiled(&compiled, installed.sock_ops);
 
-    let mut status = start_status(&opts, features, &compiled, generation, &installed);
+    let mut status = start_status(&opts, features.clone(), &compiled, generation, &installed);
     status.policy.apply_seconds = apply;
-    let shared = Arc::new(Shared::new(Inner {
-        policy_text,
-        dp: Some(installed.dp),
-        router: installed.router,
-        status,
-        compiled,
-    }));
-    reload::write_status(&dir, &shared);
+    status.policy.source = "start".into();
+    let degraded = crate::features::degradations_for(&features, &compiled, installed.sock_ops);
+    status.degraded = degraded.clone();
+    let shared = Arc::new(Shared::new(
+        Inner {
+            policy_text: policy_text.clone(),
+            dp: Some(installed.dp),
+            router: installed.router,
+            status,
+            compiled,
+            attachments: installed.attachments,
+            sock_ops: installed.sock_ops,
+            state: installed.state,
+            netlink: crate::qstats::QdiscStats::new()
+                .map_err(|e| log::warn!("no netlink socket for qdisc statistics: {e:#}"))
+                .ok(),
+            iface_changes: Default::default(),
+            history_generation: 0,
+            file_digest: None,
+        },
+        events,
+        Ctl {
+            policy: opts.policy.clone(),
+            dir: dir.clone(),
+            pins: pins.clone(),
+        },
+    ));
+    record_start(&shared, &policy_text, recovered, &degraded);
+    reload::write_status(&shared);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut http_stop = stop_rx.clone();
-    let server = http::serve(opts.metrics_addr, shared.clone(), async move {
-        let _ = http_stop.wait_for(|s| *s).await;
-    })
-    .await;
-    let server = match server {
+    let server = http::serve(opts.metrics_addr, opts.api_addr, shared.clone(), stop_rx).await;
+    let servers = match server {
         Ok(s) => s,
         Err(e) => {
             install::uninstall(&shared, &dir, &pins);
@@ -145,16 +172,91 @@ pub async fn run(opts: Options) -> Result<()> {
     };
     let hash = shared.lock().compiled.hash.chars().take(12).collect::<String>();
     log::info!(
-        "paceline running: policy {} (hash {hash}), metrics on http://{}/metrics",
+        "paceline running: policy {} (hash {hash}), metrics on http://{}/metrics, API on http://{}",
         opts.policy.display(),
-        opts.metrics_addr
+        opts.metrics_addr,
+        opts.api_addr
     );
+    watch::notify_ready(&shared);
 
-    let result = watch::watch(&opts.policy, &shared, &dir, &host, signals).await;
+    let result = watch::watch(&shared, &host, signals).await;
+    watch::notify_stopping();
     let _ = stop_tx.send(true);
-    let _ = server.await;
+    for s in servers {
+        let _ = s.await;
+    }
+    shared.events.info(
+        "stop",
+        "the agent stops: programs detached, qdiscs removed",
+        json!(null),
+    );
     install::uninstall(&shared, &dir, &pins);
     result
+}
+
+/// The start in the event log and the policy history.
+fn record_start(shared: &Shared, text: &str, recovered: install::Recovered, degraded: &[String]) {
+    let mut g = shared.lock();
+    let c = &g.compiled;
+    let hist = shared
+        .history
+        .record(
+            text,
+            &c.hash,
+            c.name.as_deref(),
+            "start",
+            &shared.ctl.policy.display().to_string(),
+        )
+        .unwrap_or_else(|e| {
+            log::warn!("recording the policy history: {e:#}");
+            0
+        });
+    let data = json!({
+        "hash": c.hash,
+        "interfaces": c.interfaces,
+        "mode": c.mode.as_str(),
+        "history_generation": hist,
+    });
+    let msg = format!(
+        "agent {} started: policy {} (hash {}), {} on {}",
+        env!("CARGO_PKG_VERSION"),
+        shared.ctl.policy.display(),
+        &c.hash[..12.min(c.hash.len())],
+        c.mode.as_str(),
+        c.interfaces.join(", ")
+    );
+    g.history_generation = hist;
+    g.status.policy.history_generation = hist;
+    drop(g);
+    match recovered {
+        install::Recovered::Undone(undone) => {
+            let mut data = data;
+            data["undone"] = json!(undone);
+            shared.events.warn(
+                "restart",
+                format!("{msg}, after an agent that did not exit cleanly (its leftovers undone first)"),
+                data,
+            );
+        }
+        install::Recovered::Adopted(prev) => {
+            let mut data = data;
+            data["adopted_from_pid"] = json!(prev.pid);
+            shared.events.warn(
+                "restart",
+                format!(
+                    "{msg}, adopting the datapath of agent pid {} that did not exit cleanly (its pinned links and maps)",
+                    prev.pid
+                ),
+                data,
+            );
+        }
+        install::Recovered::Clean => {
+            shared.events.info("start", msg, data);
+        }
+    }
+    for d in degraded {
+        shared.events.warn("degraded", d.clone(), json!(null));
+    }
 }
 
 /// Probes the kernel and logs what it offers and what is degraded.
@@ -174,8 +276,10 @@ fn probe() -> Features {
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "none".into())
     );
+    // What the kernel lacks is logged here; what that costs *this policy* is the `degraded`
+    // event after the policy is compiled (features::degradations_for).
     for d in &features.degradations() {
-        log::warn!("degraded: {d}");
+        log::info!("kernel: {d}");
     }
     features
 }
@@ -199,7 +303,6 @@ fn load_policy(opts: &Options, host: &SystemHost) -> Result<(String, Validated)>
     })
 }
 
-/// Logs whether sock_ops marks sockets, and the policy's warnings.
 /// What applying a policy took, in the log (and in `/status` and the metrics).
 pub(crate) fn log_applied(c: &Compiled, generation: u64, seconds: f64) {
     let st = &c.ctab.stats;
@@ -214,8 +317,14 @@ pub(crate) fn log_applied(c: &Compiled, generation: u64, seconds: f64) {
     );
 }
 
-fn log_compiled(compiled: &Compiled) {
-    if compiled.table.flags & TABLE_SOCK_TOS != 0 {
+/// Logs whether sock_ops marks sockets, and the policy's warnings.
+pub(crate) fn log_compiled(compiled: &Compiled, sock_ops: bool) {
+    if !sock_ops {
+        log::info!(
+            "sock_ops is not attached (no cgroup v2, or enforcement: none): TCP sockets are not marked; \
+             the classifier rewrites their DSCP"
+        );
+    } else if compiled.table.flags & TABLE_SOCK_TOS != 0 {
         log::info!(
             "sock_ops marks TCP sockets with their level's DSCP (every route leaves through a managed interface)"
         );
@@ -242,11 +351,16 @@ fn start_status(
         version: env!("CARGO_PKG_VERSION").into(),
         pid: std::process::id(),
         started_at: status::unix_now(),
-        degraded: features.degradations(),
+        degraded: Vec::new(),
         kernel: features,
         enforcement: Enforcement::of(compiled.mode),
         interfaces: installed.interfaces.clone(),
-        policy: PolicyStatus::of(&opts.policy, compiled, generation),
+        policy: {
+            let mut p = PolicyStatus::of(&opts.policy, compiled, generation);
+            // sock_ops marks sockets only where it is attached.
+            p.tcp_dscp_by_socket &= installed.sock_ops;
+            p
+        },
         d3: compiled.d3.as_ref().map(|d| status::D3Status {
             receiver: d.receiver,
             app_map: opts.bpffs_dir.join("d3_app").display().to_string(),
@@ -259,5 +373,6 @@ fn start_status(
             memlock_bytes: installed.dp.flow_table_memlock(),
         },
         metrics_addr: opts.metrics_addr.to_string(),
+        api_addr: opts.api_addr.to_string(),
     }
 }

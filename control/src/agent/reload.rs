@@ -1,88 +1,193 @@
-//! Reload (file change or SIGHUP): a valid policy is compiled with the previous one as context
-//! (classes keep their indices, so their clocks and counters keep their meaning) and written
-//! to the inactive policy slot, which then becomes live: flows keep their clocks and no packet
-//! is classified by a half-written policy. An invalid policy is rejected, logged and counted;
-//! the running one stays in force. What needs a restart (interfaces, enforcement mode,
-//! `spec.d3`, flow_table_size: [`Compiled::restart_needed`](crate::policy::Compiled)) is
-//! refused at reload with a message saying so.
+//! Reload (file change, SIGHUP, a reload request, a rollback, a route change): a valid policy
+//! is compiled with the previous one as context (classes keep their indices, so their clocks
+//! and counters keep their meaning) and written to the inactive policy slot, which then
+//! becomes live: flows keep their clocks and no packet is classified by a half-written policy.
+//! An invalid policy is rejected, logged and counted; the running one stays in force. What
+//! needs a restart (explicit interfaces, enforcement mode, `spec.d3`, flow_table_size:
+//! [`Compiled::restart_needed`](crate::policy::Compiled)) is refused with a message saying so;
+//! with `interfaces: [auto]` on both sides, new interfaces are attached and old ones detached
+//! instead ([`super::interfaces`]).
+//!
+//! A file that holds the policy already in force applies nothing; if the last reload had been
+//! rejected (a bad edit, then the good file copied back), it is recorded as a success, so
+//! `paceline_policy_last_reload_success` and the reload-rejected alert clear without a SIGHUP.
 
-use std::path::Path;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use crate::{
-    policy::{self, CompileContext, EnforcementMode, SystemHost, decide_mode},
+    policy::{self, CompileContext, EnforcementMode, SystemHost, decide_mode, diff},
     qdisc,
-    shared::Shared,
-    state::StateDir,
-    status::{self, PolicyStatus, ReloadEvent},
+    shared::{Inner, Shared},
+    status::{self, PolicyStatus, ReloadEvent, Reloads},
 };
 
-/// Applies the policy file `policy` if it is valid; otherwise keeps the running policy. Logs
-/// and counts the outcome and rewrites `status.json`. `why` names the trigger in the log;
-/// `force` applies an unchanged file too (SIGHUP). `text`: the policy file's content when the
-/// caller already read it (`None`: read it here).
-pub fn reload(
-    policy: &Path,
-    shared: &Shared,
-    dir: &StateDir,
-    host: &SystemHost,
-    why: &str,
-    force: bool,
-    text: Option<String>,
-) {
-    let outcome = try_reload(policy, shared, host, force, text);
-    {
-        let mut g = shared.lock();
-        match &outcome {
-            Ok(None) => return,
-            Ok(Some(generation)) => {
-                g.status.reloads.applied += 1;
-                g.status.reloads.last = Some(ReloadEvent {
-                    at: status::unix_now(),
+/// What a reload did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "lowercase")]
+pub enum Outcome {
+    /// Applied as `generation` (the agent's count) and history generation `history`.
+    Applied {
+        generation: u64,
+        history: u64,
+        hash: String,
+        changes: Vec<String>,
+    },
+    /// The file holds the policy in force: nothing to apply.
+    Unchanged { hash: String },
+    /// Rejected: the running policy stays in force.
+    Rejected { errors: Vec<String> },
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        !matches!(self, Outcome::Rejected { .. })
+    }
+}
+
+/// Records `outcome` in the reload history of the status. Returns whether anything changed
+/// (an unchanged file after an applied reload changes nothing).
+pub fn record(reloads: &mut Reloads, outcome: &Outcome, now: u64) -> bool {
+    match outcome {
+        Outcome::Applied { .. } => {
+            reloads.applied += 1;
+            reloads.last = Some(ReloadEvent {
+                at: now,
+                applied: true,
+                errors: vec![],
+                unchanged: false,
+            });
+            true
+        }
+        Outcome::Unchanged { .. } => {
+            // After a rejection, the file is good again: the last reload is no longer a
+            // failure. Otherwise there is nothing to record.
+            if reloads.last.as_ref().is_some_and(|l| !l.applied) {
+                reloads.last = Some(ReloadEvent {
+                    at: now,
                     applied: true,
                     errors: vec![],
+                    unchanged: true,
                 });
-                log::info!(
-                    "{why}: policy applied (generation {generation}, hash {})",
-                    g.compiled.hash
+                true
+            } else {
+                false
+            }
+        }
+        Outcome::Rejected { errors } => {
+            reloads.rejected += 1;
+            reloads.last = Some(ReloadEvent {
+                at: now,
+                applied: false,
+                errors: errors.clone(),
+                unchanged: false,
+            });
+            true
+        }
+    }
+}
+
+/// Applies the policy file (or `text`, already read from it, or a history entry's text for a
+/// rollback) if it is valid; otherwise keeps the running policy. Logs, counts and records the
+/// outcome in the event log, the history and `status.json`. `why` names the trigger;
+/// `force` applies an unchanged policy too (SIGHUP).
+pub fn reload(shared: &Shared, host: &SystemHost, why: &str, force: bool, text: Option<String>) -> Outcome {
+    let policy = shared.ctl.policy.clone();
+    let outcome = try_reload(shared, host, why, force, text);
+    let changed = {
+        let mut g = shared.lock();
+        let changed = record(&mut g.status.reloads, &outcome, status::unix_now());
+        match &outcome {
+            Outcome::Applied {
+                generation,
+                history,
+                hash,
+                changes,
+            } => {
+                log::info!("{why}: policy applied (generation {generation}, hash {hash})");
+                shared.events.info(
+                    if why.starts_with("rollback") {
+                        "rollback"
+                    } else {
+                        "reload_applied"
+                    },
+                    format!(
+                        "{why}: policy applied (generation {generation}, history {history}, hash {}): {}",
+                        &hash[..12.min(hash.len())],
+                        diff::one_line(changes)
+                    ),
+                    json!({"trigger": why, "hash": hash, "generation": generation, "history_generation": history, "changes": changes}),
                 );
                 // The next agent keeps these slots if it adopts the datapath.
-                if let Err(e) = dir.write_json(super::SLOTS_FILE, &g.compiled.slots()) {
+                if let Err(e) = shared.ctl.dir.write_json(super::SLOTS_FILE, &g.compiled.slots()) {
                     log::warn!("recording the class slots: {e:#}");
                 }
             }
-            Err(errors) => {
-                g.status.reloads.rejected += 1;
-                g.status.reloads.last = Some(ReloadEvent {
-                    at: status::unix_now(),
-                    applied: false,
-                    errors: errors.clone(),
-                });
+            Outcome::Unchanged { hash } if changed => {
+                shared.events.info(
+                    "reload_applied",
+                    format!(
+                        "{why}: {} holds the policy in force again (hash {}); nothing to apply, the last rejection is cleared",
+                        policy.display(),
+                        &hash[..12.min(hash.len())]
+                    ),
+                    json!({"trigger": why, "hash": hash, "changes": []}),
+                );
+            }
+            Outcome::Unchanged { .. } => {}
+            Outcome::Rejected { errors } => {
                 log::error!("{why}: policy rejected, the running policy stays in force:");
                 for e in errors {
                     log::error!("  {e}");
                 }
+                shared.events.emit(
+                    "reload_rejected",
+                    crate::events::Severity::Error,
+                    format!(
+                        "{why}: policy rejected, the running policy stays in force: {}",
+                        errors.first().cloned().unwrap_or_default()
+                    ),
+                    json!({"trigger": why, "errors": errors}),
+                );
             }
         }
+        changed
+    };
+    if changed {
+        write_status(shared);
     }
-    write_status(dir, shared);
+    outcome
 }
 
-/// `Ok(None)`: unchanged file, nothing to do. `Ok(Some(gen))`: applied. `Err`: rejected.
-fn try_reload(
-    policy: &Path,
+fn errs(v: Vec<policy::PolicyError>) -> Vec<String> {
+    v.iter().map(|e| e.to_string()).collect()
+}
+
+fn try_reload(shared: &Shared, host: &SystemHost, why: &str, force: bool, text: Option<String>) -> Outcome {
+    match try_reload_inner(shared, host, why, force, text) {
+        Ok(o) => o,
+        Err(errors) => Outcome::Rejected { errors },
+    }
+}
+
+fn try_reload_inner(
     shared: &Shared,
     host: &SystemHost,
+    why: &str,
     force: bool,
     text: Option<String>,
-) -> Result<Option<u64>, Vec<String>> {
+) -> Result<Outcome, Vec<String>> {
+    let policy = &shared.ctl.policy;
+    let from_file = text.is_none();
     let text = match text {
         Some(t) => t,
-        None => {
-            policy::read(policy).map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?
-        }
+        None => policy::read(policy).map_err(errs)?,
     };
-    let validated = policy::parse_str(&text, &policy.display().to_string(), host)
-        .map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>())?;
+    if from_file {
+        // What this reload saw of the file: the watcher compares the next change with it.
+        shared.lock().file_digest = Some(super::watch::digest(text.as_bytes()));
+    }
+    let validated = policy::parse_str(&text, &policy.display().to_string(), host).map_err(errs)?;
     let started = std::time::Instant::now();
     let mut g = shared.lock();
     let mode = g.compiled.mode;
@@ -95,13 +200,28 @@ fn try_reload(
         },
     )
     .map_err(|e| vec![e.to_string()])?;
-    if !force && compiled.hash == g.compiled.hash {
-        return Ok(None);
+    let same_interfaces = compiled.interfaces == g.compiled.interfaces;
+    if !force && compiled.hash == g.compiled.hash && same_interfaces {
+        return Ok(Outcome::Unchanged { hash: compiled.hash });
     }
     let wanted = decide_mode(validated.enforcement(), &g.status.kernel).ok();
-    let restart = compiled.restart_needed(&g.compiled, wanted);
+    let follow_auto = compiled.interfaces_auto && g.compiled.interfaces_auto;
+    let restart: Vec<String> = compiled
+        .restart_needed(&g.compiled, wanted)
+        .into_iter()
+        // `auto` on both sides: the interfaces follow the routes live.
+        .filter(|m| !(follow_auto && m.starts_with("spec.interfaces")))
+        .collect();
     if !restart.is_empty() {
         return Err(restart);
+    }
+    if compiled.interfaces.is_empty() {
+        return Err(vec![
+            "the policy selects no interface (spec.interfaces resolved to nothing on this host)".into(),
+        ]);
+    }
+    if !same_interfaces {
+        super::interfaces::sync(&mut g, shared, &compiled, why)?;
     }
     // A slot that now names a different class or level starts from zero.
     for slot in compiled.slots_to_reset(Some(&g.compiled.slots())) {
@@ -126,16 +246,58 @@ fn try_reload(
     for w in &compiled.warnings {
         log::warn!("policy: {w}");
     }
+    let changes = diff::diff(&g.compiled, &compiled);
+    let history = shared
+        .history
+        .record(
+            &text,
+            &compiled.hash,
+            compiled.name.as_deref(),
+            why,
+            &policy.display().to_string(),
+        )
+        .unwrap_or_else(|e| {
+            log::warn!("recording the policy history: {e:#}");
+            0
+        });
+    let sock_ops = g.sock_ops;
     g.status.policy = PolicyStatus::of(policy, &compiled, generation);
+    g.status.policy.tcp_dscp_by_socket &= sock_ops;
     g.status.policy.apply_seconds = apply;
+    g.status.policy.source = why.to_string();
+    g.status.policy.history_generation = history;
+    g.history_generation = history;
+    update_degraded(&mut g, shared, &compiled);
+    let hash = compiled.hash.clone();
     g.compiled = compiled;
     g.policy_text = text;
-    Ok(Some(generation))
+    Ok(Outcome::Applied {
+        generation,
+        history,
+        hash,
+        changes,
+    })
+}
+
+/// Recomputes what the policy asks for that this host does not enforce; a change is an event.
+fn update_degraded(g: &mut Inner, shared: &Shared, c: &policy::Compiled) {
+    let now = crate::features::degradations_for(&g.status.kernel, c, g.sock_ops);
+    for d in now.iter().filter(|d| !g.status.degraded.contains(d)) {
+        shared.events.warn("degraded", d.clone(), json!(null));
+    }
+    if now.is_empty() && !g.status.degraded.is_empty() {
+        shared.events.info(
+            "degraded",
+            "the policy in force asks for nothing this host lacks",
+            json!(null),
+        );
+    }
+    g.status.degraded = now;
 }
 
 /// Writes the live status to `status.json` in the state directory (what `paceline status`
 /// would show, for a reader without HTTP access).
-pub fn write_status(dir: &StateDir, shared: &Shared) {
+pub fn write_status(shared: &Shared) {
     let body = match shared
         .live_status()
         .and_then(|s| Ok(serde_json::to_vec_pretty(&s)?))
@@ -146,7 +308,78 @@ pub fn write_status(dir: &StateDir, shared: &Shared) {
             return;
         }
     };
+    let dir = &shared.ctl.dir;
     if let Err(e) = dir.write("status.json", &body) {
         log::warn!("writing {}/status.json: {e:#}", dir.path().display());
+    }
+}
+
+/// Applies history generation `generation` (default: the newest entry that differs from the
+/// policy in force) instead of the file; see [`crate::history`] for how it and the file on disk
+/// interact.
+pub fn rollback(shared: &Shared, host: &SystemHost, generation: Option<u64>) -> Outcome {
+    let current = shared.lock().compiled.hash.clone();
+    let target = match generation {
+        Some(g) => Ok(g),
+        None => shared.history.previous(&current),
+    };
+    let picked = target.and_then(|g| shared.history.get(g));
+    match picked {
+        Ok((entry, text)) => reload(
+            shared,
+            host,
+            &format!("rollback to generation {}", entry.generation),
+            true,
+            Some(text),
+        ),
+        Err(e) => Outcome::Rejected {
+            errors: vec![format!("rollback: {e:#}")],
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bad policy, then the good file copied back (the hash of the policy in force): the
+    /// last reload must read as a success again (it stayed a rejection, and the alert fired,
+    /// until a SIGHUP).
+    #[test]
+    fn an_unchanged_file_after_a_rejection_clears_it() {
+        let mut r = Reloads::default();
+        assert!(record(
+            &mut r,
+            &Outcome::Rejected {
+                errors: vec!["p.yaml:3: spec: bad".into()]
+            },
+            10
+        ));
+        assert!(!r.last.as_ref().unwrap().applied);
+        assert!(record(&mut r, &Outcome::Unchanged { hash: "h".into() }, 11));
+        let last = r.last.as_ref().unwrap();
+        assert!(last.applied && last.unchanged, "{last:?}");
+        assert_eq!((r.applied, r.rejected), (0, 1), "no policy was applied");
+        // Unchanged again: nothing to record.
+        assert!(!record(&mut r, &Outcome::Unchanged { hash: "h".into() }, 12));
+        assert_eq!(r.last.as_ref().unwrap().at, 11);
+    }
+
+    #[test]
+    fn applied_and_rejected_are_counted() {
+        let mut r = Reloads::default();
+        record(
+            &mut r,
+            &Outcome::Applied {
+                generation: 2,
+                history: 2,
+                hash: "h".into(),
+                changes: vec![],
+            },
+            1,
+        );
+        record(&mut r, &Outcome::Rejected { errors: vec![] }, 2);
+        assert_eq!((r.applied, r.rejected), (1, 1));
+        assert!(!r.last.unwrap().applied);
     }
 }

@@ -11,10 +11,16 @@ pub struct Args {
     /// The policy file (YAML). Reloaded when it changes and on SIGHUP.
     #[arg(long, short)]
     pub policy: PathBuf,
-    /// Where /metrics, /status and /healthz are served.
-    #[arg(long, default_value = "127.0.0.1:9977")]
+    /// Where /metrics, /healthz and /readyz are served (what Prometheus scrapes).
+    #[arg(long, default_value = super::DEFAULT_METRICS_ADDR)]
     pub metrics_addr: SocketAddr,
-    /// Lock, state (for cleanup after a crash) and status files.
+    /// Where the API is served: /status, /policy, /events, /flows, /classify, the policy
+    /// history, reload and rollback requests (and /healthz, /readyz). It reveals the policy and
+    /// the flows and changes state: keep it on loopback or a management address. May equal
+    /// --metrics-addr (one listener then serves both).
+    #[arg(long, default_value = super::DEFAULT_API_ADDR)]
+    pub api_addr: SocketAddr,
+    /// Lock, state (for cleanup after a crash), status, event log and policy history.
     #[arg(long, default_value = state::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Directory in a BPF filesystem where paceline pins its maps and links (so the datapath
@@ -31,6 +37,7 @@ pub fn run(a: Args) -> Result<i32> {
     rt.block_on(agent::run(agent::Options {
         policy: a.policy,
         metrics_addr: a.metrics_addr,
+        api_addr: a.api_addr,
         state_dir: a.state_dir,
         bpffs_dir: a.bpffs_dir,
     }))?;

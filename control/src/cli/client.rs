@@ -1,26 +1,34 @@
-//! What `paceline status` and `paceline policy diff --running` use to ask an agent over HTTP:
-//! bounded in time and in the size of the answer, so a hung or hostile endpoint cannot hold or
-//! exhaust the command.
+//! How the commands ask an agent (or Prometheus, or another agent in `fleet status`) over
+//! HTTP: bounded in time and in the size of the answer, so a hung or hostile endpoint cannot
+//! hold or exhaust the command.
 
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
-/// The whole request, the body included.
+/// A whole GET, the body included.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// A whole POST (`reload`, `policy rollback`): the agent answers once the policy is applied,
+/// which takes seconds for the largest policies.
+pub const APPLY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Connecting (a local agent answers at once).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The largest answer read by default: the status document holds the policy's levels, classes
+/// and counters, far below this.
+pub const MAX_ANSWER: usize = 64 << 20;
 
-/// GETs `url` and returns its body as text, refusing a body over `limit` bytes.
-pub fn get_text(url: &str, limit: usize) -> Result<String> {
-    let agent = ureq::Agent::config_builder()
-        .timeout_global(Some(TIMEOUT))
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
         .timeout_connect(Some(CONNECT_TIMEOUT))
+        .http_status_as_error(false)
         .build()
-        .new_agent();
-    let mut resp = agent.get(url).call().with_context(|| {
-        format!("asking the agent at {url} (is `paceline agent` running with that --metrics-addr?)")
-    })?;
+        .new_agent()
+}
+
+/// Reads `resp`'s body as text, refusing a body over `limit` bytes.
+fn body(mut resp: ureq::http::Response<ureq::Body>, url: &str, limit: usize) -> Result<(u16, String)> {
+    let code = resp.status().as_u16();
     // One byte over the limit tells "too large" from "exactly the limit".
     let body = resp
         .body_mut()
@@ -35,7 +43,25 @@ pub fn get_text(url: &str, limit: usize) -> Result<String> {
     if body.len() > limit {
         bail!("{url}: the answer is larger than {limit} bytes");
     }
-    Ok(body)
+    Ok((code, body))
+}
+
+/// GETs `url`: (HTTP status, body), refusing a body over `limit` bytes.
+pub fn get(url: &str, limit: usize) -> Result<(u16, String)> {
+    let resp = agent(TIMEOUT)
+        .get(url)
+        .call()
+        .with_context(|| format!("asking {url}"))?;
+    body(resp, url, limit)
+}
+
+/// POSTs an empty body to `url`: (HTTP status, body), refusing a body over `limit` bytes.
+pub fn post(url: &str, limit: usize) -> Result<(u16, String)> {
+    let resp = agent(APPLY_TIMEOUT)
+        .post(url)
+        .send_empty()
+        .with_context(|| format!("asking {url}"))?;
+    body(resp, url, limit)
 }
 
 #[cfg(test)]
@@ -75,17 +101,17 @@ mod tests {
     #[test]
     fn a_body_over_the_limit_is_refused() {
         let url = serve("HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n", 3 << 20, false);
-        let e = get_text(&url, 1 << 20).unwrap_err().to_string();
+        let e = get(&url, 1 << 20).unwrap_err().to_string();
         assert!(e.contains("larger than 1048576 bytes"), "{e}");
         let url = serve("HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n", 1000, false);
-        assert_eq!(get_text(&url, 1000).unwrap().len(), 1000);
+        assert_eq!(get(&url, 1000).unwrap().1.len(), 1000);
     }
 
     #[test]
     fn a_hung_agent_times_out() {
         let url = serve("", 0, true);
         let t = Instant::now();
-        assert!(get_text(&url, 1000).is_err());
+        assert!(get(&url, 1000).is_err());
         assert!(t.elapsed() < TIMEOUT + Duration::from_secs(2));
     }
 }

@@ -1,10 +1,20 @@
 //! The command line: one subcommand per file, each a thin shell over the library.
+//!
+//! Exit codes, the same for every command: 0 ok (same policy, healthy), 1 different or
+//! degraded (or a runtime failure), 2 invalid input (a missing or invalid policy, a bad
+//! argument) or an agent / Prometheus that cannot be reached.
 
 pub mod agent;
+pub mod classify;
 pub mod cleanup;
 pub mod client;
+pub mod events;
+pub mod fleet;
+pub mod flows;
 pub mod policy;
+pub mod reload;
 pub mod status;
+pub mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -21,14 +31,35 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run the agent: load the datapath, apply the policy, serve metrics, watch the policy file.
+    /// Run the agent: load the datapath, apply the policy, serve metrics and the API, watch the
+    /// policy file and the routes.
     Agent(agent::Args),
-    /// Work with policy files (no root needed).
+    /// Work with policy files (check, schema, diff: no root needed), and the running agent's
+    /// policy history and rollback.
     #[command(subcommand)]
     Policy(policy::Command),
-    /// Show the running agent's status and live counters.
+    /// Show the running agent's status and live counters. Exit 0 healthy, 1 degraded or last
+    /// reload rejected, 2 unreachable.
     Status(status::Args),
-    /// Remove what an agent killed with SIGKILL left behind (qdiscs, filters, pins).
+    /// Ask the running agent to apply its policy file now; exit 1 (with the errors) when it is
+    /// rejected, e.g. invalid or needing a restart (systemd's ExecReload).
+    Reload(reload::Args),
+    /// Live view of the running agent: rates, delays, drops and tags per level and class,
+    /// refreshed each second.
+    Top(top::Args),
+    /// The running agent's flow table: 5-tuple, class, rate, next departure, bytes.
+    Flows(flows::Args),
+    /// Which class and level a 5-tuple gets, and by which rule (from the running agent, or
+    /// from a policy file with --policy).
+    Classify(classify::Args),
+    /// The running agent's event log: starts, reloads, rollbacks, degraded enforcement,
+    /// interface and route changes, bursts of drops, D3 quenches.
+    Events(events::Args),
+    /// Many agents at once.
+    #[command(subcommand)]
+    Fleet(fleet::Command),
+    /// Remove what an agent killed with SIGKILL left behind (qdiscs, filters, pins), or with
+    /// --check report whether anything of paceline's is left on this host.
     Cleanup(cleanup::Args),
 }
 
@@ -41,12 +72,18 @@ pub fn main() -> ! {
     std::process::exit(run(cli));
 }
 
-/// Exit codes: 0 ok, 1 runtime failure, 2 invalid policy or usage.
+/// Runs a parsed command line; returns the exit code.
 pub fn run(cli: Cli) -> i32 {
     let result = match cli.command {
         Command::Agent(a) => agent::run(a),
         Command::Policy(p) => policy::run(p),
         Command::Status(s) => status::run(s),
+        Command::Reload(r) => reload::run(r),
+        Command::Top(t) => top::run(t),
+        Command::Flows(f) => flows::run(f),
+        Command::Classify(c) => classify::run(c),
+        Command::Events(e) => events::run(e),
+        Command::Fleet(f) => fleet::run(f),
         Command::Cleanup(c) => cleanup::run(c),
     };
     match result {
@@ -56,4 +93,61 @@ pub fn run(cli: Cli) -> i32 {
             1
         }
     }
+}
+
+/// The default `--api-addr` of the agent, and of the commands that ask it.
+pub const DEFAULT_API_ADDR: &str = "127.0.0.1:9978";
+/// The default `--metrics-addr`.
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9977";
+
+/// Where the running agent's API is (`--api-addr` of `paceline agent`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ApiAddr {
+    /// The agent's --api-addr (`PACELINE_API` in the environment).
+    #[arg(long = "addr", env = "PACELINE_API", default_value = DEFAULT_API_ADDR)]
+    pub addr: String,
+}
+
+/// An agent that could not be asked (exit status 2).
+#[derive(Debug)]
+pub struct Unreachable(pub String);
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl ApiAddr {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn unreachable(&self, e: anyhow::Error) -> Unreachable {
+        Unreachable(format!(
+            "cannot reach the agent: {e:#} (is `paceline agent` running with --api-addr {}? set --addr or PACELINE_API)",
+            self.addr
+        ))
+    }
+
+    /// GET `path`: (HTTP status, body), the body at most [`client::MAX_ANSWER`] bytes.
+    pub fn get(&self, path: &str) -> Result<(u16, String), Unreachable> {
+        self.get_limited(path, client::MAX_ANSWER)
+    }
+
+    /// GET `path`: (HTTP status, body), the body at most `limit` bytes.
+    pub fn get_limited(&self, path: &str, limit: usize) -> Result<(u16, String), Unreachable> {
+        client::get(&self.url(path), limit).map_err(|e| self.unreachable(e))
+    }
+
+    /// POST `path` with an empty body: (HTTP status, body).
+    pub fn post(&self, path: &str) -> Result<(u16, String), Unreachable> {
+        client::post(&self.url(path), client::MAX_ANSWER).map_err(|e| self.unreachable(e))
+    }
+}
+
+/// Prints an unreachable agent and returns exit status 2.
+pub fn unreachable(u: Unreachable) -> i32 {
+    eprintln!("paceline: {u}");
+    2
 }

@@ -1,4 +1,4 @@
-//! `paceline policy check|schema`
+//! `paceline policy check|schema|diff|history|rollback`
 
 use std::path::PathBuf;
 
@@ -8,39 +8,43 @@ use crate::policy::{
     self, CompileContext, EnforcementMode, HostFacts, OfflineHost, SystemHost, host::all_routes_managed,
 };
 
-#[cfg(test)]
-mod tests {
-    use super::json_diff;
-    use serde_json::json;
-
-    #[test]
-    fn diff_lists_changed_paths_only() {
-        let a = json!({"levels": [{"name": "hi", "rate": 5}], "horizon_ns": 100});
-        let b = json!({"levels": [{"name": "hi", "rate": 7}, {"name": "lo"}], "horizon_ns": 100});
-        let mut out = Vec::new();
-        json_diff("", &a, &b, &mut out);
-        assert_eq!(
-            out,
-            vec![
-                "levels[0].rate: 5 -> 7".to_string(),
-                "levels[1]: null -> {\"name\":\"lo\"}".to_string()
-            ]
-        );
-        out.clear();
-        json_diff("", &a, &a, &mut out);
-        assert!(out.is_empty());
-    }
-}
-
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
     /// Validate a policy; print the QJump epoch and per-level rates, the classes and the rules.
     Check(CheckArgs),
     /// Print the JSON schema of policy files.
     Schema,
-    /// Compare two policies as compiled (levels, rates, classes, rules...), or a file with the
-    /// policy a running agent enforces. Exit status 0: same, 1: different, 2: invalid.
+    /// Compare two policies as compiled (levels, rates, classes by name, rules in order), or a
+    /// file with the policy a running agent enforces. Exit status 0: same, 1: different,
+    /// 2: a file missing or invalid, or the agent unreachable.
     Diff(DiffArgs),
+    /// The policies the running agent applied (kept in its state directory, across restarts).
+    History(HistoryArgs),
+    /// Apply a policy of the history again (default: the newest that differs from the one in
+    /// force). It stays in force until the policy file changes, a SIGHUP or `paceline reload`,
+    /// or a restart: each applies the file again. Revert the file to make it permanent.
+    Rollback(RollbackArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct HistoryArgs {
+    #[command(flatten)]
+    pub api: super::ApiAddr,
+    /// Print a history entry's policy text instead of the list.
+    #[arg(long, value_name = "GENERATION")]
+    pub show: Option<u64>,
+    /// Print the list as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RollbackArgs {
+    /// The history generation to apply (`paceline policy history`); default: the newest one
+    /// whose policy differs from the one in force.
+    pub generation: Option<u64>,
+    #[command(flatten)]
+    pub api: super::ApiAddr,
 }
 
 #[derive(clap::Args, Debug)]
@@ -53,9 +57,8 @@ pub struct DiffArgs {
     /// Compare with the policy the agent at --addr runs.
     #[arg(long)]
     pub running: bool,
-    /// The running agent's --metrics-addr.
-    #[arg(long, default_value = "127.0.0.1:9977")]
-    pub addr: std::net::SocketAddr,
+    #[command(flatten)]
+    pub api: super::ApiAddr,
 }
 
 #[derive(clap::Args, Debug)]
@@ -91,12 +94,76 @@ pub fn run(c: Command) -> Result<i32> {
         }
         Command::Check(a) => check(a),
         Command::Diff(a) => diff(a),
+        Command::History(a) => history(a),
+        Command::Rollback(a) => rollback(a),
+    }
+}
+
+fn history(a: HistoryArgs) -> Result<i32> {
+    if let Some(g) = a.show {
+        return match a.api.get(&format!("/history/{g}")) {
+            Ok((200, text)) => {
+                print!("{text}");
+                Ok(0)
+            }
+            Ok((_, e)) => {
+                eprintln!("paceline: {}", e.trim());
+                Ok(2)
+            }
+            Err(u) => Ok(super::unreachable(u)),
+        };
+    }
+    let (code, body) = match a.api.get("/history") {
+        Ok(r) => r,
+        Err(u) => return Ok(super::unreachable(u)),
+    };
+    if code != 200 {
+        eprintln!("paceline: the agent answered HTTP {code}: {}", body.trim());
+        return Ok(2);
+    }
+    if a.json {
+        println!("{}", body.trim());
+        return Ok(0);
+    }
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    let entries: Vec<crate::history::Entry> = serde_json::from_value(v["entries"].clone())?;
+    print!(
+        "{}",
+        crate::history::render(&entries, v["current_hash"].as_str().unwrap_or(""))
+    );
+    Ok(0)
+}
+
+fn rollback(a: RollbackArgs) -> Result<i32> {
+    let path = match a.generation {
+        Some(g) => format!("/rollback?generation={g}"),
+        None => "/rollback".into(),
+    };
+    let (code, body) = match a.api.post(&path) {
+        Ok(r) => r,
+        Err(u) => return Ok(super::unreachable(u)),
+    };
+    match serde_json::from_str::<crate::agent::reload::Outcome>(&body) {
+        Ok(o) => {
+            let code = super::reload::print_outcome("rollback", &o);
+            if code == 0 {
+                println!(
+                    "the policy file is unchanged: it applies again when it changes, on SIGHUP or `paceline reload`, and at a restart"
+                );
+            }
+            Ok(code)
+        }
+        Err(_) => {
+            eprintln!("paceline: the agent answered HTTP {code}: {}", body.trim());
+            Ok(1)
+        }
     }
 }
 
 /// Compiles a policy text for comparison: offline (host facts differ between machines, so
 /// routes are unknown and sock_ops marks no socket) and for the mode the policy asks for.
-fn compile_text(text: &str, name: &str) -> Result<serde_json::Value, i32> {
+/// Errors are printed; `Err` is exit status 2.
+fn compile_text(text: &str, name: &str) -> Result<policy::Compiled, i32> {
     let v = policy::parse_str(text, name, &OfflineHost).map_err(|errors| {
         for e in &errors {
             eprintln!("{e}");
@@ -104,7 +171,7 @@ fn compile_text(text: &str, name: &str) -> Result<serde_json::Value, i32> {
         2
     })?;
     let mode = v.enforcement().fixed().unwrap_or(EnforcementMode::Fq);
-    let compiled = policy::compile(
+    policy::compile(
         &v,
         &CompileContext {
             mode,
@@ -115,17 +182,11 @@ fn compile_text(text: &str, name: &str) -> Result<serde_json::Value, i32> {
     .map_err(|e| {
         eprintln!("{e}");
         2
-    })?;
-    let mut j = policy::render::json(&compiled);
-    // Where the policy came from is not part of what it says.
-    if let Some(o) = j.as_object_mut() {
-        for k in ["file", "sha256", "warnings"] {
-            o.remove(k);
-        }
-    }
-    Ok(j)
+    })
 }
 
+/// Exit status 0: the same policy; 1: different (each change listed); 2: a file cannot be
+/// read or is not a valid policy, or the running agent cannot be reached.
 fn diff(a: DiffArgs) -> Result<i32> {
     // Both sides are read within the policy size limit (the parse then reports it by name).
     let read = |p: &std::path::Path| {
@@ -133,21 +194,26 @@ fn diff(a: DiffArgs) -> Result<i32> {
             for e in &errs {
                 eprintln!("{e}");
             }
+            2
         })
     };
-    let Ok(left_text) = read(&a.file) else {
-        return Ok(2);
+    let left_text = match read(&a.file) {
+        Ok(t) => t,
+        Err(c) => return Ok(c),
     };
     let (right_name, right_text) = match &a.other {
-        Some(p) => {
-            let Ok(t) = read(p) else { return Ok(2) };
-            (p.display().to_string(), t)
-        }
-        None => {
-            let url = format!("http://{}/policy", a.addr);
-            let text = super::client::get_text(&url, policy::bounds::MAX_POLICY_BYTES)?;
-            (format!("running agent at {}", a.addr), text)
-        }
+        Some(p) => match read(p) {
+            Ok(t) => (p.display().to_string(), t),
+            Err(c) => return Ok(c),
+        },
+        None => match a.api.get_limited("/policy", policy::bounds::MAX_POLICY_BYTES) {
+            Ok((200, text)) => (format!("the running agent at {}", a.api.addr), text),
+            Ok((code, body)) => {
+                eprintln!("paceline: the agent answered HTTP {code}: {}", body.trim());
+                return Ok(2);
+            }
+            Err(u) => return Ok(super::unreachable(u)),
+        },
     };
     let left_name = a.file.display().to_string();
     let (l, r) = match (
@@ -157,8 +223,12 @@ fn diff(a: DiffArgs) -> Result<i32> {
         (Ok(l), Ok(r)) => (l, r),
         _ => return Ok(2),
     };
-    let mut changes = Vec::new();
-    json_diff("", &l, &r, &mut changes);
+    let mut changes = policy::diff::diff(&l, &r);
+    if a.running
+        && let Some(line) = resolved_interfaces(&a, &left_text, &left_name)
+    {
+        changes.push(line);
+    }
     if changes.is_empty() {
         println!("{left_name} and {right_name}: same policy");
         return Ok(0);
@@ -170,41 +240,28 @@ fn diff(a: DiffArgs) -> Result<i32> {
     Ok(1)
 }
 
-/// The paths where two JSON values differ, one line each: `path: left -> right`.
-pub fn json_diff(path: &str, l: &serde_json::Value, r: &serde_json::Value, out: &mut Vec<String>) {
-    use serde_json::Value;
-    match (l, r) {
-        (Value::Object(a), Value::Object(b)) => {
-            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
-                let p = if path.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{path}.{k}")
-                };
-                json_diff(
-                    &p,
-                    a.get(k).unwrap_or(&Value::Null),
-                    b.get(k).unwrap_or(&Value::Null),
-                    out,
-                );
-            }
-        }
-        (Value::Array(a), Value::Array(b)) => {
-            for i in 0..a.len().max(b.len()) {
-                json_diff(
-                    &format!("{path}[{i}]"),
-                    a.get(i).unwrap_or(&Value::Null),
-                    b.get(i).unwrap_or(&Value::Null),
-                    out,
-                );
-            }
-        }
-        (a, b) if a != b => out.push(format!("{path}: {a} -> {b}")),
-        _ => {}
+/// With `--running` on the agent's host: the interfaces the file resolves to here (`auto`: the
+/// default routes' now) against those the agent manages, when they differ (an agent that did
+/// not follow a route change shows here, although the texts are the same).
+fn resolved_interfaces(a: &DiffArgs, text: &str, name: &str) -> Option<String> {
+    let v = policy::parse_str(text, name, &SystemHost::new()).ok()?;
+    let (code, body) = a.api.get("/status").ok()?;
+    if code != 200 {
+        return None;
     }
+    let st: crate::status::LiveStatus = serde_json::from_str(&body).ok()?;
+    let running: Vec<String> = st.status.interfaces.iter().map(|i| i.name.clone()).collect();
+    let mut want = v.interfaces.clone();
+    let mut have = running.clone();
+    want.sort();
+    have.sort();
+    (want != have).then(|| {
+        format!(
+            "interfaces (resolved on this host): {} -> {} (what the file resolves to now -> what the agent manages)",
+            v.interfaces.join(", "),
+            running.join(", ")
+        )
+    })
 }
 
 fn check(a: CheckArgs) -> Result<i32> {

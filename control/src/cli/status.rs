@@ -1,26 +1,41 @@
 //! `paceline status`
 
-use std::net::SocketAddr;
+use anyhow::Result;
 
-use anyhow::{Context as _, Result};
-
-use crate::status::LiveStatus;
+use crate::{health::Health, status::LiveStatus};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The agent's --metrics-addr.
-    #[arg(long, default_value = "127.0.0.1:9977")]
-    pub addr: SocketAddr,
+    #[command(flatten)]
+    pub api: super::ApiAddr,
     /// Print the JSON document.
     #[arg(long)]
     pub json: bool,
 }
 
+/// Exit status: 0 healthy and the last reload applied, nothing degraded; 1 degraded,
+/// unhealthy or the last reload rejected; 2 the agent cannot be reached.
 pub fn run(a: Args) -> Result<i32> {
-    let url = format!("http://{}/status", a.addr);
-    // The status document holds the policy's levels, classes and counters: far below 64 MiB.
-    let status: LiveStatus = serde_json::from_str(&super::client::get_text(&url, 64 << 20)?)
-        .context("parsing the agent's status")?;
+    let (code, body) = match a.api.get("/status") {
+        Ok(r) => r,
+        Err(u) => return Ok(super::unreachable(u)),
+    };
+    if code != 200 {
+        eprintln!("paceline: the agent answered HTTP {code}: {}", body.trim());
+        return Ok(2);
+    }
+    let status: LiveStatus = match serde_json::from_str(&body) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("paceline: parsing the agent's status: {e}");
+            return Ok(2);
+        }
+    };
+    let health: Option<Health> = a
+        .api
+        .get("/readyz")
+        .ok()
+        .and_then(|(_, b)| serde_json::from_str(&b).ok());
     if a.json {
         // Through a JSON value: keys in sorted order, as this command has always printed them.
         println!(
@@ -29,8 +44,18 @@ pub fn run(a: Args) -> Result<i32> {
         );
     } else {
         print!("{}", render(&status, crate::status::unix_now()));
+        if let Some(h) = &health {
+            if h.reasons.is_empty() {
+                println!("health: ok");
+            } else {
+                for r in &h.reasons {
+                    println!("health: {}: {r}", h.status);
+                }
+            }
+        }
     }
-    Ok(0)
+    let bad = !status.status.degraded.is_empty() || health.as_ref().is_some_and(|h| !h.healthy());
+    Ok(if bad { 1 } else { 0 })
 }
 
 fn yes(b: bool) -> &'static str {
@@ -123,6 +148,13 @@ fn render(b: &LiveStatus, now: u64) -> String {
         p.hash.chars().take(12).collect::<String>(),
         p.generation
     );
+    if p.source.starts_with("rollback") {
+        let _ = writeln!(
+            o,
+            "  in force by {} instead of the file (until the file changes, SIGHUP, `paceline reload` or a restart)",
+            p.source
+        );
+    }
     let r = &st.reloads;
     let _ = write!(o, "reloads: {} applied, {} rejected", r.applied, r.rejected);
     if let Some(last) = r.last.as_ref().filter(|l| !l.applied) {

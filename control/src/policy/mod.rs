@@ -28,6 +28,7 @@
 //! - [`htb`]: the HTB hierarchy of `htb` mode ([`HtbPlan`]), compiled with the table.
 //! - [`enforcement`]: what a policy asks for, what the agent uses, [`decide_mode`] between them.
 //! - [`render`]: the check report and JSON output.
+//! - [`diff`](mod@diff): what differs between two compiled policies, as an operator reads them.
 //! - `restart`: [`Compiled::restart_needed`], what a reload cannot apply.
 //!
 //! # Decisions a policy author should know
@@ -48,6 +49,7 @@
 
 pub mod bounds;
 pub mod compile;
+pub mod diff;
 pub mod enforcement;
 mod error;
 pub mod host;
@@ -61,7 +63,7 @@ pub mod units;
 pub mod validate;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::path::Path;
 

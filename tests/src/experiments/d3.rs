@@ -814,11 +814,12 @@ fn router_delta(before: &Option<Value>, after: &Option<Value>) -> Value {
     Value::Object(o)
 }
 
-/// GET /status from the agent in `host`'s namespace (cheaper than `plagent status`).
+/// GET /status from the agent in `host`'s namespace (cheaper than `plagent status`): the
+/// API listener (`--api-addr`, 127.0.0.1:9978 by default), apart from `/metrics`.
 fn http_status() -> Option<Value> {
     use std::io::{Read as _, Write as _};
     let mut c =
-        std::net::TcpStream::connect_timeout(&"127.0.0.1:9977".parse().ok()?, Duration::from_millis(200))
+        std::net::TcpStream::connect_timeout(&"127.0.0.1:9978".parse().ok()?, Duration::from_millis(200))
             .ok()?;
     c.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
     c.write_all(b"GET /status HTTP/1.0\r\n\r\n").ok()?;

@@ -489,7 +489,7 @@ fn reload_applies_a_good_policy_and_keeps_running_one_on_a_bad_one() {
     let d = diff(Some(&scratch.path("first.yaml")));
     assert_eq!(d.status.code(), Some(1));
     assert!(
-        String::from_utf8_lossy(&d.stdout).contains("classes["),
+        String::from_utf8_lossy(&d.stdout).contains("classes.web: removed"),
         "{}",
         String::from_utf8_lossy(&d.stdout)
     );

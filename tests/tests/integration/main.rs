@@ -8,7 +8,9 @@ mod agent_scale;
 mod classify_scale;
 mod d3_e2e;
 mod d3_router;
+mod ops;
 mod parse;
+mod prometheus;
 mod soak;
 mod test_run;
 

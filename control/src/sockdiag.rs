@@ -1,0 +1,186 @@
+//! This host's TCP sockets, from the kernel's socket table (NETLINK_SOCK_DIAG, `inet_diag` with
+//! `tcp_info`, what `ss -ti` reads): a local TCP flow keeps its clock in socket storage, not in
+//! the flow table, and nothing in the datapath counts a flow's bytes, so `paceline flows` shows
+//! local TCP connections from here, with their bytes and the kernel's pacing rate. The requests and replies are a
+//! few fixed-layout kernel structs (`linux/inet_diag.h`), written and read here by offset.
+
+use std::{collections::HashMap, net::IpAddr};
+
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
+
+use crate::flows::FlowRow;
+
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_DUMP: u16 = 0x300;
+const INET_DIAG_INFO: u16 = 2;
+/// `tcp_info.tcpi_pacing_rate` (bytes/s), `tcpi_bytes_acked` (Linux 4.1) and `tcpi_bytes_sent`
+/// (4.19).
+const TCPI_PACING_RATE: usize = 104;
+const TCPI_BYTES_ACKED: usize = 120;
+const TCPI_BYTES_SENT: usize = 200;
+/// `inet_diag_msg.idiag_state` of an established connection.
+const TCP_ESTABLISHED: u8 = 1;
+
+/// What the kernel says of one TCP socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SockInfo {
+    pub bytes_sent: u64,
+    /// The socket's pacing rate (bytes/s; `u64::MAX`: not paced).
+    pub pacing_rate: u64,
+    pub established: bool,
+}
+
+type Tuple = (IpAddr, u16, IpAddr, u16);
+
+fn ip(family: u8, b: &[u8]) -> IpAddr {
+    if family == libc::AF_INET as u8 {
+        IpAddr::from([b[0], b[1], b[2], b[3]])
+    } else {
+        let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&b[..16]).expect("16 bytes"));
+        v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6))
+    }
+}
+
+/// Every TCP socket of this network namespace: (local, local port, remote, remote port) ->
+/// what the kernel says of it.
+pub fn tcp_sockets() -> std::io::Result<HashMap<Tuple, SockInfo>> {
+    let mut sock = Socket::new(NETLINK_SOCK_DIAG)?;
+    sock.bind_auto()?;
+    sock.connect(&SocketAddr::new(0, 0))?;
+    let mut out = HashMap::new();
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let mut req = vec![0u8; 16 + 56];
+        let len = req.len() as u32;
+        req[0..4].copy_from_slice(&len.to_ne_bytes());
+        req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        req[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+        req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        req[16] = family;
+        req[17] = libc::IPPROTO_TCP as u8;
+        req[18] = 1 << (INET_DIAG_INFO - 1);
+        req[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+        sock.send(&req, 0)?;
+        let mut buf = vec![0u8; 64 * 1024];
+        'recv: loop {
+            let n = sock.recv(&mut &mut buf[..], 0)?;
+            let mut off = 0;
+            while off + 16 <= n {
+                let mlen = u32::from_ne_bytes(buf[off..off + 4].try_into().expect("4")) as usize;
+                let mtype = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().expect("2"));
+                if mlen < 16 || off + mlen > n {
+                    break 'recv;
+                }
+                match mtype {
+                    NLMSG_DONE | NLMSG_ERROR => break 'recv,
+                    SOCK_DIAG_BY_FAMILY => {
+                        let m = &buf[off + 16..off + mlen];
+                        if let Some((t, bytes)) = parse(m) {
+                            out.insert(t, bytes);
+                        }
+                    }
+                    _ => {}
+                }
+                off += (mlen + 3) & !3;
+            }
+            if n == 0 {
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One `inet_diag_msg` and its attributes.
+fn parse(m: &[u8]) -> Option<(Tuple, SockInfo)> {
+    if m.len() < 72 {
+        return None;
+    }
+    let family = m[0];
+    let established = m[1] == TCP_ESTABLISHED;
+    let sport = u16::from_be_bytes([m[4], m[5]]);
+    let dport = u16::from_be_bytes([m[6], m[7]]);
+    let src = ip(family, &m[8..24]);
+    let dst = ip(family, &m[24..40]);
+    let mut off = 72;
+    while off + 4 <= m.len() {
+        let alen = u16::from_ne_bytes([m[off], m[off + 1]]) as usize;
+        let atype = u16::from_ne_bytes([m[off + 2], m[off + 3]]);
+        if alen < 4 || off + alen > m.len() {
+            break;
+        }
+        if atype == INET_DIAG_INFO {
+            let info = &m[off + 4..off + alen];
+            let at = |o: usize| {
+                info.get(o..o + 8)
+                    .map(|b| u64::from_ne_bytes(b.try_into().expect("8")))
+            };
+            let bytes_sent = at(TCPI_BYTES_SENT).or_else(|| at(TCPI_BYTES_ACKED))?;
+            let pacing_rate = at(TCPI_PACING_RATE).unwrap_or(u64::MAX);
+            return Some((
+                (src, sport, dst, dport),
+                SockInfo {
+                    bytes_sent,
+                    pacing_rate,
+                    established,
+                },
+            ));
+        }
+        off += (alen + 3) & !3;
+    }
+    None
+}
+
+/// The local TCP sockets as flows: the flow table has no entry for them (the tc program keeps
+/// a local TCP socket's class and clock in socket storage), so each established socket is a row
+/// of its own, with its bytes and the pacing rate the kernel applies. `class_of` classifies a
+/// 5-tuple as the policy in force does.
+pub fn socket_rows(class_of: impl Fn(&Tuple) -> String) -> Vec<FlowRow> {
+    let Ok(table) = tcp_sockets() else {
+        return Vec::new();
+    };
+    let ep = |ip: IpAddr, port: u16| match ip {
+        IpAddr::V6(v) => format!("[{v}]:{port}"),
+        ip => format!("{ip}:{port}"),
+    };
+    table
+        .iter()
+        .filter(|(t, i)| i.established && !t.0.is_loopback())
+        .map(|(t, i)| FlowRow {
+            proto: "tcp".into(),
+            src: ep(t.0, t.1),
+            dst: ep(t.2, t.3),
+            class: class_of(t),
+            rate_bytes_per_second: (i.pacing_rate != u64::MAX && i.pacing_rate != 0).then_some(i.pacing_rate),
+            d3_grant: false,
+            next_departure_seconds: None,
+            bytes: Some(i.bytes_sent),
+            source: "socket".into(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn finds_a_connected_socket_and_its_bytes() {
+        use std::io::Write as _;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_s, _) = l.accept().unwrap();
+        c.write_all(&[7u8; 5000]).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let t = super::tcp_sockets().unwrap();
+        let key = (
+            c.local_addr().unwrap().ip(),
+            c.local_addr().unwrap().port(),
+            c.peer_addr().unwrap().ip(),
+            c.peer_addr().unwrap().port(),
+        );
+        let info = t.get(&key).copied().unwrap_or_else(|| panic!("{key:?} in {t:?}"));
+        assert_eq!(info.bytes_sent, 5000);
+        assert!(info.established);
+    }
+}

@@ -1,0 +1,800 @@
+//! Operating one agent (issue 10): health that sees the datapath, systemd readiness and
+//! watchdog, reload bookkeeping, what `degraded` means, `systemctl reload`'s answer, `policy
+//! diff` exit codes, interfaces following the default route, the event log, history and
+//! rollback, `classify`, `flows`, `cleanup --check`, and `paceline top` through a
+//! pseudo-terminal.
+
+use std::{
+    path::Path,
+    process::{Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use paceline_tests::{
+    agent::{Agent, Scratch},
+    testbed::{Host, Testbed},
+};
+use serde_json::Value;
+
+use crate::privileged;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_plagent");
+
+fn policy(interfaces: &str, enforcement: &str, extra_classes: &str, extra_rules: &str) -> String {
+    format!(
+        r#"apiVersion: paceline/v1
+kind: Policy
+metadata:
+  name: ops
+spec:
+  interfaces: [{interfaces}]
+  enforcement: {enforcement}
+  link_rate: 1Gbit
+  levels:
+    - name: high
+      priority: 6
+      dscp: 46
+    - name: low
+      priority: 0
+  classes:
+    - name: probe
+      level: high
+    - name: other
+      level: low
+{extra_classes}
+  rules:
+    - class: probe
+      protocol: udp
+      dst_port: 7001
+{extra_rules}
+  default_class: other
+"#
+    )
+}
+
+const WEB_CLASS: &str = "    - name: web\n      level: high\n";
+const WEB_RULE: &str = "    - class: web\n      protocol: tcp\n      dst_port: 443\n";
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write policy");
+}
+
+/// `plagent <args>` in `host`'s namespace.
+fn cli(host: &Host, args: &[&str]) -> Output {
+    host.command(AGENT).args(args).output().expect("run plagent")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn metric(agent: &Agent, line_start: &str) -> f64 {
+    let (_, m) = agent.metrics_listener("/metrics");
+    m.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {line_start} in /metrics:\n{m}"))
+}
+
+fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn events_of(agent: &Agent, kind: &str) -> Vec<Value> {
+    agent.events().into_iter().filter(|e| e["kind"] == kind).collect()
+}
+
+fn sch_fq() -> bool {
+    paceline::features::Features::probe().sch_fq
+}
+
+/// A host `a` linked to `b` only (every route of `a` leaves through the managed interface).
+fn two_hosts(name: &str) -> (Testbed, Host, Host) {
+    let tb = Testbed::new(name).expect("testbed");
+    let a = tb.add_host("a").expect("a");
+    let b = tb.add_host("b").expect("b");
+    tb.link(&a, &b).expect("a-b");
+    (tb, a, b)
+}
+
+/// A host `a` linked to `b` and to `c`.
+fn three_hosts(name: &str) -> (Testbed, Host, Host, Host) {
+    let tb = Testbed::new(name).expect("testbed");
+    let a = tb.add_host("a").expect("a");
+    let b = tb.add_host("b").expect("b");
+    let c = tb.add_host("c").expect("c");
+    tb.link(&a, &b).expect("a-b");
+    tb.link(&a, &c).expect("a-c");
+    (tb, a, b, c)
+}
+
+#[test]
+fn healthz_sees_a_detached_interface_and_systemd_gets_ready_and_watchdog() {
+    if !privileged("healthz_sees_a_detached_interface_and_systemd_gets_ready_and_watchdog") {
+        return;
+    }
+    let (_tb, a, b, c) = three_hosts("ops_health");
+    let (ib, ic) = (a.iface_to(&b).unwrap().ifname, a.iface_to(&c).unwrap().ifname);
+    let scratch = Scratch::local("health");
+    write(
+        &scratch.path("p.yaml"),
+        &policy(&format!("{ib}, {ic}"), "none", "", ""),
+    );
+    // systemd's side of sd_notify: a datagram socket, and a 2 s watchdog.
+    let sock_path = scratch.path("notify.sock");
+    let notify = std::os::unix::net::UnixDatagram::bind(&sock_path).expect("notify socket");
+    notify.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut cmd = a.command(AGENT);
+    cmd.args(["agent", "--policy"])
+        .arg(scratch.path("p.yaml"))
+        .arg("--state-dir")
+        .arg(scratch.path("state"))
+        .arg("--bpffs-dir")
+        .arg(Agent::bpffs_dir(&scratch.path("state")))
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "2000000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = a.spawn_cmd(cmd).expect("agent");
+    let mut got = Vec::new();
+    let recv_for = |secs: u64, got: &mut Vec<String>| {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let mut buf = [0u8; 4096];
+        while Instant::now() < deadline {
+            if let Ok(n) = notify.recv(&mut buf) {
+                got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        }
+    };
+    recv_for(8, &mut got);
+    let all = got.join("\n");
+    assert!(all.contains("READY=1"), "no READY=1 from the agent: {got:?}");
+    assert!(
+        all.contains("STATUS=policy ops"),
+        "STATUS= with the policy: {got:?}"
+    );
+    assert!(
+        all.contains("WATCHDOG=1"),
+        "the watchdog is fed while healthy: {got:?}"
+    );
+
+    let (code, body) = Agent::request(&a, "127.0.0.1:9977", "GET", "/healthz");
+    assert_eq!(code, 200, "{body}");
+    let h: Value = serde_json::from_str(&body).expect("JSON health");
+    assert_eq!(h["status"], "ok");
+    assert!(
+        h["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["check"] == format!("attached:{ic}") && c["ok"] == true),
+        "{h:#}"
+    );
+
+    // The interface disappears under the agent: its attachment is gone.
+    a.run(&["ip", "link", "del", &ic]).expect("delete the interface");
+    let (code, body) = Agent::request(&a, "127.0.0.1:9977", "GET", "/healthz");
+    assert_eq!(code, 503, "healthz must fail: {body}");
+    let h: Value = serde_json::from_str(&body).expect("JSON health");
+    assert_eq!(h["status"], "unhealthy");
+    let reasons = h["reasons"].to_string();
+    assert!(
+        reasons.contains(&format!("attached:{ic}")) && reasons.contains("gone"),
+        "{h:#}"
+    );
+    let (code, _) = Agent::request(&a, "127.0.0.1:9978", "GET", "/readyz");
+    assert_eq!(code, 503, "not ready either");
+    // No more WATCHDOG=1 while unhealthy; STATUS= says why.
+    got.clear();
+    recv_for(4, &mut got);
+    assert!(!got.iter().any(|m| m.contains("WATCHDOG=1")), "{got:?}");
+    assert!(
+        got.iter()
+            .any(|m| m.contains("STATUS=") && m.contains("unhealthy")),
+        "{got:?}"
+    );
+    let out = child.stop();
+    assert!(out.success(), "{}", out.stderr);
+}
+
+#[test]
+fn a_bad_policy_then_the_good_file_back_clears_the_rejection() {
+    if !privileged("a_bad_policy_then_the_good_file_back_clears_the_rejection") {
+        return;
+    }
+    let (_tb, a, b, _c) = three_hosts("ops_lastok");
+    let ib = a.iface_to(&b).unwrap().ifname;
+    let scratch = Scratch::local("lastok");
+    let p = scratch.path("p.yaml");
+    let good = policy(&ib, "none", "", "");
+    write(&p, &good);
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    assert_eq!(metric(&agent, "paceline_policy_last_reload_success"), 1.0);
+    write(&p, &good.replace("link_rate", "lnk_rate"));
+    agent.wait_for("the rejection", |s| s["reloads"]["rejected"] == 1);
+    assert_eq!(metric(&agent, "paceline_policy_last_reload_success"), 0.0);
+    let (code, body) = agent.metrics_listener("/readyz");
+    assert_eq!(code, 503, "a rejected reload is not ready: {body}");
+    assert_eq!(agent.metrics_listener("/healthz").0, 200, "but alive");
+    // The good file back: the same hash as the policy in force.
+    write(&p, &good);
+    agent.wait_for("the rejection to clear", |s| {
+        s["reloads"]["last"]["applied"] == true
+    });
+    assert_eq!(metric(&agent, "paceline_policy_last_reload_success"), 1.0);
+    assert_eq!(agent.metrics_listener("/readyz").0, 200);
+    assert_eq!(events_of(&agent, "reload_rejected").len(), 1);
+    let back = events_of(&agent, "reload_applied");
+    assert!(
+        back.iter()
+            .any(|e| e["message"].as_str().unwrap().contains("policy in force again")),
+        "{back:?}"
+    );
+    agent.stop();
+}
+
+#[test]
+fn degraded_means_what_the_policy_asks_and_sock_ops_claims_are_true() {
+    if !privileged("degraded_means_what_the_policy_asks_and_sock_ops_claims_are_true") {
+        return;
+    }
+    let (_tb, a, b) = two_hosts("ops_degraded");
+    let ib = a.iface_to(&b).unwrap().ifname;
+    let scratch = Scratch::local("degraded");
+    let p = scratch.path("p.yaml");
+    // enforcement: none, no rates: nothing asked, nothing degraded, whatever the kernel lacks.
+    // Every route of `a` leaves through the managed interface, so the compiled table allows
+    // sockets to be marked; but with enforcement none sock_ops is not attached, so none is,
+    // and neither the status nor the log may say otherwise.
+    write(&p, &policy(&ib, "none", "", ""));
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    assert_eq!(metric(&agent, "paceline_enforcement_degraded"), 0.0);
+    let s = agent.status().unwrap();
+    assert_eq!(s["degraded"], serde_json::json!([]), "{s:#}");
+    assert_eq!(
+        s["policy"]["tcp_dscp_by_socket"], false,
+        "sock_ops is not attached"
+    );
+    assert_eq!(metric(&agent, "paceline_sock_ops_attached"), 0.0);
+    let log = agent.stop();
+    assert!(log.contains("sock_ops is not attached"), "{log}");
+    assert!(!log.contains("sock_ops marks TCP sockets"), "{log}");
+
+    // A per-flow rate under auto: without sch_fq, UDP flows are not paced: degraded.
+    write(
+        &p,
+        &policy(
+            &ib,
+            "auto",
+            "    - name: paced\n      level: low\n      flow_rate: 10Mbit\n",
+            "",
+        ),
+    );
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let want = if sch_fq() { 0.0 } else { 1.0 };
+    assert_eq!(metric(&agent, "paceline_enforcement_degraded"), want);
+    if want == 1.0 {
+        assert_eq!(events_of(&agent, "degraded").len(), 1);
+        let out = cli(&a, &["status"]);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "status exits 1 when degraded: {}",
+            text(&out)
+        );
+    }
+    agent.stop();
+}
+
+#[test]
+fn reload_diff_history_rollback_and_the_file() {
+    if !privileged("reload_diff_history_rollback_and_the_file") {
+        return;
+    }
+    let (_tb, a, b, _c) = three_hosts("ops_history");
+    let ib = a.iface_to(&b).unwrap().ifname;
+    let scratch = Scratch::local("history");
+    let p = scratch.path("p.yaml");
+    let v1 = policy(&ib, "none", "", "");
+    let v2 = policy(&ib, "none", WEB_CLASS, WEB_RULE);
+    write(&p, &v1);
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let h1 = agent.status().unwrap()["policy"]["hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // policy diff: 0 same, 1 different (by name, with units, no internals), 2 bad input.
+    write(&scratch.path("v2.yaml"), &v2);
+    let same = cli(&a, &["policy", "diff", p.to_str().unwrap(), "--running"]);
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same));
+    let d = cli(
+        &a,
+        &[
+            "policy",
+            "diff",
+            p.to_str().unwrap(),
+            scratch.path("v2.yaml").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(d.status.code(), Some(1), "{}", text(&d));
+    let out = String::from_utf8_lossy(&d.stdout);
+    assert!(out.contains("classes.web: added (level high)"), "{out}");
+    assert!(
+        !out.contains("skb_priority") && !out.contains("index") && !out.contains("bytes_per_second"),
+        "{out}"
+    );
+    let missing = cli(&a, &["policy", "diff", "/nonexistent.yaml", p.to_str().unwrap()]);
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing));
+    let unreachable = cli(
+        &a,
+        &[
+            "policy",
+            "diff",
+            p.to_str().unwrap(),
+            "--running",
+            "--addr",
+            "127.0.0.1:1",
+        ],
+    );
+    assert_eq!(unreachable.status.code(), Some(2), "{}", text(&unreachable));
+
+    // `paceline reload` (systemctl reload): applied with its changes, exit 0.
+    write(&p, &v2);
+    let r = cli(&a, &["reload"]);
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r));
+    assert!(
+        String::from_utf8_lossy(&r.stdout).contains("classes.web: added"),
+        "{}",
+        text(&r)
+    );
+    let h2 = agent.status().unwrap()["policy"]["hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(h1, h2);
+    // A change that needs a restart: the reload fails and says so.
+    write(
+        &p,
+        &v2.replace(
+            "  link_rate: 1Gbit\n",
+            "  link_rate: 1Gbit\n  flow_table_size: 4096\n",
+        ),
+    );
+    let r = cli(&a, &["reload"]);
+    assert_eq!(r.status.code(), Some(1), "{}", text(&r));
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("restart"),
+        "{}",
+        text(&r)
+    );
+    write(&p, &v2);
+    agent.wait_for("the file back", |s| s["reloads"]["last"]["applied"] == true);
+
+    // History: both policies; rollback goes to v1 instead of the file.
+    let hist = cli(&a, &["policy", "history"]);
+    assert_eq!(hist.status.code(), Some(0), "{}", text(&hist));
+    let hs = String::from_utf8_lossy(&hist.stdout);
+    assert!(
+        hs.contains(&h1[..12]) && hs.contains(&h2[..12]) && hs.contains("(in force)"),
+        "{hs}"
+    );
+    let rb = cli(&a, &["policy", "rollback"]);
+    assert_eq!(rb.status.code(), Some(0), "{}", text(&rb));
+    let s = agent.status().unwrap();
+    assert_eq!(s["policy"]["hash"], h1.as_str(), "rolled back");
+    assert!(
+        s["policy"]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("rollback to generation"),
+        "{s:#}"
+    );
+    assert_eq!(events_of(&agent, "rollback").len(), 1);
+    // The file did not change: the rollback holds; diff --running shows the difference.
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(agent.status().unwrap()["policy"]["hash"], h1.as_str());
+    let d = cli(&a, &["policy", "diff", p.to_str().unwrap(), "--running"]);
+    assert_eq!(d.status.code(), Some(1), "{}", text(&d));
+    // `paceline reload` applies the file again.
+    let r = cli(&a, &["reload"]);
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r));
+    assert_eq!(agent.status().unwrap()["policy"]["hash"], h2.as_str());
+
+    // The event log, over the API and the CLI, kept in the state directory.
+    let ev = cli(&a, &["events", "--json"]);
+    assert_eq!(ev.status.code(), Some(0), "{}", text(&ev));
+    let kinds: Vec<String> = String::from_utf8_lossy(&ev.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    for k in ["start", "reload_applied", "reload_rejected", "rollback"] {
+        assert!(kinds.iter().any(|x| x == k), "{k} in {kinds:?}");
+    }
+    let human = cli(&a, &["events", "-n", "3"]);
+    assert_eq!(
+        String::from_utf8_lossy(&human.stdout)
+            .lines()
+            .filter(|l| l.contains('#'))
+            .count(),
+        3
+    );
+    agent.stop();
+    let on_disk = std::fs::read_to_string(scratch.path("state/events.jsonl")).unwrap();
+    assert!(on_disk.contains("\"kind\":\"stop\""), "{on_disk}");
+    // A new agent on the same state directory goes on with the numbering and the history.
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let evs = agent.events();
+    assert!(
+        evs.iter().any(|e| e["kind"] == "rollback"),
+        "the previous agent's events are served"
+    );
+    let hist = cli(&a, &["policy", "history", "--json"]);
+    let v: Value = serde_json::from_slice(&hist.stdout).unwrap();
+    assert!(v["entries"].as_array().unwrap().len() >= 3, "{v:#}");
+    agent.stop();
+}
+
+#[test]
+fn auto_interfaces_follow_the_default_route() {
+    if !privileged("auto_interfaces_follow_the_default_route") {
+        return;
+    }
+    let (_tb, a, b, c) = three_hosts("ops_routes");
+    let (ib, ic) = (a.iface_to(&b).unwrap().ifname, a.iface_to(&c).unwrap().ifname);
+    let via_b = b.iface_to(&a).unwrap().ipv4.to_string();
+    let via_c = c.iface_to(&a).unwrap().ipv4.to_string();
+    a.run(&["ip", "route", "replace", "default", "via", &via_b, "dev", &ib])
+        .unwrap();
+    let scratch = Scratch::local("routes");
+    let p = scratch.path("p.yaml");
+    write(&p, &policy("auto", "none", "", ""));
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let names = |s: &Value| -> Vec<String> {
+        s["interfaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(&agent.status().unwrap()), std::slice::from_ref(&ib));
+
+    a.run(&["ip", "route", "replace", "default", "via", &via_c, "dev", &ic])
+        .unwrap();
+    let s = agent.wait_for("the interfaces to follow the route", |s| {
+        s["interfaces"]
+            .as_array()
+            .is_some_and(|i| i.len() == 1 && i[0]["name"] == ic.as_str())
+    });
+    assert_eq!(names(&s), std::slice::from_ref(&ic));
+    assert_eq!(s["reloads"]["rejected"], 0);
+    assert_eq!(
+        metric(&agent, "paceline_interface_changes_total{change=\"attached\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric(&agent, "paceline_interface_changes_total{change=\"detached\"}"),
+        1.0
+    );
+    for k in ["route_change", "interface_attached", "interface_detached"] {
+        assert_eq!(events_of(&agent, k).len(), 1, "{k}: {:?}", agent.events());
+    }
+    // What runs is what the file means on this host now, and a SIGHUP is not rejected.
+    let d = cli(&a, &["policy", "diff", p.to_str().unwrap(), "--running"]);
+    assert_eq!(d.status.code(), Some(0), "{}", text(&d));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let s = agent.wait_for("the SIGHUP", |s| s["reloads"]["applied"].as_u64() >= Some(2));
+    assert_eq!(s["reloads"]["rejected"], 0, "{s:#}");
+    // The classifier really left the old interface and is on the new one.
+    let (_, h) = agent.metrics_listener("/healthz");
+    assert!(
+        h.contains(&format!("attached:{ic}")) && !h.contains(&format!("attached:{ib}")),
+        "{h}"
+    );
+    let other_state = scratch.path("other-state");
+    let check = cli(
+        &a,
+        &["cleanup", "--check", "--state-dir", other_state.to_str().unwrap()],
+    );
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        out.contains(&format!("{ic}: tcx")) || out.contains(&format!("{ic}: clsact")),
+        "{out}"
+    );
+    assert!(!out.contains(&format!("{ib}: ")), "{out}");
+    agent.stop();
+}
+
+#[test]
+fn classify_flows_and_cleanup_check() {
+    if !privileged("classify_flows_and_cleanup_check") {
+        return;
+    }
+    let (_tb, a, b, _c) = three_hosts("ops_flows");
+    let ib = a.iface_to(&b).unwrap().ifname;
+    let scratch = Scratch::local("flows");
+    let p = scratch.path("p.yaml");
+    let paced = "    - name: bulk\n      level: low\n      flow_rate: 50Mbit\n    - name: stream\n      level: low\n      flow_rate: 20Mbit\n";
+    let rule = "    - class: bulk\n      protocol: tcp\n      dst_port: 5501\n    - class: stream\n      protocol: udp\n      dst_port: 5502\n";
+    write(&p, &policy(&ib, "auto", paced, rule));
+    let bpffs = Agent::bpffs_dir(&scratch.path("state"));
+    let check = |host: &Host| {
+        cli(
+            host,
+            &[
+                "cleanup",
+                "--check",
+                "--state-dir",
+                scratch.path("state").to_str().unwrap(),
+                "--bpffs-dir",
+                bpffs.to_str().unwrap(),
+            ],
+        )
+    };
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let c = check(&a);
+    assert_eq!(c.status.code(), Some(1), "{}", text(&c));
+    assert!(
+        String::from_utf8_lossy(&c.stdout).contains("an agent is running"),
+        "{}",
+        text(&c)
+    );
+
+    // classify: from the agent and offline, naming the rule.
+    let dst = format!("{}:7001", b.ipv4());
+    let out = cli(&a, &["classify", "udp", "10.9.9.9:5000", &dst]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        s.contains("class  probe") && s.contains("level  high") && s.contains("spec.rules[0]"),
+        "{s}"
+    );
+    let out = cli(
+        &a,
+        &[
+            "classify",
+            "tcp",
+            "10.9.9.9:5000",
+            &format!("{}:80", b.ipv4()),
+            "--json",
+        ],
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        (v["class"].as_str(), v["rule"].is_null()),
+        (Some("other"), true),
+        "{v:#}"
+    );
+    let out = cli(
+        &a,
+        &[
+            "classify",
+            "tcp",
+            "1.2.3.4:1",
+            "5.6.7.8:5501",
+            "--policy",
+            p.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("class  bulk"),
+        "{}",
+        text(&out)
+    );
+    let bad = cli(&a, &["classify", "tcpx", "1.2.3.4", "5.6.7.8"]);
+    assert_eq!(bad.status.code(), Some(2));
+
+    // flows: a local TCP connection of a paced class (its clock lives in socket storage: a
+    // row from the kernel's socket table, with its bytes), and a UDP flow of a paced class (a
+    // row of the flow table with its next departure, where per-flow clocks run: with fq).
+    let pl = env!("CARGO_BIN_EXE_plload");
+    let _server = b.spawn(&[pl, "serve", "--port", "5501"]).expect("server");
+    std::thread::sleep(Duration::from_millis(500));
+    let to = format!("{}:5501", b.ipv4());
+    let _client = a
+        .spawn(&[pl, "bulk", "--to", &to, "--flows", "1", "--duration", "4"])
+        .expect("client");
+    let udp_to = b.ipv4();
+    a.in_netns(move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..50 {
+            let _ = s.send_to(&[0u8; 1000], (udp_to, 5502));
+        }
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let f = cli(&a, &["flows", "--json", "--top", "100"]);
+    assert_eq!(f.status.code(), Some(0), "{}", text(&f));
+    let v: Value = serde_json::from_slice(&f.stdout).expect("flows JSON");
+    assert_eq!(v["capacity"], 65536);
+    let flows = v["flows"].as_array().unwrap();
+    if sock_diag_works(&a) {
+        let tcp = flows
+            .iter()
+            .find(|r| r["dst"] == to.as_str())
+            .unwrap_or_else(|| panic!("the TCP connection is not in {v:#}"));
+        assert_eq!(
+            (tcp["class"].as_str(), tcp["source"].as_str()),
+            (Some("bulk"), Some("socket")),
+            "{tcp:#}"
+        );
+        assert!(tcp["bytes"].as_u64().unwrap_or(0) > 100_000, "{tcp:#}");
+        let human = cli(&a, &["flows", "--class", "bulk", "--top", "5"]);
+        let hs = String::from_utf8_lossy(&human.stdout);
+        assert!(hs.contains(&to) && !hs.contains(":5502"), "{}", text(&human));
+    } else {
+        eprintln!("no tcp_diag in this kernel: TCP connections are not listed (that part skipped)");
+    }
+    if sch_fq() {
+        let udp = flows
+            .iter()
+            .find(|r| r["dst"] == format!("{}:5502", b.ipv4()).as_str())
+            .unwrap_or_else(|| panic!("the UDP flow is not in {v:#}"));
+        assert_eq!(udp["class"], "stream");
+        assert_eq!(udp["source"], "table");
+        assert_eq!(udp["rate_bytes_per_second"], 2_500_000);
+        assert!(udp["next_departure_seconds"].is_f64(), "{udp:#}");
+    } else {
+        eprintln!(
+            "no sch_fq: per-flow clocks are off, the flow table is empty ({})",
+            v["total"]
+        );
+        assert_eq!(v["total"], 0);
+    }
+    agent.stop();
+    let c = check(&a);
+    assert_eq!(c.status.code(), Some(0), "{}", text(&c));
+    assert!(String::from_utf8_lossy(&c.stdout).contains("clean"));
+}
+
+/// Does this kernel answer sock_diag for TCP (tcp_diag built in or loadable)? A connection on
+/// loopback in `host`'s namespace must show up.
+fn sock_diag_works(host: &Host) -> bool {
+    host.in_netns(|| {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+        let c = std::net::TcpStream::connect(l.local_addr().ok()?).ok()?;
+        let _s = l.accept().ok()?;
+        let t = paceline::sockdiag::tcp_sockets().ok()?;
+        let key = (
+            c.local_addr().ok()?.ip(),
+            c.local_addr().ok()?.port(),
+            c.peer_addr().ok()?.ip(),
+            c.peer_addr().ok()?.port(),
+        );
+        Some(t.contains_key(&key))
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(false)
+}
+
+#[test]
+fn top_shows_live_rates_through_a_terminal_and_sorts() {
+    if !privileged("top_shows_live_rates_through_a_terminal_and_sorts") {
+        return;
+    }
+    use portable_pty::{CommandBuilder, PtySize, native_pty_system};
+    let (_tb, a, b, _c) = three_hosts("ops_top");
+    let ib = a.iface_to(&b).unwrap().ifname;
+    let scratch = Scratch::local("top");
+    let p = scratch.path("p.yaml");
+    write(&p, &policy(&ib, "none", "", ""));
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    // UDP to the probe class, 200 datagrams a second, while top runs.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let to = b.ipv4();
+    let sender = std::thread::spawn({
+        let a = a.clone();
+        move || {
+            a.in_netns(move || {
+                let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = s.send_to(&[0u8; 500], (to, 7001));
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+            .unwrap()
+        }
+    });
+
+    let pty = match native_pty_system().openpty(PtySize {
+        rows: 30,
+        cols: 150,
+        pixel_width: 0,
+        pixel_height: 0,
+    }) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!(
+                "SKIPPED: top_shows_live_rates_through_a_terminal_and_sorts: no pseudo-terminal here ({e})"
+            );
+            return;
+        }
+    };
+    let mut cmd = CommandBuilder::new("ip");
+    cmd.args(["netns", "exec", a.netns(), AGENT, "top"]);
+    cmd.env("TERM", "xterm-256color");
+    let mut child = pty.slave.spawn_command(cmd).expect("spawn top");
+    drop(pty.slave);
+    let mut reader = pty.master.try_clone_reader().unwrap();
+    let mut writer = pty.master.take_writer().unwrap();
+    let screen = std::sync::Arc::new(std::sync::Mutex::new(vt100::Parser::new(30, 150, 0)));
+    let s2 = screen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            s2.lock().unwrap().process(&buf[..n]);
+        }
+    });
+    use std::io::{Read as _, Write as _};
+    let contents = || screen.lock().unwrap().screen().contents();
+    let probe_line = || contents().lines().find(|l| l.contains("probe")).map(String::from);
+    wait_until("top to show the classes with a rate", 20, || {
+        let c = contents();
+        c.contains("QJump levels")
+            && c.contains("Classes")
+            && probe_line().is_some_and(|l| l.contains("kbit/s") || l.contains("Mbit/s"))
+    });
+    let c = contents();
+    assert!(c.contains("RATE*"), "sorted by rate at start:\n{c}");
+    // `probe` carries the traffic: first under rate order.
+    let order = |c: &str| {
+        let body: Vec<&str> = c.lines().skip_while(|l| !l.contains("Classes")).collect();
+        let p = body.iter().position(|l| l.contains("probe"));
+        let o = body.iter().position(|l| l.contains("other"));
+        (p, o)
+    };
+    let (p, o) = order(&c);
+    assert!(p < o, "probe (busy) above other by rate:\n{c}");
+    // `n`: by name, `r`: reversed.
+    writer.write_all(b"n").unwrap();
+    wait_until("the name sort", 5, || contents().contains("CLASS*"));
+    writer.write_all(b"r").unwrap();
+    wait_until("the reversed sort", 5, || contents().contains("(reversed)"));
+    let (p, o) = order(&contents());
+    assert!(
+        p < o,
+        "name order reversed puts probe above other:\n{}",
+        contents()
+    );
+    writer.write_all(b"q").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "top did not quit on q");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "top exited with {status:?}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    sender.join().unwrap();
+    // An unreachable agent: a message and exit 2, the terminal untouched.
+    let out = cli(&a, &["top", "--addr", "127.0.0.1:1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    agent.stop();
+}

@@ -1,0 +1,366 @@
+//! A real Prometheus (Debian's `prometheus`, installed by `scripts/bootstrap.sh --test`)
+//! scraping three agents, each in its own network namespace, with `deploy/`'s recording and
+//! alerting rules loaded: the reload-rejected alert fires when a bad policy reaches one agent
+//! and clears when the file is fixed; the divergence alert fires during a staged rollout in a
+//! group and clears when it completes; every Grafana panel's query returns data; `paceline
+//! fleet status` reads the same inventory from Prometheus and from the agents' `/metrics`.
+//!
+//! To keep the run short, Prometheus scrapes and evaluates every second, and the rules' `for:`
+//! durations are shortened to 2 s in the copy the test loads (the expressions are deploy/'s).
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use paceline_tests::{
+    agent::{Agent, Scratch},
+    testbed::{Host, Testbed},
+};
+use serde_json::Value;
+
+use crate::privileged;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_plagent");
+
+fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// A policy with a rate-limited QJump level (level limit and epoch panels), DSCP, and, on the
+/// router agent, a D3 class and a D3 router link (the D3 rows of the dashboard).
+/// `interfaces: [auto]` (each node's default route leaves through its link to the monitor), so
+/// the nodes of a group hold the very same file, as a rollout group does. A class rate, not a
+/// per-flow rate: HTB enforces it where the kernel has no sch_fq, so no node is degraded.
+fn policy(ifname: &str, class_rate: &str, d3: bool) -> String {
+    let (class, d3spec) = if d3 {
+        (
+            "      d3:\n        deadline: 150ms\n        size: 400KB\n",
+            format!("  d3:\n    router:\n      - interface: {ifname}\n        capacity: 100Mbit\n"),
+        )
+    } else {
+        ("", String::new())
+    };
+    format!(
+        r#"apiVersion: paceline/v1
+kind: Policy
+metadata:
+  name: fleet
+spec:
+  interfaces: [auto]
+  enforcement: auto
+  link_rate: 1Gbit
+  qjump: {{hosts: 4, max_packet: 9KB, link_rate: 1Gbit, switch_delay: 4us}}
+  levels:
+    - name: high
+      priority: 6
+      factor: 1
+      dscp: 46
+    - name: low
+      priority: 0
+  classes:
+    - name: rpc
+      level: high
+      class_rate: {class_rate}
+{class}    - name: other
+      level: low
+  rules:
+    - class: rpc
+      protocol: udp
+      dst_port: 7001
+  default_class: other
+{d3spec}"#
+    )
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'-' | b'_' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+struct Prom<'a> {
+    host: &'a Host,
+}
+
+impl Prom<'_> {
+    fn get(&self, path: &str) -> Value {
+        let (code, body) = Agent::request(self.host, "127.0.0.1:9090", "GET", path);
+        assert_eq!(code, 200, "Prometheus {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+    }
+
+    fn query(&self, q: &str) -> Vec<Value> {
+        let v = self.get(&format!("/api/v1/query?query={}", enc(q)));
+        assert_eq!(v["status"], "success", "{q}: {v}");
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Firing alerts named `name`: their labels.
+    fn firing(&self, name: &str) -> Vec<Value> {
+        let v = self.get("/api/v1/alerts");
+        v["data"]["alerts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["labels"]["alertname"] == name && a["state"] == "firing")
+            .map(|a| a["labels"].clone())
+            .collect()
+    }
+
+    fn wait(&self, what: &str, secs: u64, f: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while !f(self) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+#[test]
+fn prometheus_scrapes_agents_fires_and_clears_alerts_and_feeds_every_panel() {
+    if !privileged("prometheus_scrapes_agents_fires_and_clears_alerts_and_feeds_every_panel") {
+        return;
+    }
+    let Ok(prom_bin) = which("prometheus") else {
+        eprintln!(
+            "SKIPPED: prometheus_scrapes_agents...: Debian's prometheus is not installed (scripts/bootstrap.sh --test)"
+        );
+        return;
+    };
+    let tb = Testbed::new("prom").expect("testbed");
+    let m = tb.add_host("m").expect("monitor");
+    let nodes: Vec<Host> = (1..=3)
+        .map(|i| tb.add_host(&format!("n{i}")).expect("node"))
+        .collect();
+    for n in &nodes {
+        tb.link(&m, n).expect("link");
+        let via = m.iface_to(n).unwrap().ipv4.to_string();
+        let dev = n.iface_to(&m).unwrap().ifname;
+        n.run(&["ip", "route", "replace", "default", "via", &via, "dev", &dev])
+            .expect("default route");
+    }
+    let scratch = Scratch::local("prom");
+    // n1, n2: group main; n3: group canary, with D3 and a router link.
+    let groups = ["main", "main", "canary"];
+    let mut agents = Vec::new();
+    let mut files = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let ifname = n.iface_to(&m).unwrap().ifname;
+        let file = scratch.path(&format!("n{}.yaml", i + 1));
+        std::fs::write(&file, policy(&ifname, "10Mbit", i == 2)).unwrap();
+        let state = scratch.path(&format!("state{}", i + 1));
+        agents.push(Agent::start_with(
+            n,
+            &file,
+            &state,
+            &["--metrics-addr", "0.0.0.0:9977"],
+        ));
+        files.push((file, ifname));
+    }
+    let target = |i: usize| format!("{}:9977", nodes[i].iface_to(&m).unwrap().ipv4);
+    let sd: Vec<Value> = ["main", "canary"]
+        .iter()
+        .map(|g| {
+            serde_json::json!({
+                "targets": (0..3).filter(|i| groups[*i] == *g).map(target).collect::<Vec<_>>(),
+                "labels": {"group": g},
+            })
+        })
+        .collect();
+    std::fs::write(
+        scratch.path("targets.json"),
+        serde_json::to_vec_pretty(&sd).unwrap(),
+    )
+    .unwrap();
+    // deploy/'s rules, with every `for:` shortened.
+    let rules = std::fs::read_to_string(repo().join("deploy/prometheus/paceline.rules.yaml")).unwrap();
+    let rules: String = rules
+        .lines()
+        .map(|l| match l.trim_start().strip_prefix("for: ") {
+            Some(_) => format!("{}for: 2s", &l[..l.len() - l.trim_start().len()]),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(scratch.path("rules.yaml"), rules).unwrap();
+    let config = format!(
+        r#"global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files: ["{rules}"]
+scrape_configs:
+  - job_name: paceline
+    scrape_timeout: 1s
+    file_sd_configs:
+      - files: ["{targets}"]
+        refresh_interval: 1s
+"#,
+        rules = scratch.path("rules.yaml").display(),
+        targets = scratch.path("targets.json").display()
+    );
+    std::fs::write(scratch.path("prometheus.yml"), config).unwrap();
+    let check = std::process::Command::new("promtool")
+        .args(["check", "config"])
+        .arg(scratch.path("prometheus.yml"))
+        .output()
+        .expect("promtool");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let _prometheus = m
+        .spawn(&[
+            prom_bin.as_str(),
+            &format!("--config.file={}", scratch.path("prometheus.yml").display()),
+            &format!("--storage.tsdb.path={}", scratch.path("tsdb").display()),
+            "--web.listen-address=127.0.0.1:9090",
+            "--log.level=warn",
+        ])
+        .expect("prometheus");
+    let p = Prom { host: &m };
+    let ready = Instant::now() + Duration::from_secs(30);
+    while Agent::request_opt(&m, "127.0.0.1:9090", "/-/ready").is_none_or(|c| c != 200) {
+        assert!(Instant::now() < ready, "Prometheus did not become ready");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    p.wait("three agents up", 30, |p| {
+        p.query("up{job=\"paceline\"} == 1").len() == 3
+    });
+    // Traffic in the rpc class of every node, so the rates have something to show.
+    for n in &nodes {
+        let to = m.iface_to(n).unwrap().ipv4;
+        n.in_netns(move || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            for _ in 0..200 {
+                let _ = s.send_to(&[0u8; 300], (to, 7001));
+            }
+        })
+        .unwrap();
+    }
+    // A few scrapes, so every rate and increase has two samples.
+    std::thread::sleep(Duration::from_secs(5));
+
+    // Every Grafana panel's query returns data.
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("deploy/grafana/paceline-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    // Series that only some qdiscs have: fq's throttled count (this kernel may have no sch_fq,
+    // and then the root qdisc is htb). The panel's other queries must still answer.
+    let fq_only = |e: &str| e.contains("paceline_qdisc_throttled_total");
+    let mut empty = Vec::new();
+    let mut n_queries = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "15s")
+                .replace("$instance", ".*")
+                .replace("$class", ".*")
+                .replace("$level", ".*")
+                .replace("$interface", ".*")
+                .replace("$group", ".*");
+            n_queries += 1;
+            if fq_only(&expr) && !paceline::features::Features::probe().sch_fq {
+                continue;
+            }
+            if p.query(&expr).is_empty() {
+                empty.push(format!("{}: {expr}", panel["title"]));
+            }
+        }
+    }
+    assert!(empty.is_empty(), "panels without data:\n{}", empty.join("\n"));
+    eprintln!("{n_queries} panel queries, every one with data");
+    // The recording rules evaluate.
+    p.wait("the recording rules", 20, |p| {
+        !p.query("hash:paceline_policy_info:count").is_empty()
+    });
+
+    // A bad policy reaches n2: the reload-rejected alert fires for n2 only, and clears when
+    // the file is fixed.
+    let (f2, if2) = &files[1];
+    let good2 = std::fs::read_to_string(f2).unwrap();
+    std::fs::write(f2, good2.replace("link_rate", "lnk_rate")).unwrap();
+    p.wait("PacelinePolicyReloadRejected firing", 30, |p| {
+        let f = p.firing("PacelinePolicyReloadRejected");
+        f.len() == 1 && f[0]["instance"] == target(1).as_str()
+    });
+    std::fs::write(f2, &good2).unwrap();
+    p.wait("PacelinePolicyReloadRejected to clear", 30, |p| {
+        p.firing("PacelinePolicyReloadRejected").is_empty()
+    });
+
+    // Group main holds one policy (n1 and n2 the same file): no divergence so far.
+    assert!(
+        p.firing("PacelinePolicyDivergent").is_empty(),
+        "{:?}",
+        p.firing("PacelinePolicyDivergent")
+    );
+    let (code, out) = m
+        .command(AGENT)
+        .args(["fleet", "status", "--prometheus", "http://127.0.0.1:9090"])
+        .output()
+        .map(|o| (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned()))
+        .unwrap();
+    assert_eq!(code, Some(0), "converged and healthy before the rollout:\n{out}");
+
+    // A staged rollout in group main: n1 first. The group runs two policies: the divergence
+    // alert fires for group main (not canary), and fleet status flags it with exit 1.
+    let (f1, if1) = &files[0];
+    std::fs::write(f1, policy(if1, "20Mbit", false)).unwrap();
+    p.wait("PacelinePolicyDivergent firing", 30, |p| {
+        let f = p.firing("PacelinePolicyDivergent");
+        f.len() == 1 && f[0]["group"] == "main"
+    });
+    let fleet = |args: &[&str]| {
+        let o = m
+            .command(AGENT)
+            .args(["fleet", "status"])
+            .args(args)
+            .output()
+            .unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let (code, out) = fleet(&["--prometheus", "http://127.0.0.1:9090"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("group main: 2 policies in force"), "{out}");
+    let targets = scratch.path("targets.json");
+    let (code, out) = fleet(&["--targets", targets.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("group main: 2 policies in force"), "{out}");
+    // The rollout completes: one policy per group again.
+    std::fs::write(f2, policy(if2, "20Mbit", false)).unwrap();
+    p.wait("PacelinePolicyDivergent to clear", 30, |p| {
+        p.firing("PacelinePolicyDivergent").is_empty()
+    });
+    p.wait("fleet status to converge", 20, |_| {
+        fleet(&["--prometheus", "http://127.0.0.1:9090"]).0 == Some(0)
+    });
+    let (code, out) = fleet(&["--targets", targets.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(out.lines().filter(|l| l.contains(":9977")).count(), 3, "{out}");
+    // An agent that stops is unreachable: exit 2.
+    agents.remove(0).stop();
+    let (code, out) = fleet(&["--targets", targets.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("UNREACHABLE"), "{out}");
+    for a in agents {
+        a.stop();
+    }
+}
+
+fn which(name: &str) -> Result<String, ()> {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        let p = Path::new(dir).join(name);
+        if p.is_file() {
+            return Ok(p.display().to_string());
+        }
+    }
+    Err(())
+}
