@@ -255,8 +255,11 @@ impl Datapath {
         Ok(self.d3_links.insert(ifindex, c, 0)?)
     }
 
-    /// Pins the map applications write their sockets' sizes and deadlines into.
-    pub fn pin_d3_app(&mut self, path: &std::path::Path) -> Result<()> {
+    /// Pins the map applications write their sockets' sizes and deadlines into. Whoever can
+    /// open the pin can claim deadlines, and with them a share of every D3 link: the pin is
+    /// root's, mode 0600, or with `group` the group's too, mode 0660 (the other pins stay
+    /// root's alone).
+    pub fn pin_d3_app(&mut self, path: &std::path::Path, group: Option<u32>) -> Result<()> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
@@ -264,7 +267,7 @@ impl Datapath {
         self.d3_app
             .pin(path)
             .with_context(|| format!("pinning the D3 application map at {}", path.display()))?;
-        Ok(())
+        restrict_pin(path, group).with_context(|| format!("setting the owner and mode of {}", path.display()))
     }
 
     /// Sets an aggregate of the benchmark's reference program ([`TC_REF_EDT`]).
@@ -544,4 +547,18 @@ fn memlock_of(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix("memlock:"))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// Makes `path` root's (and `group`'s, when given) alone.
+pub fn restrict_pin(path: &std::path::Path, group: Option<u32>) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let gid = group.map(nix::unistd::Gid::from_raw);
+    nix::unistd::chown(
+        path,
+        Some(nix::unistd::Uid::from_raw(0)),
+        gid.or(Some(nix::unistd::Gid::from_raw(0))),
+    )?;
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    Ok(())
 }

@@ -51,6 +51,9 @@ pub struct Record {
 #[derive(Clone, Debug)]
 pub struct Pins {
     root: PathBuf,
+    /// The group given read-write access to the D3 application map's pin (`--d3-app-group`);
+    /// without one only root may open it.
+    app_group: Option<u32>,
 }
 
 /// What [`Pins::prepare`] found.
@@ -66,7 +69,19 @@ impl Pins {
     pub fn new(root: &Path) -> Pins {
         Pins {
             root: root.to_path_buf(),
+            app_group: None,
         }
+    }
+
+    /// These pins, with the D3 application map open to `group` (read-write, mode 0660).
+    pub fn with_app_group(mut self, group: Option<u32>) -> Pins {
+        self.app_group = group;
+        self
+    }
+
+    /// The group the D3 application map's pin belongs to, if any but root's.
+    pub fn app_group(&self) -> Option<u32> {
+        self.app_group
     }
 
     pub fn root(&self) -> &Path {

@@ -163,7 +163,7 @@ pub fn install(
             let pin = pins.root().join("d3_app");
             st.pins.push(pin.clone());
             dir.save(&st)?;
-            dp.pin_d3_app(&pin)?;
+            dp.pin_d3_app(&pin, pins.app_group())?;
             log::info!(
                 "D3 on: receiver {}, applications set deadlines through {}",
                 if d3.receiver { "echoes requests" } else { "off" },

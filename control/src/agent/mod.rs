@@ -64,6 +64,8 @@ pub struct Options {
     /// Where the maps and links are pinned (see [`crate::persist`]; the D3 application map is
     /// `<dir>/d3_app`).
     pub bpffs_dir: PathBuf,
+    /// The group that may open the D3 application map (`None`: root alone).
+    pub d3_app_group: Option<u32>,
 }
 
 /// Runs the agent until SIGTERM/SIGINT.
@@ -73,7 +75,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let signals = watch::Signals::new()?;
     let dir = Arc::new(StateDir::lock(&opts.state_dir)?);
     let events = Events::open(dir.path());
-    let pins = Pins::new(&opts.bpffs_dir);
+    let pins = Pins::new(&opts.bpffs_dir).with_app_group(opts.d3_app_group);
     let recovered = install::recover(&dir, &pins)?;
     let previous = recovered.adopt();
 

@@ -27,6 +27,26 @@ pub struct Args {
     /// outlives the agent; the D3 application map is `<dir>/d3_app`).
     #[arg(long, default_value = crate::persist::DEFAULT_BPFFS_DIR)]
     pub bpffs_dir: PathBuf,
+    /// A group (name or number) whose members may open the D3 application map
+    /// (`<bpffs-dir>/d3_app`, mode 0660) and so set deadlines for their sockets. Without it the
+    /// pin is root's alone (mode 0600). A deadline claims a share of every D3 link: grant it
+    /// to the services whose deadlines the policy's D3 classes are for, not to every user.
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    pub d3_app_group: Option<u32>,
+}
+
+/// A group name from the group database, or a numeric gid.
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(s) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => Err(format!(
+            "no group named {s:?} (give a name from /etc/group or a number)"
+        )),
+        Err(e) => Err(format!("looking up group {s:?}: {e}")),
+    }
 }
 
 pub fn run(a: Args) -> Result<i32> {
@@ -40,6 +60,7 @@ pub fn run(a: Args) -> Result<i32> {
         api_addr: a.api_addr,
         state_dir: a.state_dir,
         bpffs_dir: a.bpffs_dir,
+        d3_app_group: a.d3_app_group,
     }))?;
     Ok(0)
 }

@@ -472,3 +472,85 @@ fn a_metrics_port_already_taken_fails_the_start_with_a_clear_error() {
         bpffs.display()
     );
 }
+
+/// Who may set deadlines (issue 8, item 5): the D3 application map's pin is root's alone unless
+/// the agent names a group, which then may open it read-write. The other pins stay root's.
+#[test]
+fn the_d3_application_map_opens_to_root_and_the_named_group_only() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    if !privileged("the_d3_application_map_opens_to_root_and_the_named_group_only") {
+        return;
+    }
+    let (_tb, a, _b, ifname) = two_hosts("soak_d3pin");
+    let scratch = Scratch::new("d3pin");
+    let p = scratch.path("p.yaml");
+    write(
+        &p,
+        &policy(&ifname, 4096, "").replace("  default_class: other\n", "  default_class: other\n  d3: {}\n"),
+    );
+    let mode_of = |path: &Path| {
+        let m = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        (m.permissions().mode() & 0o777, m.uid(), m.gid())
+    };
+    for (group, want) in [(None, (0o600, 0, 0)), (Some(4242u32), (0o660, 0, 4242))] {
+        let state = scratch.path(&format!("state-{group:?}"));
+        let gid = group.map(|g| g.to_string());
+        let extra: Vec<&str> = match &gid {
+            Some(g) => vec!["--d3-app-group", g.as_str()],
+            None => vec![],
+        };
+        let agent = Agent::start_with(&a, &p, &state, &extra);
+        let pin = agent.d3_app_map();
+        assert_eq!(mode_of(&pin), want, "{} with group {group:?}", pin.display());
+        // A process of that group (and no other) opens it; nobody else does.
+        let opens = |uid: u32, gid: u32| -> bool {
+            use std::os::unix::process::CommandExt as _;
+            let path = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes()).expect("path");
+            // BPF_OBJ_GET's attribute: pathname (u64), bpf_fd, file_flags.
+            let mut attr = [0u64; 2];
+            attr[0] = path.as_ptr() as u64;
+            let mut cmd = std::process::Command::new("/bin/true");
+            // SAFETY: only syscalls between fork and exec; the memory was prepared before.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(gid) != 0
+                        || libc::setuid(uid) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    const BPF_OBJ_GET: libc::c_long = 7;
+                    let fd = libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, attr.as_ptr(), 16usize);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                })
+            };
+            match cmd.status() {
+                Ok(s) => s.success(),
+                Err(e) => {
+                    assert_eq!(
+                        e.raw_os_error(),
+                        Some(libc::EACCES),
+                        "refused for want of permission: {e}"
+                    );
+                    false
+                }
+            }
+        };
+        assert!(!opens(65534, 65534), "nobody may open the pin");
+        assert_eq!(opens(65534, 4242), group.is_some(), "the named group may open it");
+        // The maps directory's pins are root's alone in both cases.
+        let maps = Agent::bpffs_dir(&state).join("maps");
+        for e in std::fs::read_dir(&maps).expect("maps dir").flatten() {
+            assert_eq!(
+                mode_of(&e.path()).0 & 0o077,
+                0,
+                "{} is root's",
+                e.path().display()
+            );
+        }
+        agent.stop();
+    }
+}
