@@ -35,7 +35,7 @@ pub const MAX_RATE: u64 = (MANTISSA_MAX << 15) * RATE_UNIT;
 
 // An ACK with timestamps (12) and two SACK blocks (NOP NOP + 2 + 16 = 20) still has room.
 const _: () = assert!(12 + 20 + OPT_LEN <= TCP_OPTS_MAX);
-const _: () = assert!(OPT_LEN % 4 == 0);
+const _: () = assert!(OPT_LEN.is_multiple_of(4));
 
 /// What a receiver tells a sender: N and its line rate.
 #[derive(Clone, Copy, PartialEq, Eq)]
