@@ -8,6 +8,7 @@ mod agent_scale;
 mod classify_scale;
 mod d3_e2e;
 mod d3_router;
+mod dasr;
 mod parse;
 mod test_run;
 
