@@ -14,6 +14,8 @@
 //! - [`qjump`]: QJump network epoch and per-level rate limits (NSDI 2015).
 //! - [`d3`]: D3 deadline-driven rate allocation (SIGCOMM 2011), cut by role: wire format,
 //!   option scanning and checksum, units, host, router, capacity controller.
+//! - [`dasr`]: Dart's direct apportioning of sending rates for TCP: the option, counting the
+//!   senders per local address in epochs, the share line / N.
 #![no_std]
 // The datapath cannot panic (there is no unwinding in BPF); tests may.
 #![cfg_attr(not(test), deny(clippy::panic, clippy::unwrap_used, clippy::expect_used))]
@@ -21,6 +23,7 @@
 pub mod classify;
 pub mod ctab;
 pub mod d3;
+pub mod dasr;
 pub mod edt;
 pub mod maps;
 pub mod parse;

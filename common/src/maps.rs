@@ -308,6 +308,11 @@ pub const TABLE_NO_FLOW_CLOCKS: u32 = 1 << 1;
 /// socket's priority from the TOS, which the classifier overrides on managed interfaces), and
 /// no rule matches on DSCP (a segment marked by its socket could match another rule at tc).
 pub const TABLE_SOCK_TOS: u32 = 1 << 3;
+/// DASR receiver: sock_ops writes N and the line rate into the pure ACKs of the flows the
+/// ingress program counts (`crate::dasr`).
+pub const TABLE_DASR_RECEIVER: u32 = 1 << 4;
+/// DASR sender: sock_ops mirrors the shares the ingress program read into SO_MAX_PACING_RATE.
+pub const TABLE_DASR_SENDER: u32 = 1 << 5;
 
 /// A whole compiled policy: what one slot of [`names::TABLES`] holds.
 ///
@@ -402,8 +407,13 @@ pub struct SockState {
     pub class: u16,
     pub dscp: u8,
     pub _pad: u8,
+    /// DASR: the share its receiver advertised, line / N (wire bytes/s; 0: none), set by the
+    /// ingress program from the receiver's ACKs; it caps the flow clock (`crate::dasr::cap`).
+    pub dasr_rate: u64,
+    /// When the receiver last advertised it (CLOCK_MONOTONIC ns).
+    pub dasr_seen_ns: u64,
 }
-const _: () = assert!(size_of::<SockState>() == 24);
+const _: () = assert!(size_of::<SockState>() == 40);
 
 /// An aggregate's departure clock, shared by all CPUs (updated with atomics).
 #[repr(C)]

@@ -1,5 +1,6 @@
 //! Attaching the programs: the tc classifier on each managed interface's egress (tcx on 6.6+,
-//! clsact over netlink otherwise), and sock_ops on the cgroup v2 root.
+//! clsact over netlink otherwise), DASR's program on their ingress, and sock_ops on the cgroup
+//! v2 root.
 //!
 //! tcx and cgroup links are pinned ([`crate::persist`]), so they outlive the agent's process
 //! (`kill -9`, a crash, an upgrade); a netlink (clsact) filter outlives it anyway. An agent that
@@ -56,6 +57,8 @@ pub enum TcProgram {
     Egress,
     /// The D3 router of a router link.
     D3Router,
+    /// DASR's ingress program (tc ingress of the managed interfaces).
+    DasrIngress,
 }
 
 impl TcProgram {
@@ -63,6 +66,7 @@ impl TcProgram {
         match self {
             TcProgram::Egress => dp.tc_program(),
             TcProgram::D3Router => dp.d3_router_program(),
+            TcProgram::DasrIngress => dp.ingress_program(),
         }
     }
 
@@ -71,6 +75,7 @@ impl TcProgram {
         match self {
             TcProgram::Egress => format!("egress-{iface}"),
             TcProgram::D3Router => format!("router-{iface}"),
+            TcProgram::DasrIngress => format!("ingress-{iface}"),
         }
     }
 
@@ -79,6 +84,23 @@ impl TcProgram {
         match self {
             TcProgram::Egress => NL_PRIORITY,
             TcProgram::D3Router => NL_PRIORITY + 1,
+            TcProgram::DasrIngress => NL_PRIORITY + 2,
+        }
+    }
+
+    /// Where it attaches.
+    pub fn attach_type(self) -> TcAttachType {
+        match self {
+            TcProgram::Egress | TcProgram::D3Router => TcAttachType::Egress,
+            TcProgram::DasrIngress => TcAttachType::Ingress,
+        }
+    }
+
+    /// `egress` or `ingress`, as `tc filter` names the hook.
+    pub fn direction(self) -> &'static str {
+        match self.attach_type() {
+            TcAttachType::Ingress => "ingress",
+            _ => "egress",
         }
     }
 }
@@ -105,9 +127,9 @@ pub fn attach_tc(
     )
 }
 
-/// Attaches `which` to `iface` egress (see [`attach_tc`]). With tcx the link is pinned at
-/// `pins.link(which.pin_name(iface))`; a link already pinned there (a previous agent's) gets
-/// this program atomically instead.
+/// Attaches `which` to `iface` (egress, or ingress for DASR; see [`attach_tc`]). With
+/// tcx the link is pinned at `pins.link(which.pin_name(iface))`; a link already pinned there (a
+/// previous agent's) gets this program atomically instead.
 pub fn attach_program(
     dp: &mut Datapath,
     which: TcProgram,
@@ -141,7 +163,7 @@ pub fn attach_program(
         let prog = which.prog(dp)?;
         match prog.attach_with_options(
             iface,
-            TcAttachType::Egress,
+            which.attach_type(),
             TcAttachOptions::TcxOrder(LinkOrder::default()),
         ) {
             Ok(id) => {
@@ -166,7 +188,7 @@ pub fn attach_program(
     if had_filter && !clsact_added {
         let old = SchedClassifierLink::attached(
             iface,
-            TcAttachType::Egress,
+            which.attach_type(),
             which.nl_priority(),
             NL_HANDLE.into(),
             None,
@@ -182,14 +204,14 @@ pub fn attach_program(
     }
     prog.attach_with_options(
         iface,
-        TcAttachType::Egress,
+        which.attach_type(),
         TcAttachOptions::Netlink(NlOptions {
             priority: which.nl_priority(),
             handle: NL_HANDLE.into(),
             classid: None,
         }),
     )
-    .with_context(|| format!("{iface}: attaching the classifier to clsact egress"))?;
+    .with_context(|| format!("{iface}: attaching {which:?} to clsact {}", which.direction()))?;
     Ok(TcAttachment {
         iface: iface.into(),
         mode: AttachMode::Clsact,
@@ -217,10 +239,10 @@ fn pin_tc_link(dp: &mut Datapath, which: TcProgram, id: SchedClassifierLinkId, p
     Ok(())
 }
 
-/// Removes a clsact egress filter paceline left behind (after a crash).
+/// Removes a clsact filter paceline left behind (after a crash).
 pub fn remove_stale_filter(iface: &str, which: TcProgram) -> Result<()> {
     let pref = which.nl_priority().to_string();
-    qdisc::tc(&["filter", "del", "dev", iface, "egress", "pref", &pref]).map(|_| ())
+    qdisc::tc(&["filter", "del", "dev", iface, which.direction(), "pref", &pref]).map(|_| ())
 }
 
 /// Attaches sock_ops to the cgroup v2 root through a pinned link (5.7+: a bpf link, which

@@ -9,9 +9,13 @@ use aya::{
     maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray},
     programs::{SchedClassifier, SockOps},
 };
-use paceline_common::maps::{
-    AggClock, BenchEdt, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl, DEFAULT_FLOW_TABLE_SIZE,
-    FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, Rule, names,
+use paceline_common::{
+    dasr::{self, DasrAddr, DasrIface, DasrStats},
+    maps::{
+        AggClock, BenchEdt, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl,
+        DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable,
+        Rule, SockState, names,
+    },
 };
 
 use crate::bpfsys;
@@ -25,6 +29,8 @@ pub const TC_EGRESS: &str = "pl_tc_egress";
 pub const SOCK_OPS: &str = "pl_sock_ops";
 /// The D3 router (tc egress of the router's links).
 pub const D3_ROUTER: &str = "pl_d3_router";
+/// DASR's tc ingress program (receiver: counts senders; sender: reads shares).
+pub const TC_INGRESS: &str = "pl_tc_ingress";
 /// An empty classifier, loaded only by the benchmark as its floor.
 pub const TC_FLOOR: &str = "pl_tc_floor";
 /// A classifier that only reads the clock: what `bpf_ktime_get_ns` costs (benchmark only).
@@ -103,6 +109,10 @@ pub struct Datapath {
     d3_links: HashMap<MapData, u32, D3LinkCounters>,
     /// Kept untyped: pinning needs the map, and the agent never reads it.
     d3_app: aya::maps::Map,
+    dasr_ifaces: HashMap<MapData, u32, DasrIface>,
+    dasr_addrs: HashMap<MapData, [u32; 4], DasrAddr>,
+    dasr_stats: PerCpuArray<MapData, DasrStats>,
+    sock: aya::maps::SkStorage<MapData, SockState>,
     generation: u64,
 }
 
@@ -140,6 +150,10 @@ impl Datapath {
         so.load().with_context(|| format!("verifying {SOCK_OPS}"))?;
         let router: &mut SchedClassifier = prog(&mut ebpf, D3_ROUTER)?.try_into()?;
         router.load().with_context(|| format!("verifying {D3_ROUTER}"))?;
+        let ingress: &mut SchedClassifier = prog(&mut ebpf, TC_INGRESS)?.try_into()?;
+        ingress
+            .load()
+            .with_context(|| format!("verifying {TC_INGRESS}"))?;
 
         let active = Array::try_from(take(&mut ebpf, names::ACTIVE)?)?;
         let tables = Array::try_from(take(&mut ebpf, names::TABLES)?)?;
@@ -168,7 +182,15 @@ impl Datapath {
         let d3_link_ctl = HashMap::try_from(take(&mut ebpf, names::D3_LINK_CTL)?)?;
         let d3_links = HashMap::try_from(take(&mut ebpf, names::D3_LINKS)?)?;
         let d3_app = take(&mut ebpf, names::D3_APP)?;
+        let dasr_ifaces = HashMap::try_from(take(&mut ebpf, dasr::names::DASR_IFACES)?)?;
+        let dasr_addrs = HashMap::try_from(take(&mut ebpf, dasr::names::DASR_ADDRS)?)?;
+        let dasr_stats = PerCpuArray::try_from(take(&mut ebpf, dasr::names::DASR_STATS)?)?;
+        let sock = aya::maps::SkStorage::try_from(take(&mut ebpf, names::SOCK)?)?;
         Ok(Datapath {
+            dasr_ifaces,
+            dasr_addrs,
+            dasr_stats,
+            sock,
             d3_stats,
             d3_link_ctl,
             d3_links,
@@ -198,7 +220,7 @@ impl Datapath {
     /// Instructions the verifier processed for each loaded program (5.16+; `None` before): how
     /// close each is to the verifier's limit of 1,000,000.
     pub fn verified_insns(&self) -> Vec<(&'static str, Option<u32>)> {
-        [TC_EGRESS, SOCK_OPS, D3_ROUTER]
+        [TC_EGRESS, SOCK_OPS, D3_ROUTER, TC_INGRESS]
             .into_iter()
             .map(|name| {
                 let n = self
@@ -218,6 +240,44 @@ impl Datapath {
     /// The D3 router program.
     pub fn d3_router_program(&mut self) -> Result<&mut SchedClassifier> {
         Ok(prog(&mut self.ebpf, D3_ROUTER)?.try_into()?)
+    }
+
+    /// DASR's ingress program.
+    pub fn ingress_program(&mut self) -> Result<&mut SchedClassifier> {
+        Ok(prog(&mut self.ebpf, TC_INGRESS)?.try_into()?)
+    }
+
+    /// Serves interface `ifindex` with DASR (`cfg`: its line rate, epochs, roles).
+    pub fn set_dasr_iface(&mut self, ifindex: u32, cfg: &DasrIface) -> Result<()> {
+        Ok(self.dasr_ifaces.insert(ifindex, cfg, 0)?)
+    }
+
+    /// DASR's counting state of every local address it has seen (IPv4-mapped, network order).
+    pub fn dasr_addrs(&self) -> Result<Vec<([u32; 4], DasrAddr)>> {
+        self.dasr_addrs
+            .iter()
+            .map(|r| r.context("reading PL_DASR_ADDRS"))
+            .collect()
+    }
+
+    /// DASR's counters, summed over CPUs.
+    pub fn dasr_stats(&self) -> Result<DasrStats> {
+        let mut s = DasrStats::default();
+        for c in self
+            .dasr_stats
+            .get(&0, 0)
+            .context("reading PL_DASR_STATS")?
+            .iter()
+        {
+            s.add(c);
+        }
+        Ok(s)
+    }
+
+    /// The tc program's state of a local TCP socket (its class cache, flow clock and DASR
+    /// share), if it has any.
+    pub fn sock_state(&self, socket: &impl std::os::fd::AsRawFd) -> Option<SockState> {
+        self.sock.get(socket, 0).ok()
     }
 
     /// D3 counters of every class, summed over CPUs.

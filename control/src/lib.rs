@@ -19,6 +19,8 @@
 //! - [`d3app`]: what applications call to give a socket a size and a deadline (D3).
 //! - [`persist`]: the maps and links pinned so the datapath outlives the agent, and their
 //!   adoption by the next agent.
+//! - [`dasr`]: DASR's interface configuration, and its report (senders per local address,
+//!   option counters, shares set) for `/status` and `/metrics`.
 //! - [`features`]: what the running kernel offers, probed at start.
 //! - [`state`]: the lock and the record of host changes that a start after `kill -9` undoes.
 //! - [`status`]: the typed status model (`/status`, `status.json`, `paceline status`, the tests).
@@ -40,6 +42,7 @@ pub mod cli;
 pub mod ctab;
 pub mod d3app;
 pub mod d3router;
+pub mod dasr;
 pub mod datapath;
 pub mod events;
 pub mod features;

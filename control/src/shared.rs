@@ -103,7 +103,11 @@ impl Shared {
             None
         };
         let links = g.router.as_ref().map(|r| r.report(dp)).unwrap_or_default();
-        metrics::render_with(&dp.snapshot()?, d3.as_deref(), &links, &g.status, &ops)
+        let mut text = metrics::render_with(&dp.snapshot()?, d3.as_deref(), &links, &g.status, &ops)?;
+        if g.status.dasr.is_some() {
+            text.push_str(&crate::dasr::metrics(&crate::dasr::report(dp)?)?);
+        }
+        Ok(text)
     }
 
     /// The text of the policy in force.
@@ -132,7 +136,11 @@ impl Shared {
             None
         };
         let links = g.router.as_ref().map(|r| r.report(dp)).unwrap_or_default();
-        Ok(LiveStatus::new(g.status.clone(), &snap, d3.as_deref(), &links))
+        let dasr = match g.status.dasr {
+            Some(_) => Some(crate::dasr::report(dp)?),
+            None => None,
+        };
+        Ok(LiveStatus::new(g.status.clone(), &snap, d3.as_deref(), &links).with_dasr(dasr.as_ref()))
     }
 
     /// `/healthz` (`readiness` false) and `/readyz` (true).

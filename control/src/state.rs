@@ -27,6 +27,9 @@ pub struct IfaceState {
     /// A clsact filter of the D3 router may exist (its own priority).
     #[serde(default)]
     pub router_filter: bool,
+    /// A clsact ingress filter of DASR may exist.
+    #[serde(default)]
+    pub ingress_filter: bool,
     /// paceline added the clsact qdisc.
     #[serde(default)]
     pub clsact_added: bool,
@@ -158,6 +161,11 @@ pub fn clean_up(state: &State) -> Vec<String> {
         for (on, which, what) in [
             (i.clsact_filter, attach::TcProgram::Egress, "clsact egress filter"),
             (i.router_filter, attach::TcProgram::D3Router, "D3 router filter"),
+            (
+                i.ingress_filter,
+                attach::TcProgram::DasrIngress,
+                "clsact ingress filter",
+            ),
         ] {
             if on {
                 match attach::remove_stale_filter(&i.name, which) {

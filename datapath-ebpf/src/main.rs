@@ -8,6 +8,9 @@
 //! - `ebpf::sockops`: per-class TCP settings at connection time.
 //! - `ebpf::tcp`: the socket helpers sock_ops shares (setsockopt wrappers, TCP's payload rate).
 //! - `ebpf::d3host`, `ebpf::d3router`: D3 on end hosts (sock_ops callbacks) and routers (tc).
+//! - `ebpf::dasr`: DASR: the tc ingress program (counting senders as a receiver, reading shares
+//!   as a sender) and its sock_ops callbacks (writing the option, mirroring the share into
+//!   SO_MAX_PACING_RATE).
 //!
 //! Entry points are thin; the per-packet work is classify (`paceline_common::classify`),
 //! pace, tag, count. Nothing logs per packet.

@@ -1,5 +1,5 @@
 //! The agent's changes to the host and their undo: each interface's classifier and root qdisc,
-//! sock_ops, the D3 application map's pin and the D3 router's links.
+//! sock_ops, DASR's ingress program, the D3 application map's pin and the D3 router's links.
 //!
 //! Every change is recorded in the state directory before it is made ([`crate::state`]). The
 //! programs' links and the maps are pinned ([`crate::persist`]): after `kill -9` or a crash the
@@ -122,7 +122,11 @@ pub fn install(
         .iter()
         .filter(|i| !compiled.interfaces.contains(&i.name))
     {
-        for which in [attach::TcProgram::Egress, attach::TcProgram::D3Router] {
+        for which in [
+            attach::TcProgram::Egress,
+            attach::TcProgram::D3Router,
+            attach::TcProgram::DasrIngress,
+        ] {
             let _ = std::fs::remove_file(pins.link(&which.pin_name(&old.name)));
         }
         for line in state::clean_up(&State {
@@ -147,7 +151,7 @@ pub fn install(
             ifaces.push(status);
             attachments.push(att);
         }
-        let needs_sockops = mode != EnforcementMode::None || compiled.d3.is_some();
+        let needs_sockops = mode != EnforcementMode::None || compiled.d3.is_some() || compiled.dasr.is_some();
         if needs_sockops && let Some(cg) = &features.cgroup2 {
             let adopted = attach::attach_sock_ops(&mut dp, cg, pins)?;
             sock_ops = true;
@@ -158,6 +162,61 @@ pub fn install(
             );
         } else {
             let _ = std::fs::remove_file(pins.link("sock_ops"));
+        }
+        if let Some(d) = &compiled.dasr {
+            crate::dasr::configure(&mut dp, d, &compiled.interfaces)?;
+            for iface in &compiled.interfaces {
+                let had = was(iface).ingress_filter;
+                attach::attach_program(
+                    &mut dp,
+                    attach::TcProgram::DasrIngress,
+                    iface,
+                    features,
+                    pins,
+                    had,
+                    |added| {
+                        let s = st.iface(iface);
+                        s.ingress_filter = true;
+                        s.clsact_added |= added;
+                        dir.save(&st)
+                    },
+                )?;
+            }
+            log::info!(
+                "DASR on {}: receiver {}, sender {}; a flow counts as sending for {} us to {} us after its last data segment",
+                compiled.interfaces.join(", "),
+                if d.receiver {
+                    d.interfaces
+                        .iter()
+                        .map(|l| {
+                            format!(
+                                "{} advertises {}",
+                                l.interface,
+                                crate::policy::units::fmt_rate(l.line_rate)
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                } else {
+                    "off".into()
+                },
+                if d.sender { "on" } else { "off" },
+                d.min_window_ns() / 1000,
+                2 * d.min_window_ns() / 1000
+            );
+        }
+        if compiled.dasr.is_none() {
+            // A previous agent's DASR ingress program is not adopted: its link or filter goes.
+            for iface in &compiled.interfaces {
+                let _ = std::fs::remove_file(pins.link(&attach::TcProgram::DasrIngress.pin_name(iface)));
+                if was(iface).ingress_filter {
+                    if let Err(e) = attach::remove_stale_filter(iface, attach::TcProgram::DasrIngress) {
+                        log::warn!("{iface}: removing the previous agent's DASR ingress filter: {e:#}");
+                    }
+                    st.iface(iface).ingress_filter = false;
+                    dir.save(&st)?;
+                }
+            }
         }
         if let Some(d3) = &compiled.d3 {
             let pin = pins.root().join("d3_app");
@@ -343,6 +402,7 @@ pub fn uninstall(shared: &Shared, dir: &StateDir, pins: &Pins) {
     for i in &mut st.interfaces {
         i.clsact_filter = false;
         i.router_filter = false;
+        i.ingress_filter = false;
     }
     for line in state::clean_up(&st) {
         log::info!("shutdown: {line}");

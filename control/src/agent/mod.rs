@@ -369,6 +369,7 @@ fn start_status(
             router_links: d.router.iter().map(|l| l.interface.clone()).collect(),
             interval_us: d.interval_ns / 1000,
         }),
+        dasr: compiled.dasr.as_ref().map(status::DasrStatus::of),
         reloads: Default::default(),
         flow_table: status::FlowTable {
             capacity: compiled.flow_table_size,

@@ -204,6 +204,9 @@ fn render(b: &LiveStatus, now: u64) -> String {
             c.tcp_sockets_configured
         );
     }
+    if let (Some(d), Some(c)) = (&st.dasr, &counters.dasr) {
+        render_dasr(&mut o, d, c);
+    }
     let u = &counters.unparsed;
     let _ = writeln!(
         o,
@@ -216,6 +219,61 @@ fn render(b: &LiveStatus, now: u64) -> String {
     o
 }
 
+/// DASR: the roles, N per local address, the options and the shares set on senders.
+fn render_dasr(o: &mut String, d: &crate::status::DasrStatus, c: &crate::status::DasrCounters) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        o,
+        "\nDASR: receiver {}, sender {}; sending = data in the last {}..{} us ({} x rtt {} us)",
+        if d.receiver { "on" } else { "off" },
+        if d.sender { "on" } else { "off" },
+        d.rtt_ns * d.active_rtts as u64 / 1000,
+        2 * d.rtt_ns * d.active_rtts as u64 / 1000,
+        d.active_rtts,
+        d.rtt_ns / 1000
+    );
+    if !c.addresses.is_empty() {
+        let _ = writeln!(
+            o,
+            "{:<40} {:>7} {:>14} {:>14}",
+            "ADDRESS", "SENDERS", "LINE", "SHARE"
+        );
+        for a in &c.addresses {
+            let _ = writeln!(
+                o,
+                "{:<40} {:>7} {:>14} {:>14}",
+                a.address,
+                a.senders,
+                rate_column(Some(a.line_rate_bytes_per_second)),
+                rate_column(Some(a.share_bytes_per_second))
+            );
+        }
+    }
+    let _ = writeln!(
+        o,
+        "options: written {}, no room {} | read {}, malformed {}, no socket {}",
+        c.options_written, c.options_no_room, c.options_read, c.options_malformed, c.options_no_socket
+    );
+    let _ = writeln!(
+        o,
+        "shares set on senders {} (pacing updates {}, stale resets {}, refused {}){}",
+        c.rates_set,
+        c.pacing_updates,
+        c.stale_resets,
+        c.sockopt_errors,
+        if c.shares_set.is_empty() { "" } else { ":" }
+    );
+    for b in &c.shares_set {
+        let _ = writeln!(
+            o,
+            "  {:>8} below {}",
+            b.count,
+            b.below_bytes_per_second
+                .map_or("(no bound)".to_string(), |r| rate_column(Some(r)))
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +284,49 @@ mod tests {
         assert_eq!(rate_column(Some(1_250_000_000)), "10.0 Gbit/s");
         assert_eq!(rate_column(Some(90_000_000)), "720 Mbit/s");
         assert_eq!(rate_column(None), "unlimited");
+    }
+
+    #[test]
+    fn renders_dasr_when_it_is_on() {
+        let mut s: LiveStatus = serde_json::from_str(crate::status::tests::LIVE).expect("status");
+        s.status.dasr = Some(crate::status::DasrStatus {
+            receiver: true,
+            sender: true,
+            rtt_ns: 100_000,
+            active_rtts: 2,
+            interfaces: vec![],
+        });
+        let mut stats = paceline_common::dasr::DasrStats {
+            options_written: 7,
+            ..Default::default()
+        };
+        stats.rate_hist[4] = 2;
+        let report = crate::dasr::DasrReport {
+            addresses: vec![crate::dasr::AddrReport {
+                address: "10.0.0.2".into(),
+                senders: 2,
+                line_rate_bytes_per_second: 125_000_000,
+                share_bytes_per_second: 62_500_000,
+            }],
+            stats,
+        };
+        s.counters.dasr = Some((&report).into());
+        let text = render(&s, s.status.started_at);
+        assert!(
+            text.contains(
+                "DASR: receiver on, sender on; sending = data in the last 200..400 us (2 x rtt 100 us)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("10.0.0.2                                       2    1.00 Gbit/s     500 Mbit/s"),
+            "{text}"
+        );
+        assert!(
+            text.contains("options: written 7, no room 0 | read 0, malformed 0, no socket 0"),
+            "{text}"
+        );
+        assert!(text.contains("       2 below 16.8 Mbit/s"), "{text}");
     }
 
     #[test]

@@ -25,7 +25,8 @@ use std::sync::Arc;
 
 use paceline_common::maps::{
     CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_CLASSES,
-    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, level_slot,
+    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_DASR_RECEIVER, TABLE_DASR_SENDER,
+    TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, level_slot,
 };
 use paceline_common::qjump::Network;
 
@@ -146,6 +147,8 @@ pub struct Compiled {
     pub htb: Option<HtbPlan>,
     /// `spec.d3`, when D3 is on.
     pub d3: Option<crate::policy::validate::D3Spec>,
+    /// `spec.dasr`, when DASR is on; `sender` is off in `none` mode (nothing is enforced).
+    pub dasr: Option<crate::policy::validate::DasrSpec>,
 }
 
 impl Compiled {
@@ -506,6 +509,22 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
         // host, too slow to pick up capacity freed one RTT later. line/100: every ~2.3 ms.
         table.d3_first_rate = d3.first_rtt_rate.unwrap_or(line / 100);
     }
+    let mut dasr = v.dasr.clone();
+    if let Some(d) = &mut dasr {
+        if d.receiver {
+            table.flags |= TABLE_DASR_RECEIVER;
+        }
+        if d.sender && mode == EnforcementMode::None {
+            d.sender = false;
+            warnings.push(format!(
+                "{}: spec.dasr.sender: enforcement none enforces no rate, so this host does not pace at the shares its receivers advertise",
+                v.file
+            ));
+        }
+        if d.sender {
+            table.flags |= TABLE_DASR_SENDER;
+        }
+    }
     let ctab = crate::ctab::build(&rule_table).map_err(|e| super::PolicyError {
         file: v.file.clone(),
         line: None,
@@ -552,6 +571,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
 
     Ok(Compiled {
         d3: v.d3.clone(),
+        dasr,
         table,
         rule_table,
         ctab: Arc::new(ctab),

@@ -91,6 +91,42 @@ pub struct Spec {
     /// routing. Default: none (D3 off; classes with `d3` need it).
     #[serde(default)]
     pub d3: Option<D3>,
+    /// DASR, Dart's direct apportioning of sending rates (docs/dasr.md): as a receiver, count the
+    /// senders currently sending to this host's addresses and tell each of them N and the
+    /// line rate in its ACKs; as a sender, pace each flow at the line rate / N its receiver
+    /// advertises. Default: none (DASR off).
+    #[serde(default)]
+    pub dasr: Option<Dasr>,
+}
+
+/// `spec.dasr`.
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Dasr {
+    /// Count the senders of data arriving on the managed interfaces and advertise N and the
+    /// line rate in ACKs (be a DASR receiver). Default true.
+    #[serde(default = "default_true")]
+    pub receiver: bool,
+    /// Cap each TCP flow at the share its receiver advertises (be a DASR sender). Default true.
+    #[serde(default = "default_true")]
+    pub sender: bool,
+    /// The line rate advertised for this host's addresses: `auto` (each interface's speed as
+    /// the kernel reports it, else `spec.link_rate`) or a rate. Default `auto`.
+    #[serde(default)]
+    pub line_rate: Option<LineRateText>,
+    /// The network's round-trip time without queueing, 1us..=100ms. Default `100us`.
+    #[serde(default)]
+    pub rtt: Option<DurationText>,
+    /// A flow counts as sending while one of its data segments arrived within the last
+    /// `active_rtts` to 2 x `active_rtts` RTTs (longer for many senders: at least 4 frame
+    /// times per sender), 1..=64. Default 2.
+    #[serde(default = "default_active_rtts")]
+    #[schemars(range(min = 1, max = 64))]
+    pub active_rtts: i64,
+}
+
+fn default_active_rtts() -> i64 {
+    2
 }
 
 /// `spec.d3`.
@@ -386,6 +422,20 @@ scalar_newtype!(
         "pattern": units::rate_pattern(),
         "description": "A rate with its unit. Bits/s: bit, kbit, Mbit, Gbit, Tbit (prefix case-insensitive), bps, Kbps, Mbps, Gbps, Tbps. Bytes/s: B/s, KB/s, MB/s, GB/s, TB/s, KiB/s, MiB/s, GiB/s, TiB/s. Decimals allowed.",
         "examples": ["10Gbit", "250Mbit", "1.5Gbit", "125MB/s"]
+    })
+);
+
+scalar_newtype!(
+    /// A rate with its unit, or `"auto"`.
+    LineRateText,
+    "LineRate",
+    json_schema!({
+        "description": "A rate with its unit (see Rate), or \"auto\": the interface's speed as the kernel reports it.",
+        "anyOf": [
+            { "type": "string", "pattern": units::rate_pattern() },
+            { "const": "auto" }
+        ],
+        "examples": ["auto", "10Gbit", "25Gbit"]
     })
 );
 

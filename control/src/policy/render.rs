@@ -324,6 +324,10 @@ pub fn check_report(c: &Compiled) -> String {
         t.render(&mut out);
     }
 
+    if let Some(d) = &c.dasr {
+        dasr_report(d, &mut out);
+    }
+
     if c.warnings.is_empty() {
         out.push_str("\nNo warnings.\n");
     } else {
@@ -338,6 +342,43 @@ pub fn check_report(c: &Compiled) -> String {
 /// Machine-readable output of `paceline policy check --json`. Rates are bytes/s, durations
 /// nanoseconds or seconds as the key says.
 /// The compiled classifier's sizes: entries per table and the kernel memory they take.
+/// `spec.dasr`: the roles, what "currently sending" means here, each interface's line rate.
+fn dasr_report(d: &super::validate::DasrSpec, out: &mut String) {
+    let yes = |b: bool| if b { "on" } else { "off" };
+    out.push_str("\nDASR (docs/dasr.md)\n");
+    kv(
+        out,
+        "receiver",
+        format!(
+            "{} (counts senders at ingress, advertises N in pure ACKs)",
+            yes(d.receiver)
+        ),
+    );
+    kv(
+        out,
+        "sender",
+        format!("{} (caps each flow at line / N)", yes(d.sender)),
+    );
+    kv(
+        out,
+        "sending",
+        format!(
+            "data in the last {}..{} ({} x rtt {}; longer with many senders)",
+            fmt_ns(d.min_window_ns()),
+            fmt_ns(2 * d.min_window_ns()),
+            d.active_rtts,
+            fmt_ns(d.rtt_ns)
+        ),
+    );
+    for l in &d.interfaces {
+        kv(
+            out,
+            "line rate",
+            format!("{}: {} ({})", l.interface, fmt_rate(l.line_rate), l.source),
+        );
+    }
+}
+
 fn classifier_report(st: &crate::ctab::Stats, out: &mut String) {
     out.push_str("\nClassifier (its cost per packet does not grow with the number of rules)\n");
     let mut t = Table::new(&[("TABLE", false), ("ENTRIES", true), ("HOLDS", false)]);
@@ -456,6 +497,18 @@ pub fn json(c: &Compiled) -> Value {
                 "ceil_bytes_per_second": k.ceil,
                 "prio": k.prio,
                 "name": k.name,
+            })).collect::<Vec<_>>(),
+        })),
+        "dasr": c.dasr.as_ref().map(|d| json!({
+            "receiver": d.receiver,
+            "sender": d.sender,
+            "rtt_ns": d.rtt_ns,
+            "active_rtts": d.active_rtts,
+            "line_rate_bytes_per_second": d.line_rate,
+            "interfaces": d.interfaces.iter().map(|l| json!({
+                "interface": l.interface,
+                "line_rate_bytes_per_second": l.line_rate,
+                "source": l.source,
             })).collect::<Vec<_>>(),
         })),
         "warnings": c.warnings,

@@ -6,7 +6,7 @@ use super::enforcement::EnforcementMode;
 impl Compiled {
     /// What differs from `old`, the policy in force, that only a restart applies, one message
     /// each (empty: this policy can replace `old` live). The interfaces, the enforcement mode,
-    /// `spec.d3` and the flow table are set up at start. `mode` is the mode this policy's
+    /// `spec.d3`, `spec.dasr` and the flow table are set up at start. `mode` is the mode this policy's
     /// `spec.enforcement` gets on this kernel ([`decide_mode`](super::decide_mode)); `None`
     /// when the kernel cannot give it one.
     pub fn restart_needed(&self, old: &Compiled, mode: Option<EnforcementMode>) -> Vec<String> {
@@ -24,6 +24,11 @@ impl Compiled {
         if self.d3 != old.d3 {
             restart.push(
                 "spec.d3 changed (receiver, router links, interval): restart the agent to apply it".into(),
+            );
+        }
+        if self.dasr != old.dasr {
+            restart.push(
+                "spec.dasr changed (roles, line rate, RTT, window): restart the agent to apply it".into(),
             );
         }
         if self.flow_table_size != old.flow_table_size {
@@ -70,12 +75,12 @@ spec:
     }
 
     #[test]
-    fn interfaces_mode_d3_and_flow_table_need_a_restart() {
+    fn interfaces_mode_d3_dasr_and_flow_table_need_a_restart() {
         let old = fq(BASE, None);
         let new = fq(
             &BASE.replace("[eth0]", "[eth0, eth1]").replace(
                 "default_class: b",
-                "default_class: b\n  flow_table_size: 4096\n  d3: {}",
+                "default_class: b\n  flow_table_size: 4096\n  d3: {}\n  dasr: {line_rate: 1Gbit}",
             ),
             Some(&old),
         );
@@ -85,6 +90,7 @@ spec:
                 r#"spec.interfaces changed (["eth0"] -> ["eth0", "eth1"]): restart the agent to apply it"#,
                 "spec.enforcement changed the enforcement mode: restart the agent to apply it",
                 "spec.d3 changed (receiver, router links, interval): restart the agent to apply it",
+                "spec.dasr changed (roles, line rate, RTT, window): restart the agent to apply it",
                 "spec.flow_table_size changed (65536 -> 4096): the flow table is sized at start; restart the agent",
             ]
         );

@@ -3,6 +3,7 @@
 mod bench;
 mod d3host;
 mod d3router;
+mod dasr;
 mod maps;
 mod pacer;
 mod parse;
@@ -123,10 +124,15 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     }
 
     let mut delay = 0;
+    // A DASR share its receiver advertised caps the socket's flow clock (never raises it).
+    let dasr_rate = match &sock_state {
+        Some(st) => st.dasr_rate,
+        None => 0,
+    };
     let flow_rate = if table.flags & TABLE_NO_FLOW_CLOCKS != 0 {
         0
     } else {
-        class.flow_rate
+        paceline_common::dasr::cap(class.flow_rate, dasr_rate)
     };
     // Only packets that some clock applies to pay for reading the time.
     if flow_rate | class.class_rate | level.rate != 0 {

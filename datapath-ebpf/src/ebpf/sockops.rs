@@ -27,7 +27,7 @@ use paceline_common::{
 };
 
 use super::{
-    d3host, maps,
+    d3host, dasr, maps,
     tcp::{
         self, AF_INET6, IP_TOS, IPV6_TCLASS, SO_MAX_PACING_RATE, SOL_IP, SOL_IPV6, SOL_SOCKET, SOL_TCP,
         TCP_BPF_DELACK_MAX, TCP_BPF_RTO_MIN,
@@ -65,10 +65,22 @@ pub fn pl_sock_ops(ctx: SockOpsContext) -> u32 {
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB | BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => {
             configure(&ctx, table, bank)
         }
-        OP_HDR_OPT_LEN_CB => d3host::on_hdr_opt_len(&ctx, table),
-        OP_WRITE_HDR_OPT_CB => d3host::on_write_hdr_opt(&ctx, table),
-        OP_PARSE_HDR_OPT_CB => d3host::on_parse_hdr_opt(&ctx, table),
-        OP_RTT_CB => d3host::on_rtt(&ctx),
+        OP_HDR_OPT_LEN_CB => {
+            d3host::on_hdr_opt_len(&ctx, table);
+            dasr::on_hdr_opt_len(&ctx, table);
+        }
+        OP_WRITE_HDR_OPT_CB => {
+            d3host::on_write_hdr_opt(&ctx, table);
+            dasr::on_write_hdr_opt(&ctx, table);
+        }
+        OP_PARSE_HDR_OPT_CB => {
+            d3host::on_parse_hdr_opt(&ctx, table);
+            dasr::on_parse_hdr_opt(&ctx, table);
+        }
+        OP_RTT_CB => {
+            d3host::on_rtt(&ctx);
+            dasr::on_rtt(&ctx, table);
+        }
         OP_STATE_CB => d3host::on_state(&ctx),
         _ => {}
     }
@@ -133,6 +145,7 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable, bank: u32) {
         }
     }
     d3host::on_established(ctx, table, class_idx, class);
+    dasr::on_established(ctx, table);
 }
 
 /// `::ffff:a.b.c.d` (as the context's words, network byte order in memory).
@@ -145,7 +158,7 @@ fn is_v4_mapped(a: &[u32; 4]) -> bool {
 /// it in the upper 16 bits of the 32-bit field (the context rewrite shifts it), so take
 /// whichever half is set.
 #[inline(always)]
-fn remote_port(raw: u32) -> u16 {
+pub(super) fn remote_port(raw: u32) -> u16 {
     let be = if raw >> 16 != 0 {
         (raw >> 16) as u16
     } else {
@@ -158,7 +171,7 @@ fn remote_port(raw: u32) -> u16 {
 /// loads at constant offsets from the context pointer, and a plain array copy may be compiled
 /// into loads through a derived pointer.
 #[inline(always)]
-unsafe fn ip6(a: *const [u32; 4]) -> [u32; 4] {
+pub(super) unsafe fn ip6(a: *const [u32; 4]) -> [u32; 4] {
     let w = a.cast::<u32>();
     // SAFETY: caller passes a pointer into the context; each read is a fixed-offset u32 load.
     unsafe {

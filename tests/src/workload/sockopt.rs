@@ -154,6 +154,15 @@ pub struct TcpInfo {
     pub delivery_rate_bps: u64,
     /// Current pacing rate (bit/s; u64::MAX*8 saturates when unpaced).
     pub pacing_rate_bps: u64,
+    /// `SO_MAX_PACING_RATE` (bytes/s of payload; u64::MAX when unlimited).
+    #[serde(default)]
+    pub max_pacing_rate: u64,
+    /// Bytes acknowledged over the connection's life.
+    #[serde(default)]
+    pub bytes_acked: u64,
+    /// The MSS the connection sends with.
+    #[serde(default)]
+    pub snd_mss: u32,
 }
 
 /// Reads `TCP_INFO` of a connected TCP socket.
@@ -196,6 +205,9 @@ pub fn tcp_info(fd: i32) -> io::Result<TcpInfo> {
         lost: u32_at(32),
         delivery_rate_bps: delivery.saturating_mul(8),
         pacing_rate_bps: pacing.saturating_mul(8),
+        max_pacing_rate: if got >= 120 { u64_at(112) } else { 0 },
+        bytes_acked: if got >= 128 { u64_at(120) } else { 0 },
+        snd_mss: u32_at(16),
     })
 }
 

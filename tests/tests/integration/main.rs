@@ -8,6 +8,8 @@ mod agent_scale;
 mod classify_scale;
 mod d3_e2e;
 mod d3_router;
+mod dasr;
+mod dasr_e2e;
 mod ops;
 mod parse;
 mod prometheus;

@@ -10,12 +10,13 @@
 //! - `diag`: `Diag`, which collects every error and warning with its line.
 //! - [`fields`]: parsers of single values (rates, sizes, durations, ports, marks, addresses,
 //!   names, factors, protocols) with the bounds they are checked against.
-//! - `levels`, `classes`, `rules`, `d3`: one section of `spec` each.
+//! - `levels`, `classes`, `rules`, `d3`, `dasr`: one section of `spec` each.
 //! - here: [`validate`], the top-level fields (interfaces, horizon, flow table, link rate,
 //!   QJump network) and the checks across sections.
 
 mod classes;
 mod d3;
+mod dasr;
 mod diag;
 pub mod fields;
 mod levels;
@@ -198,10 +199,11 @@ fn validate_into(
     }
 
     let d3 = d3::d3_spec(d, spec, host);
+    let dasr = dasr::dasr_spec(d, spec, &interfaces, spec_link_rate, host);
 
     // Everything below needs the parts above to be valid.
-    let (Some(levels), Some(classes), Some(default_class), Some(rules), Some(d3)) =
-        (levels, classes, default_class, rules, d3)
+    let (Some(levels), Some(classes), Some(default_class), Some(rules), Some(d3), Some(dasr)) =
+        (levels, classes, default_class, rules, d3, dasr)
     else {
         return None;
     };
@@ -235,6 +237,7 @@ fn validate_into(
         rules,
         default_class,
         d3,
+        dasr,
         warnings: Vec::new(),
     })
 }

@@ -107,6 +107,36 @@ pub struct D3Link {
     pub flow_cap: u64,
 }
 
+/// `spec.dasr`, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DasrSpec {
+    pub receiver: bool,
+    pub sender: bool,
+    /// Bytes/s as written; `None`: `auto`.
+    pub line_rate: Option<u64>,
+    pub rtt_ns: u64,
+    pub active_rtts: u32,
+    /// What each managed interface advertises (empty for `auto` offline).
+    pub interfaces: Vec<DasrLine>,
+}
+
+impl DasrSpec {
+    /// `active_rtts * rtt`: the shortest epoch (see `paceline_common::dasr::count`).
+    pub fn min_window_ns(&self) -> u64 {
+        self.rtt_ns * self.active_rtts as u64
+    }
+}
+
+/// The line rate one interface advertises.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DasrLine {
+    pub interface: String,
+    /// Wire bytes/s, rounded down to what the option holds (whole Mbit/s, 12 significant bits).
+    pub line_rate: u64,
+    /// Where it came from (`spec.dasr.line_rate`, `speed of eth0`, `spec.link_rate`).
+    pub source: String,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
     V4,
@@ -205,6 +235,7 @@ pub struct Validated {
     /// Index into [`Validated::classes`].
     pub default_class: usize,
     pub d3: Option<D3Spec>,
+    pub dasr: Option<DasrSpec>,
     pub warnings: Vec<PolicyError>,
 }
 

@@ -1,0 +1,354 @@
+//! DASR on the agent's side (docs/dasr.md): what each managed interface's ingress program is
+//! told (line rate, epochs, roles), and the report of what the datapath counted (senders per
+//! local address, options written and read, the shares set on senders), for `/status` and
+//! `/metrics`. The datapath's side is `datapath-ebpf/src/ebpf/dasr.rs`, the arithmetic
+//! `paceline_common::dasr`.
+
+use std::{collections::HashSet, net::IpAddr};
+
+use anyhow::{Context as _, Result};
+use paceline_common::dasr::{
+    self, DasrIface, DasrStats, IFACE_RECEIVE, IFACE_SEND, RATE_BUCKETS, encode_rate, per_sender_ns,
+};
+use prometheus::{
+    Encoder as _, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    proto::{Bucket, Histogram, Metric, MetricFamily, MetricType},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{datapath::Datapath, policy::validate::DasrSpec};
+
+/// Ethernet header bytes on top of the MTU: the frame the per-sender epoch time counts.
+const ETH_HLEN: u64 = 14;
+/// The frame when the MTU cannot be read.
+const DEFAULT_FRAME: u64 = 1514;
+
+/// What the ingress program of `iface` is told: its line rate (`None`: the receiver role is
+/// off), the epochs, the roles.
+pub fn iface_config(spec: &DasrSpec, line_rate: Option<u64>, frame_bytes: u64) -> DasrIface {
+    let mut flags = 0;
+    let (line, code) = match line_rate.and_then(|r| encode_rate(r).map(|c| (r, c))) {
+        Some((r, c)) if spec.receiver => {
+            flags |= IFACE_RECEIVE;
+            (r, c)
+        }
+        _ => (0, 0),
+    };
+    if spec.sender {
+        flags |= IFACE_SEND;
+    }
+    DasrIface {
+        line_rate: line,
+        min_window_ns: spec.min_window_ns(),
+        per_sender_ns: per_sender_ns(frame_bytes, line),
+        flags,
+        line_code: code,
+        _pad: 0,
+    }
+}
+
+/// The largest frame `iface` sends: its MTU plus the Ethernet header.
+pub fn frame_bytes(iface: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{iface}/mtu"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_FRAME, |m| m + ETH_HLEN)
+}
+
+/// Writes the configuration of every interface in `interfaces` (which the ingress program then
+/// serves once attached).
+pub fn configure(dp: &mut Datapath, spec: &DasrSpec, interfaces: &[String]) -> Result<()> {
+    for i in interfaces {
+        let ifindex =
+            nix::net::if_::if_nametoindex(i.as_str()).with_context(|| format!("{i}: no such interface"))?;
+        let line = spec
+            .interfaces
+            .iter()
+            .find(|l| &l.interface == i)
+            .map(|l| l.line_rate);
+        let cfg = iface_config(spec, line, frame_bytes(i));
+        dp.set_dasr_iface(ifindex, &cfg)
+            .with_context(|| format!("{i}: writing PL_DASR_IFACES"))?;
+    }
+    Ok(())
+}
+
+/// One local address as the receiver counts it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddrReport {
+    pub address: String,
+    /// N: senders currently sending to it.
+    pub senders: u32,
+    /// The line rate advertised for it, wire bytes/s.
+    pub line_rate_bytes_per_second: u64,
+    /// line / N: what each of its senders is told to pace at.
+    pub share_bytes_per_second: u64,
+}
+
+/// What the datapath counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DasrReport {
+    pub addresses: Vec<AddrReport>,
+    pub stats: DasrStats,
+}
+
+/// CLOCK_MONOTONIC now, ns (the datapath's `bpf_ktime_get_ns`).
+fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The addresses of this network namespace's interfaces.
+fn local_addresses() -> HashSet<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return HashSet::new();
+    };
+    addrs
+        .filter_map(|a| a.address)
+        .filter_map(|s| {
+            if let Some(v4) = s.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect()
+}
+
+/// A datapath address (16 bytes in network order, IPv4-mapped) as an IP address.
+pub fn ip_of(words: &[u32; 4]) -> IpAddr {
+    let mut b = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        b[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    let v6 = std::net::Ipv6Addr::from(b);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// The senders per local address now, and the counters. Addresses that are not this host's
+/// (a router forwarding traffic through a managed interface) are left out.
+pub fn report(dp: &Datapath) -> Result<DasrReport> {
+    let now = dasr::ticks(mono_ns());
+    let local = local_addresses();
+    let mut addresses: Vec<AddrReport> = dp
+        .dasr_addrs()?
+        .into_iter()
+        .map(|(k, v)| (ip_of(&k), v))
+        .filter(|(ip, _)| local.contains(ip))
+        .map(|(ip, v)| {
+            let n = dasr::senders(&v.view(), now);
+            AddrReport {
+                address: ip.to_string(),
+                senders: n,
+                line_rate_bytes_per_second: v.line_rate,
+                share_bytes_per_second: dasr::share(v.line_rate, n),
+            }
+        })
+        .collect();
+    addresses.sort_by(|a, b| a.address.cmp(&b.address));
+    Ok(DasrReport {
+        addresses,
+        stats: dp.dasr_stats()?,
+    })
+}
+
+/// The Prometheus text of `r` (appended to the agent's `/metrics`).
+pub fn metrics(r: &DasrReport) -> Result<String> {
+    let reg = Registry::new();
+    let gauge = |name: &str, help: &str| -> Result<IntGaugeVec> {
+        let g = IntGaugeVec::new(Opts::new(name, help), &["address"])?;
+        reg.register(Box::new(g.clone()))?;
+        Ok(g)
+    };
+    let senders = gauge(
+        "paceline_dasr_senders",
+        "N: senders currently sending to the local address (DASR receiver).",
+    )?;
+    let line = gauge(
+        "paceline_dasr_line_rate_bytes_per_second",
+        "The line rate advertised for the local address.",
+    )?;
+    for a in &r.addresses {
+        senders
+            .with_label_values(&[a.address.as_str()])
+            .set(a.senders as i64);
+        line.with_label_values(&[a.address.as_str()])
+            .set(a.line_rate_bytes_per_second as i64);
+    }
+    let s = &r.stats;
+    let options = IntCounterVec::new(
+        Opts::new(
+            "paceline_dasr_options_total",
+            "DASR options: written on pure ACKs (receiver), read, malformed or truncated (ignored), without a local socket (sender), or not written for lack of room (receiver).",
+        ),
+        &["result"],
+    )?;
+    reg.register(Box::new(options.clone()))?;
+    for (k, v) in [
+        ("written", s.options_written),
+        ("read", s.options_read),
+        ("malformed", s.options_malformed),
+        ("no_socket", s.options_no_socket),
+        ("no_room", s.options_no_room),
+    ] {
+        options.with_label_values(&[k]).inc_by(v);
+    }
+    for (name, help, v) in [
+        (
+            "paceline_dasr_data_segments_total",
+            "Data segments the receiver counted.",
+            s.data_segments,
+        ),
+        (
+            "paceline_dasr_epochs_total",
+            "Counting epochs started (all local addresses).",
+            s.epochs,
+        ),
+        (
+            "paceline_dasr_rates_set_total",
+            "Shares set on sending sockets (each change).",
+            s.rates_set,
+        ),
+        (
+            "paceline_dasr_pacing_updates_total",
+            "SO_MAX_PACING_RATE updates that followed a share.",
+            s.pacing_updates,
+        ),
+        (
+            "paceline_dasr_stale_resets_total",
+            "Shares dropped because the receiver stopped repeating them.",
+            s.stale_resets,
+        ),
+        (
+            "paceline_dasr_sockopt_errors_total",
+            "SO_MAX_PACING_RATE updates the kernel refused.",
+            s.sockopt_errors,
+        ),
+    ] {
+        let c = IntCounterVec::new(Opts::new(name, help), &[] as &[&str])?;
+        reg.register(Box::new(c.clone()))?;
+        c.with_label_values(&[] as &[&str]).inc_by(v);
+    }
+    let mut families = reg.gather();
+    families.push(rate_histogram(s));
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&families, &mut out)?;
+    Ok(String::from_utf8(out)?)
+}
+
+/// The shares set on senders as a Prometheus histogram (the kernel counts log2 buckets).
+fn rate_histogram(s: &DasrStats) -> MetricFamily {
+    let mut fam = MetricFamily::default();
+    fam.set_name("paceline_dasr_share_bytes_per_second".into());
+    fam.set_help("Shares (line / N) set on sending sockets.".into());
+    fam.set_field_type(MetricType::HISTOGRAM);
+    let mut h = Histogram::default();
+    let mut cum = 0u64;
+    let mut buckets = Vec::new();
+    for (i, n) in s.rate_hist.iter().enumerate().take(RATE_BUCKETS - 1) {
+        cum += n;
+        let mut b = Bucket::default();
+        b.set_upper_bound(dasr::bucket_upper(i) as f64);
+        b.set_cumulative_count(cum);
+        buckets.push(b);
+    }
+    cum += s.rate_hist[RATE_BUCKETS - 1];
+    h.set_bucket(buckets);
+    h.set_sample_count(cum);
+    // Bucket counts only: the sum is not kept in the kernel.
+    h.set_sample_sum(f64::NAN);
+    let mut m = Metric::default();
+    m.set_histogram(h);
+    fam.mut_metric().push(m);
+    fam
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::validate::DasrLine;
+
+    fn spec() -> DasrSpec {
+        DasrSpec {
+            receiver: true,
+            sender: true,
+            line_rate: None,
+            rtt_ns: 100_000,
+            active_rtts: 2,
+            interfaces: vec![DasrLine {
+                interface: "eth0".into(),
+                line_rate: 125_000_000,
+                source: "speed of eth0".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn an_interface_gets_its_line_rate_epochs_and_roles() {
+        let c = iface_config(&spec(), Some(125_000_000), 1514);
+        assert_eq!(c.flags, IFACE_RECEIVE | IFACE_SEND);
+        assert_eq!(c.line_rate, 125_000_000);
+        assert_eq!(dasr::decode_rate(c.line_code), Some(125_000_000));
+        assert_eq!(c.min_window_ns, 200_000);
+        assert_eq!(c.per_sender_ns, 48_448);
+        let sender_only = DasrSpec {
+            receiver: false,
+            ..spec()
+        };
+        let c = iface_config(&sender_only, None, 1514);
+        assert_eq!((c.flags, c.line_rate), (IFACE_SEND, 0));
+    }
+
+    #[test]
+    fn addresses_print_as_ip() {
+        let v4 = paceline_common::maps::v4_mapped(u32::from_ne_bytes([10, 0, 0, 2]));
+        assert_eq!(ip_of(&v4).to_string(), "10.0.0.2");
+        let mut b = [0u32; 4];
+        b[0] = u32::from_ne_bytes([0xfd, 0, 0, 0]);
+        b[3] = u32::from_ne_bytes([0, 0, 0, 1]);
+        assert_eq!(ip_of(&b).to_string(), "fd00::1");
+    }
+
+    #[test]
+    fn metrics_name_every_counter_and_the_histogram() {
+        let mut stats = DasrStats {
+            options_written: 5,
+            ..Default::default()
+        };
+        stats.rate_hist[4] = 3;
+        let r = DasrReport {
+            addresses: vec![AddrReport {
+                address: "10.0.0.2".into(),
+                senders: 2,
+                line_rate_bytes_per_second: 125_000_000,
+                share_bytes_per_second: 62_500_000,
+            }],
+            stats,
+        };
+        let text = metrics(&r).unwrap();
+        assert!(
+            text.contains("paceline_dasr_senders{address=\"10.0.0.2\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("paceline_dasr_options_total{result=\"written\"} 5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("paceline_dasr_share_bytes_per_second_bucket{le=\"2097152\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("paceline_dasr_share_bytes_per_second_count 3"),
+            "{text}"
+        );
+    }
+}
