@@ -620,5 +620,24 @@ pub fn restrict_pin(path: &std::path::Path, group: Option<u32>) -> Result<()> {
     )?;
     let mode = if group.is_some() { 0o660 } else { 0o600 };
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    if let Some(g) = group {
+        // The group must also reach the pin: systemd mounts /sys/fs/bpf mode 0700.
+        use std::os::unix::fs::MetadataExt as _;
+        for dir in path.ancestors().skip(1) {
+            let Ok(m) = std::fs::metadata(dir) else { continue };
+            let mode = m.mode();
+            let searchable = mode & 0o001 != 0 || (m.gid() == g && mode & 0o010 != 0);
+            if !searchable {
+                log::warn!(
+                    "members of group {g} cannot reach {}: {} is mode {:o}; let them through with \
+                     `chmod o+x {}` (search only, no listing)",
+                    path.display(),
+                    dir.display(),
+                    mode & 0o7777,
+                    dir.display()
+                );
+            }
+        }
+    }
     Ok(())
 }
