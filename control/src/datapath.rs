@@ -11,8 +11,8 @@ use aya::{
 };
 use paceline_common::maps::{
     AggClock, BenchEdt, CodelState, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl,
-    DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable,
-    Rule, names,
+    DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable, Rule,
+    names,
 };
 
 use crate::bpfsys;

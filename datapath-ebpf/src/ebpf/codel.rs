@@ -173,11 +173,11 @@ fn judge(a: &Aggregate, floor: u64, len: u64) -> u32 {
 /// skip CoDel (0) and those that ran it (the global function's unknown result) then continue
 /// as one verifier state through the pacer, instead of two.
 #[inline(always)]
-pub fn opaque(scratch: *mut u64, v: u32) -> u32 {
+pub fn opaque(scratch: *mut u32, v: u32) -> u32 {
     // SAFETY: a word of this CPU's map value; volatile so LLVM keeps the round trip.
     unsafe {
-        scratch.write_volatile(v as u64);
-        scratch.read_volatile() as u32
+        scratch.write_volatile(v);
+        scratch.read_volatile()
     }
 }
 

@@ -154,7 +154,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 len,
             );
         }
-        let signal = codel::opaque(&mut cpu.global._reserved[0], signal);
+        let signal = codel::opaque(&mut cpu.opaque[0], signal);
         if signal & codel::DROP != 0 {
             for slot in [class_idx, level_slot] {
                 if let Some(c) = maps::stats(slot) {
