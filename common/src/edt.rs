@@ -104,9 +104,67 @@ pub fn agg_clock_after(clock: u64, floor: u64, len: u64, rate: u64) -> u64 {
     slot_start(clock, floor) + tx_time_ns(len, rate)
 }
 
+/// Buckets of the added-delay histograms (per class and level, counted per CPU by the tc
+/// program): bucket 0 holds delays below 2^10 ns (about 1 us, including 0), bucket `b` in
+/// `1..DELAY_BUCKETS - 1` holds `[2^(9+b), 2^(10+b))` ns, the last one 2^32 ns (4.3 s) and more.
+pub const DELAY_BUCKETS: usize = 24;
+
+/// The upper bound (exclusive, ns) of delay bucket `b`; `None` for the last, open-ended one.
+#[inline(always)]
+pub const fn delay_bucket_bound_ns(b: usize) -> Option<u64> {
+    if b + 1 >= DELAY_BUCKETS {
+        None
+    } else {
+        Some(1u64 << (10 + b))
+    }
+}
+
+/// The histogram bucket of a delay in ns: the bit length of `delay >> 10`, capped.
+#[inline(always)]
+pub const fn delay_bucket(delay_ns: u64) -> usize {
+    let b = (64 - (delay_ns >> 10).leading_zeros()) as usize;
+    if b >= DELAY_BUCKETS { DELAY_BUCKETS - 1 } else { b }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delay_buckets_are_log2_from_one_microsecond() {
+        assert_eq!(delay_bucket(0), 0);
+        assert_eq!(delay_bucket(1023), 0);
+        assert_eq!(delay_bucket(1024), 1);
+        assert_eq!(delay_bucket(2047), 1);
+        assert_eq!(delay_bucket(2048), 2);
+        assert_eq!(delay_bucket(5_000_000), 13, "5 ms is in [2^22, 2^23) ns");
+        assert_eq!(delay_bucket((1 << 32) - 1), DELAY_BUCKETS - 2);
+        assert_eq!(delay_bucket(1 << 32), DELAY_BUCKETS - 1);
+        assert_eq!(delay_bucket(u64::MAX), DELAY_BUCKETS - 1);
+        // Every delay lies below its bucket's bound and at or above the previous one's.
+        for d in [
+            0,
+            1,
+            999,
+            1024,
+            70_000,
+            1_000_000,
+            123_456_789,
+            4_000_000_000,
+            9_000_000_000,
+        ] {
+            let b = delay_bucket(d);
+            if let Some(hi) = delay_bucket_bound_ns(b) {
+                assert!(d < hi, "{d} in bucket {b}");
+            }
+            if b > 0 {
+                assert!(
+                    d >= delay_bucket_bound_ns(b - 1).unwrap_or(0),
+                    "{d} in bucket {b}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn gso_packets_are_charged_every_segments_headers() {

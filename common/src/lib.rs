@@ -4,7 +4,10 @@
 //!
 //! # Layout
 //! - [`maps`]: every `#[repr(C)]` type that crosses a BPF map, with size assertions beside each.
-//! - [`edt`]: Earliest-Departure-Time clock arithmetic (what the tc program computes per packet).
+//! - [`edt`]: Earliest-Departure-Time clock arithmetic (what the tc program computes per packet),
+//!   and the log2 buckets of the delay histograms.
+//! - [`codel`]: CoDel over an EDT departure queue (RFC 8289, decided at enqueue on the
+//!   departure clock): parameters, state, the control law and the state machine.
 //! - [`parse`]: the packet parser the tc program runs (generic over how bytes are read), so user
 //!   space runs the same code as the reference (tests, fuzzing).
 //! - [`classify`]: what the classifier looks at ([`classify::PacketInfo`]) and the linear
@@ -21,6 +24,7 @@
 #![cfg_attr(not(test), deny(clippy::panic, clippy::unwrap_used, clippy::expect_used))]
 
 pub mod classify;
+pub mod codel;
 pub mod ctab;
 pub mod d3;
 pub mod dasr;

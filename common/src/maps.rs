@@ -7,6 +7,9 @@
 
 use core::mem::size_of;
 
+pub use crate::codel::{CodelParams, CodelState};
+use crate::edt::DELAY_BUCKETS;
+
 /// Names of the maps in the eBPF object (the agent looks them up by these names).
 pub mod names {
     /// `Array<u32>` with one entry: which of the two [`super::PolicyTable`] slots is live.
@@ -46,6 +49,9 @@ pub mod names {
     pub const D3_LINKS: &str = "PL_D3_LINKS";
     /// `LruHashMap<FlowKey, D3Seen>`: the router's memory of each flow's last request.
     pub const D3_SEEN: &str = "PL_D3_SEEN";
+    /// `Array<CodelState>` (shared by all CPUs): CoDel per class at `[0, MAX_CLASSES)`, per
+    /// level after them, like [`AGG_CLOCKS`].
+    pub const CODEL: &str = "PL_CODEL";
 }
 
 /// Rules a policy may hold after its address lists are expanded. The classifier's cost per
@@ -245,8 +251,10 @@ pub struct ClassConfig {
     pub d3_deadline_us: u32,
     /// D3: default size of the class's transfers in bytes (with `d3_deadline_us`).
     pub d3_size: u64,
+    /// CoDel on the class's departure queue (needs `class_rate`).
+    pub codel: CodelParams,
 }
-const _: () = assert!(size_of::<ClassConfig>() == 48);
+const _: () = assert!(size_of::<ClassConfig>() == 64);
 
 impl ClassConfig {
     pub const fn zeroed() -> Self {
@@ -260,6 +268,7 @@ impl ClassConfig {
             level: 0,
             d3_deadline_us: 0,
             d3_size: 0,
+            codel: CodelParams::off(),
         }
     }
 }
@@ -280,8 +289,10 @@ pub struct LevelConfig {
     pub dscp: u8,
     pub pcp: u8,
     pub _pad: [u8; 2],
+    /// CoDel on the level's departure queue (needs `rate`).
+    pub codel: CodelParams,
 }
-const _: () = assert!(size_of::<LevelConfig>() == 16);
+const _: () = assert!(size_of::<LevelConfig>() == 32);
 
 impl LevelConfig {
     pub const fn zeroed() -> Self {
@@ -291,6 +302,7 @@ impl LevelConfig {
             dscp: 0,
             pcp: 0,
             _pad: [0; 2],
+            codel: CodelParams::off(),
         }
     }
 }
@@ -343,7 +355,7 @@ pub struct PolicyTable {
 }
 const _: () = assert!(
     size_of::<PolicyTable>()
-        == 48 + size_of::<crate::ctab::CtabHeader>() + 48 * MAX_CLASSES + 16 * MAX_LEVELS
+        == 48 + size_of::<crate::ctab::CtabHeader>() + 64 * MAX_CLASSES + 32 * MAX_LEVELS
 );
 
 impl PolicyTable {
@@ -425,7 +437,7 @@ const _: () = assert!(size_of::<AggClock>() == 8);
 
 /// Per-CPU counters of one class or one level.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counters {
     pub packets: u64,
     pub bytes: u64,
@@ -441,8 +453,33 @@ pub struct Counters {
     pub tcp_sockets: u64,
     /// bpf_setsockopt calls that failed for this class's sockets.
     pub sockopt_errors: u64,
+    /// Packets dropped by CoDel (the class's or its level's): a signal on a packet that is
+    /// not ECN-capable, or with `ecn` off.
+    pub drops_codel: u64,
+    /// Packets marked CE by CoDel (the class's or its level's) instead of being dropped.
+    pub marks_codel: u64,
+    /// Packets some pacing clock applied to, by the delay pacing added (`edt::delay_bucket`).
+    pub delay_hist: [u64; DELAY_BUCKETS],
 }
-const _: () = assert!(size_of::<Counters>() == 64);
+const _: () = assert!(size_of::<Counters>() == 80 + 8 * DELAY_BUCKETS);
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            packets: 0,
+            bytes: 0,
+            delayed_packets: 0,
+            delay_ns: 0,
+            drops_horizon: 0,
+            tagged_packets: 0,
+            tcp_sockets: 0,
+            sockopt_errors: 0,
+            drops_codel: 0,
+            marks_codel: 0,
+            delay_hist: [0; DELAY_BUCKETS],
+        }
+    }
+}
 
 impl Counters {
     /// Adds `other` into `self` (summing per-CPU values on the user side).
@@ -455,6 +492,11 @@ impl Counters {
         self.tagged_packets = self.tagged_packets.wrapping_add(other.tagged_packets);
         self.tcp_sockets = self.tcp_sockets.wrapping_add(other.tcp_sockets);
         self.sockopt_errors = self.sockopt_errors.wrapping_add(other.sockopt_errors);
+        self.drops_codel = self.drops_codel.wrapping_add(other.drops_codel);
+        self.marks_codel = self.marks_codel.wrapping_add(other.marks_codel);
+        for (a, b) in self.delay_hist.iter_mut().zip(other.delay_hist.iter()) {
+            *a = a.wrapping_add(*b);
+        }
     }
 }
 
@@ -769,6 +811,7 @@ mod pod {
     unsafe impl aya::Pod for D3LinkCounters {}
     unsafe impl aya::Pod for D3Seen {}
     unsafe impl aya::Pod for BenchEdt {}
+    unsafe impl aya::Pod for CodelState {}
     unsafe impl aya::Pod for crate::ctab::SelKey {}
     unsafe impl aya::Pod for crate::ctab::SelList {}
     unsafe impl aya::Pod for crate::ctab::RuleKey {}

@@ -12,7 +12,7 @@ use aya::{
 use paceline_common::{
     dasr::{self, DasrAddr, DasrIface, DasrStats},
     maps::{
-        AggClock, BenchEdt, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl,
+        AggClock, BenchEdt, CodelState, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl,
         DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable,
         Rule, SockState, names,
     },
@@ -100,6 +100,7 @@ pub struct Datapath {
     /// The three outer maps' fds (words, selectors, rules), to release a bank.
     ctab_outer_fds: [std::os::fd::OwnedFd; 3],
     clocks: Array<MapData, AggClock>,
+    codel: Array<MapData, CodelState>,
     flow_table_memlock: Option<u64>,
     /// The last count of the flow table's entries and when it was taken.
     flow_count: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
@@ -172,6 +173,7 @@ impl Datapath {
         let (ctab_sels, sels_fd) = outer(names::CTAB_SELS)?;
         let (ctab_rules, rules_fd) = outer(names::CTAB_RULES)?;
         let clocks = Array::try_from(take(&mut ebpf, names::AGG_CLOCKS)?)?;
+        let codel = Array::try_from(take(&mut ebpf, names::CODEL)?)?;
         // The flow table stays in the object: only the datapath reads and writes it.
         let flow_table_memlock = match ebpf.map(names::FLOWS) {
             Some(aya::maps::Map::LruHashMap(m)) => memlock_of(m.fd().as_fd()),
@@ -205,6 +207,7 @@ impl Datapath {
             ctab_rules,
             ctab_outer_fds: [words_fd, sels_fd, rules_fd],
             clocks,
+            codel,
             flow_table_memlock,
             flow_count: std::sync::Mutex::new(None),
             flow_capacity: opts.flow_table_size,
@@ -375,6 +378,27 @@ impl Datapath {
         self.ctab_rules
             .set(next, &rules, 0)
             .context("installing the rule table")?;
+        // A CoDel whose parameters change starts over: state built under other parameters (or
+        // left from before CoDel was turned off) is not this CoDel's.
+        if let Ok(old) = self.tables.get(&live, 0) {
+            let classes = old
+                .classes
+                .iter()
+                .zip(table.classes.iter())
+                .map(|(a, b)| (a.codel, b.codel));
+            let levels = old
+                .levels
+                .iter()
+                .zip(table.levels.iter())
+                .map(|(a, b)| (a.codel, b.codel));
+            for (slot, (before, after)) in classes.chain(levels).enumerate() {
+                if before != after {
+                    self.codel
+                        .set(slot as u32, CodelState::default(), 0)
+                        .context("resetting PL_CODEL")?;
+                }
+            }
+        }
         self.generation += 1;
         let mut t = *table;
         t.ctab = image.header;
@@ -438,8 +462,8 @@ impl Datapath {
         Ok(s)
     }
 
-    /// Zeroes a class or level slot's counters and aggregate clock (the slot now names another
-    /// class or level).
+    /// Zeroes a class or level slot's counters, aggregate clock and CoDel state (the slot now
+    /// names another class or level).
     pub fn reset_slot(&mut self, slot: u32) -> Result<()> {
         // Racy against packets counting on other CPUs at this instant; only used when a slot
         // changes hands at a reload, when its new class has not seen traffic yet.
@@ -451,7 +475,15 @@ impl Datapath {
         self.clocks
             .set(slot, AggClock::default(), 0)
             .context("zeroing PL_AGG_CLOCKS")?;
+        self.codel
+            .set(slot, CodelState::default(), 0)
+            .context("zeroing PL_CODEL")?;
         Ok(())
+    }
+
+    /// An aggregate's CoDel state (tests and diagnostics).
+    pub fn codel_state(&self, slot: u32) -> Result<CodelState> {
+        Ok(self.codel.get(&slot, 0)?)
     }
 
     /// An aggregate clock's value (tests and diagnostics).

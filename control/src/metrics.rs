@@ -7,7 +7,10 @@ use prometheus::{
     CounterVec, Encoder as _, GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use paceline_common::maps::{D3_HIST_BUCKETS, D3ClassStats};
+use paceline_common::{
+    edt::delay_bucket_bound_ns,
+    maps::{Counters, D3_HIST_BUCKETS, D3ClassStats},
+};
 
 use crate::{d3router::LinkReport, datapath::Snapshot, qstats::RootStats, status::Status};
 
@@ -101,6 +104,12 @@ pub fn render_with(
         "Packets dropped by the datapath, by reason.",
         &["class", "level", "reason"],
     )?;
+    let marked = counter(
+        &r,
+        "paceline_class_ecn_marked_packets_total",
+        "Packets marked CE by the datapath instead of dropped, by reason (codel: the class's or its level's CoDel).",
+        &["class", "level", "reason"],
+    )?;
     let tagged = counter(
         &r,
         "paceline_class_tagged_packets_total",
@@ -131,6 +140,12 @@ pub fn render_with(
         drops
             .with_label_values(&[c.name.as_str(), c.level.as_str(), "horizon"])
             .inc_by(v.drops_horizon);
+        drops
+            .with_label_values(&[c.name.as_str(), c.level.as_str(), "codel"])
+            .inc_by(v.drops_codel);
+        marked
+            .with_label_values(&[c.name.as_str(), c.level.as_str(), "codel"])
+            .inc_by(v.marks_codel);
         tagged.with_label_values(&l).inc_by(v.tagged_packets);
         socks.with_label_values(&l).inc_by(v.tcp_sockets);
         sockerr.with_label_values(&l).inc_by(v.sockopt_errors);
@@ -158,8 +173,14 @@ pub fn render_with(
     let ldrops = counter(
         &r,
         "paceline_level_dropped_packets_total",
-        "Packets of the level dropped beyond the horizon.",
-        lv,
+        "Packets of the level dropped, by reason (horizon: beyond the horizon; codel: by the level's or the class's CoDel).",
+        &["level", "priority", "reason"],
+    )?;
+    let lmarked = counter(
+        &r,
+        "paceline_level_ecn_marked_packets_total",
+        "Packets of the level marked CE instead of dropped, by reason (codel).",
+        &["level", "priority", "reason"],
     )?;
     let lrate = gauge(
         &r,
@@ -182,7 +203,15 @@ pub fn render_with(
         lpackets.with_label_values(&lab).inc_by(v.packets);
         lbytes.with_label_values(&lab).inc_by(v.bytes);
         ldelayed.with_label_values(&lab).inc_by(v.delayed_packets);
-        ldrops.with_label_values(&lab).inc_by(v.drops_horizon);
+        ldrops
+            .with_label_values(&[l.name.as_str(), p.as_str(), "horizon"])
+            .inc_by(v.drops_horizon);
+        ldrops
+            .with_label_values(&[l.name.as_str(), p.as_str(), "codel"])
+            .inc_by(v.drops_codel);
+        lmarked
+            .with_label_values(&[l.name.as_str(), p.as_str(), "codel"])
+            .inc_by(v.marks_codel);
         if let Some(rate) = l.rate_bytes_per_second {
             lrate.with_label_values(&lab).set(rate as f64);
         }
@@ -421,12 +450,100 @@ pub fn render_with(
     d3_link_metrics(&r, links)?;
 
     let mut families = r.gather();
+    families.extend(delay_histograms(snap, status));
     if let Some(d3) = d3 {
         families.extend(d3_histograms(d3, status));
     }
     let mut out = Vec::new();
     TextEncoder::new().encode(&families, &mut out)?;
     Ok(String::from_utf8(out)?)
+}
+
+/// One added-delay histogram from the kernel's log2 buckets (`edt::delay_bucket`), in seconds.
+fn delay_histogram(c: &Counters, labels: &[(&str, &str)]) -> prometheus::proto::Metric {
+    use prometheus::proto::{Bucket, Histogram, LabelPair, Metric};
+    let mut h = Histogram::default();
+    let mut cum = 0u64;
+    let mut buckets = Vec::new();
+    for (i, n) in c.delay_hist.iter().enumerate() {
+        cum += n;
+        if let Some(bound) = delay_bucket_bound_ns(i) {
+            let mut b = Bucket::default();
+            b.set_upper_bound(bound as f64 * 1e-9);
+            b.set_cumulative_count(cum);
+            buckets.push(b);
+        }
+    }
+    h.set_bucket(buckets);
+    h.set_sample_count(cum);
+    // Undelayed packets add 0: the sum of all is the sum of the delayed ones.
+    h.set_sample_sum(c.delay_ns as f64 * 1e-9);
+    let mut m = Metric::default();
+    m.set_label(
+        labels
+            .iter()
+            .map(|(k, v)| {
+                let mut lp = LabelPair::default();
+                lp.set_name((*k).into());
+                lp.set_value((*v).into());
+                lp
+            })
+            .collect(),
+    );
+    m.set_histogram(h);
+    m
+}
+
+/// The delay pacing added, per class and per level: every packet a pacing clock applied to
+/// (0 when its clocks let it leave at once), for the classes and levels that paced any.
+fn delay_histograms(snap: &Snapshot, status: &Status) -> Vec<prometheus::proto::MetricFamily> {
+    use prometheus::proto::{MetricFamily, MetricType};
+    let paced = |c: &Counters| c.delay_hist.iter().any(|n| *n != 0);
+    let family = |name: &str, help: &str, metrics: Vec<prometheus::proto::Metric>| {
+        let mut fam = MetricFamily::default();
+        fam.set_name(name.into());
+        fam.set_help(help.into());
+        fam.set_field_type(MetricType::HISTOGRAM);
+        for m in metrics {
+            fam.mut_metric().push(m);
+        }
+        fam
+    };
+    let classes: Vec<_> = status
+        .policy
+        .classes
+        .iter()
+        .filter_map(|c| {
+            let v = snap.classes.get(c.index as usize).filter(|v| paced(v))?;
+            Some(delay_histogram(v, &[("class", &c.name), ("level", &c.level)]))
+        })
+        .collect();
+    let levels: Vec<_> = status
+        .policy
+        .levels
+        .iter()
+        .filter_map(|l| {
+            let v = snap.levels.get(l.index as usize).filter(|v| paced(v))?;
+            let p = l.priority.to_string();
+            Some(delay_histogram(v, &[("level", &l.name), ("priority", &p)]))
+        })
+        .collect();
+    let mut out = Vec::new();
+    if !classes.is_empty() {
+        out.push(family(
+            "paceline_class_pacing_delay_seconds",
+            "Delay pacing added to the class's packets (departure minus the later of now and the stack's timestamp), over every packet a pacing clock applied to; log2 buckets from 1.024 us, counted per CPU in the kernel.",
+            classes,
+        ));
+    }
+    if !levels.is_empty() {
+        out.push(family(
+            "paceline_level_pacing_delay_seconds",
+            "Delay pacing added to the level's packets, over every packet a pacing clock applied to; log2 buckets from 1.024 us.",
+            levels,
+        ));
+    }
+    out
 }
 
 fn d3_metrics(r: &Registry, d3: &[D3ClassStats], status: &Status) -> Result<()> {

@@ -180,6 +180,7 @@ impl PolicyStatus {
                     rate_bytes_per_second: l.rate,
                     dscp: l.dscp,
                     pcp: l.pcp,
+                    codel: codel_status(l.codel, c.mode),
                 })
                 .collect(),
             classes: c
@@ -194,6 +195,7 @@ impl PolicyStatus {
                     tcp_rto_min_us: k.tcp.as_ref().and_then(|t| t.rto_min_us),
                     tcp_delack_max_us: k.tcp.as_ref().and_then(|t| t.delack_max_us),
                     d3: c.table.classes[k.index as usize].flags & CLASS_D3 != 0,
+                    codel: codel_status(k.codel, c.mode),
                 })
                 .collect(),
             tcp_dscp_by_socket: c.table.flags & TABLE_SOCK_TOS != 0,
@@ -218,6 +220,23 @@ impl PolicyStatus {
     }
 }
 
+/// A class's or level's CoDel, when in force (the policy asks for it and the mode is `fq`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CodelStatus {
+    pub target_seconds: f64,
+    pub interval_seconds: f64,
+    /// Marks CE on ECN-capable packets instead of dropping them.
+    pub ecn: bool,
+}
+
+fn codel_status(c: Option<crate::policy::validate::Codel>, mode: EnforcementMode) -> Option<CodelStatus> {
+    c.filter(|_| mode == EnforcementMode::Fq).map(|c| CodelStatus {
+        target_seconds: f64::from(c.target_ns) * 1e-9,
+        interval_seconds: f64::from(c.interval_ns) * 1e-9,
+        ecn: c.ecn,
+    })
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LevelStatus {
     pub index: u32,
@@ -229,6 +248,9 @@ pub struct LevelStatus {
     pub rate_bytes_per_second: Option<u64>,
     pub dscp: Option<u8>,
     pub pcp: Option<u8>,
+    /// CoDel on the level's departure queue, when in force.
+    #[serde(default)]
+    pub codel: Option<CodelStatus>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -243,6 +265,9 @@ pub struct ClassStatus {
     /// The class's TCP flows speak D3.
     #[serde(default)]
     pub d3: bool,
+    /// CoDel on the class's departure queue, when in force.
+    #[serde(default)]
+    pub codel: Option<CodelStatus>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -494,6 +519,12 @@ pub struct TrafficCounters {
     pub tagged_packets: u64,
     pub tcp_sockets_configured: u64,
     pub tcp_sockopt_errors: u64,
+    /// Dropped by CoDel (the class's or its level's).
+    #[serde(default)]
+    pub dropped_codel: u64,
+    /// Marked CE by CoDel instead of dropped.
+    #[serde(default)]
+    pub ecn_marked_codel: u64,
 }
 
 impl From<&maps::Counters> for TrafficCounters {
@@ -507,6 +538,8 @@ impl From<&maps::Counters> for TrafficCounters {
             tagged_packets: c.tagged_packets,
             tcp_sockets_configured: c.tcp_sockets,
             tcp_sockopt_errors: c.sockopt_errors,
+            dropped_codel: c.drops_codel,
+            ecn_marked_codel: c.marks_codel,
         }
     }
 }

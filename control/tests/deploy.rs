@@ -153,6 +153,14 @@ fn rendered_metrics() -> String {
         tagged_packets: 3,
         tcp_sockets: 2,
         sockopt_errors: 1,
+        drops_codel: 1,
+        marks_codel: 2,
+        delay_hist: {
+            let mut h = [0; paceline_common::edt::DELAY_BUCKETS];
+            h[0] = 6;
+            h[12] = 4;
+            h
+        },
     };
     let snap = Snapshot {
         classes: vec![c; 3],
@@ -266,6 +274,8 @@ fn rendered_metrics_cover_every_name_in_metrics_rs() {
     let histograms = [
         "paceline_d3_requested_rate_bytes_per_second",
         "paceline_d3_granted_rate_bytes_per_second",
+        "paceline_class_pacing_delay_seconds",
+        "paceline_level_pacing_delay_seconds",
     ];
     for name in names_in_metrics_rs() {
         if histograms.contains(&name.as_str()) {
@@ -283,6 +293,8 @@ fn rendered_metrics_cover_every_name_in_metrics_rs() {
         }
     }
     assert!(exp["paceline_class_dropped_packets_total"].contains("reason"));
+    assert!(exp["paceline_level_dropped_packets_total"].contains("reason"));
+    assert!(exp["paceline_class_pacing_delay_seconds_bucket"].contains("le"));
     assert!(exp["paceline_d3_granted_rate_bytes_per_second_bucket"].contains("le"));
 }
 

@@ -68,7 +68,7 @@ pub fn policy() -> Policy {
         flags,
         dscp,
         pcp,
-        _pad: [0; 2],
+        ..LevelConfig::zeroed()
     };
     t.levels[1] = level(LEVEL_SET_DSCP | LEVEL_SET_PCP, 46, 5);
     t.levels[2] = level(LEVEL_SET_DSCP, 10, 0);

@@ -85,7 +85,8 @@ impl D3LinkConfig {
 }
 
 /// Per-egress-link router state (a map value): the paper's aggregate counters, nothing per
-/// flow. Concurrent updates from several CPUs must hold a lock (e.g. `bpf_spin_lock`).
+/// flow. The datapath updates it from several CPUs without a lock (a snapshot, then atomic
+/// adds; `datapath-ebpf/src/ebpf/d3router.rs`).
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(target_arch = "bpf"), derive(Debug))]

@@ -167,45 +167,78 @@ fn render(b: &LiveStatus, now: u64) -> String {
     let counters = &b.counters;
     let _ = writeln!(
         o,
-        "\n{:<16} {:>4} {:>14} {:>12} {:>14} {:>10} {:>10}",
-        "LEVEL", "PRIO", "RATE", "PACKETS", "BYTES", "DELAYED", "DROPPED"
+        "\n{:<16} {:>4} {:>14} {:>12} {:>14} {:>10} {:>12} {:>10} {:>10}",
+        "LEVEL", "PRIO", "RATE", "PACKETS", "BYTES", "DELAYED", "HORIZON-DROP", "CODEL-DROP", "CE-MARKED"
     );
     for (l, c) in p.levels.iter().zip(&counters.levels) {
         let c = &c.counters;
         let _ = writeln!(
             o,
-            "{:<16} {:>4} {:>14} {:>12} {:>14} {:>10} {:>10}",
+            "{:<16} {:>4} {:>14} {:>12} {:>14} {:>10} {:>12} {:>10} {:>10}",
             l.name,
             l.priority,
             rate_column(l.rate_bytes_per_second),
             c.packets,
             c.bytes,
             c.delayed_packets,
-            c.dropped_horizon
+            c.dropped_horizon,
+            c.dropped_codel,
+            c.ecn_marked_codel
         );
     }
     let _ = writeln!(
         o,
-        "\n{:<16} {:<12} {:>12} {:>14} {:>10} {:>10} {:>9} {:>9}",
-        "CLASS", "LEVEL", "PACKETS", "BYTES", "DELAYED", "DROPPED", "TAGGED", "TCP-SOCK"
+        "\n{:<16} {:<12} {:>12} {:>14} {:>10} {:>12} {:>10} {:>10} {:>9} {:>9}",
+        "CLASS",
+        "LEVEL",
+        "PACKETS",
+        "BYTES",
+        "DELAYED",
+        "HORIZON-DROP",
+        "CODEL-DROP",
+        "CE-MARKED",
+        "TAGGED",
+        "TCP-SOCK"
     );
     for (cl, c) in p.classes.iter().zip(&counters.classes) {
         let c = &c.counters;
         let _ = writeln!(
             o,
-            "{:<16} {:<12} {:>12} {:>14} {:>10} {:>10} {:>9} {:>9}",
+            "{:<16} {:<12} {:>12} {:>14} {:>10} {:>12} {:>10} {:>10} {:>9} {:>9}",
             cl.name,
             cl.level,
             c.packets,
             c.bytes,
             c.delayed_packets,
             c.dropped_horizon,
+            c.dropped_codel,
+            c.ecn_marked_codel,
             c.tagged_packets,
             c.tcp_sockets_configured
         );
     }
     if let (Some(d), Some(c)) = (&st.dasr, &counters.dasr) {
         render_dasr(&mut o, d, c);
+    }
+    let codels = p
+        .levels
+        .iter()
+        .map(|l| ("level", &l.name, &l.codel))
+        .chain(p.classes.iter().map(|c| ("class", &c.name, &c.codel)));
+    for (kind, name, codel) in codels {
+        if let Some(k) = codel {
+            let _ = writeln!(
+                o,
+                "codel on {kind} {name}: target {}, interval {}, {}",
+                crate::policy::units::fmt_ns((k.target_seconds * 1e9).round() as u64),
+                crate::policy::units::fmt_ns((k.interval_seconds * 1e9).round() as u64),
+                if k.ecn {
+                    "marks CE (drops what is not ECN-capable)"
+                } else {
+                    "drops"
+                }
+            );
+        }
     }
     let u = &counters.unparsed;
     let _ = writeln!(
@@ -330,6 +363,43 @@ mod tests {
     }
 
     #[test]
+    fn renders_codel_settings_and_counters() {
+        let mut s: LiveStatus = serde_json::from_str(crate::status::tests::LIVE).expect("status");
+        s.status.policy.classes[0].codel = Some(crate::status::CodelStatus {
+            target_seconds: 0.0005,
+            interval_seconds: 0.01,
+            ecn: true,
+        });
+        s.status.policy.levels[1].codel = Some(crate::status::CodelStatus {
+            target_seconds: 0.005,
+            interval_seconds: 0.1,
+            ecn: false,
+        });
+        s.counters.classes[0].counters.dropped_codel = 7;
+        s.counters.classes[0].counters.ecn_marked_codel = 11;
+        s.counters.levels[0].counters.ecn_marked_codel = 11;
+        let text = render(&s, s.status.started_at + 3);
+        assert!(
+            text.contains("latency             5    30.9 Mbit/s            3            222          0            0          0         11\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("rpc              latency                 3            222          0            0          7         11         3         0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("codel on level bulk: target 5ms, interval 100ms, drops\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "codel on class rpc: target 500us, interval 10ms, marks CE (drops what is not ECN-capable)\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn renders_a_real_status() {
         let s: LiveStatus = serde_json::from_str(crate::status::tests::LIVE).expect("status");
         let text = render(&s, s.status.started_at + 3);
@@ -347,13 +417,13 @@ policy status-capture (/tmp/h1cap/policy.yaml), hash 1b30767275a5, generation 2
 reloads: 1 applied, 1 rejected; LAST RELOAD REJECTED (running policy kept):
   /tmp/h1cap/policy.yaml:23: spec.default_class: no class named "nosuch"; classes: rpc, other
 
-LEVEL            PRIO           RATE      PACKETS          BYTES    DELAYED    DROPPED
-latency             5    30.9 Mbit/s            3            222          0          0
-bulk                0      unlimited            5            426          0          0
+LEVEL            PRIO           RATE      PACKETS          BYTES    DELAYED HORIZON-DROP CODEL-DROP  CE-MARKED
+latency             5    30.9 Mbit/s            3            222          0            0          0          0
+bulk                0      unlimited            5            426          0            0          0          0
 
-CLASS            LEVEL             PACKETS          BYTES    DELAYED    DROPPED    TAGGED  TCP-SOCK
-rpc              latency                 3            222          0          0         3         0
-other            bulk                    5            426          0          0         5         0
+CLASS            LEVEL             PACKETS          BYTES    DELAYED HORIZON-DROP CODEL-DROP  CE-MARKED    TAGGED  TCP-SOCK
+rpc              latency                 3            222          0            0          0          0         3         0
+other            bulk                    5            426          0            0          0          0         5         0
 
 unparsed (passed untouched): non-IP 1, truncated 0, malformed 0, IPv6 extension limit 0
 policy warning: /tmp/h1cap/policy.yaml:16: spec.classes[0].class_rate: 200 Mbit/s is above the rate of level "latency" (30.9 Mbit/s); the level's rate binds

@@ -24,8 +24,8 @@ use ipnet::IpNet;
 use std::sync::Arc;
 
 use paceline_common::maps::{
-    CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_CLASSES,
-    MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_DASR_RECEIVER, TABLE_DASR_SENDER,
+    CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, CodelParams, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig,
+    MAX_CLASSES, MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_DASR_RECEIVER, TABLE_DASR_SENDER,
     TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, level_slot,
 };
 use paceline_common::qjump::Network;
@@ -33,7 +33,15 @@ use paceline_common::qjump::Network;
 use super::enforcement::{EnforcementMode, EnforcementRequest};
 use super::htb::{HTB_MAJOR, HtbPlan, htb_leaf, htb_plan};
 use super::protocols;
-use super::validate::{Family, LinkRate, RuleSpec, TcpSettings, Validated};
+use super::validate::{Codel, Family, LinkRate, RuleSpec, TcpSettings, Validated};
+
+/// The datapath's form of a policy's `codel` (off without one, or when `keep` is false).
+fn codel_params(c: Option<Codel>, keep: bool) -> CodelParams {
+    match c {
+        Some(c) if keep => CodelParams::on(c.target_ns, c.interval_ns, c.ecn),
+        _ => CodelParams::off(),
+    }
+}
 
 /// What compilation needs besides the policy.
 #[derive(Clone, Copy, Debug)]
@@ -71,6 +79,8 @@ pub struct LevelInfo {
     pub rate: Option<u64>,
     pub dscp: Option<u8>,
     pub pcp: Option<u8>,
+    /// CoDel on the level's departure queue, as the policy asks (in force in `fq` mode only).
+    pub codel: Option<Codel>,
 }
 
 impl LevelInfo {
@@ -92,6 +102,8 @@ pub struct ClassInfo {
     pub tcp: Option<TcpSettings>,
     /// Table rules that select this class.
     pub rules: usize,
+    /// CoDel on the class's departure queue, as the policy asks (in force in `fq` mode only).
+    pub codel: Option<Codel>,
 }
 
 /// One table rule as reported.
@@ -408,6 +420,13 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
         }
         _ => {}
     }
+    let any_codel = v.levels.iter().any(|l| l.codel.is_some()) || v.classes.iter().any(|c| c.codel.is_some());
+    if any_codel && !keep_aggregates {
+        warn(format!(
+            "enforcement {}: codel is off (CoDel acts on EDT departure queues, which only fq enforcement has)",
+            mode.as_str()
+        ));
+    }
 
     let mut table = PolicyTable::empty();
     for (li, l) in v.levels.iter().enumerate().take(MAX_LEVELS) {
@@ -424,6 +443,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
             dscp: l.dscp.unwrap_or(0),
             pcp: l.pcp.unwrap_or(0),
             _pad: [0; 2],
+            codel: codel_params(l.codel, keep_aggregates),
         };
     }
     let n_classes = idx.iter().map(|i| usize::from(*i) + 1).max().unwrap_or(1);
@@ -456,6 +476,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
                 .map(|(dl, _)| (dl / 1000).min(u32::MAX as u64) as u32)
                 .unwrap_or(0),
             d3_size: c.d3.and_then(|k| k.default).map(|(_, sz)| sz).unwrap_or(0),
+            codel: codel_params(c.codel, keep_aggregates),
         };
         class_names[i] = Some(c.name.clone());
         class_tcp[i] = c.tcp;
@@ -467,6 +488,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
             class_rate: c.class_rate,
             tcp: c.tcp,
             rules: v.rules.iter().filter(|r| r.class == ci).count(),
+            codel: c.codel,
         });
     }
     classes.sort_by_key(|c| c.index);
@@ -561,6 +583,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
             rate: l.rate,
             dscp: l.dscp,
             pcp: l.pcp,
+            codel: l.codel,
         })
         .collect();
     let qjump = v.qjump.map(|n| QJumpInfo {

@@ -245,6 +245,30 @@ pub struct Level {
     #[serde(default)]
     #[schemars(range(min = 0, max = 7))]
     pub pcp: Option<i64>,
+    /// CoDel on the level's departure queue (a rate-limited level, `fq` enforcement).
+    /// Default: none (only the horizon bounds the queue).
+    #[serde(default)]
+    pub codel: Option<Codel>,
+}
+
+/// `codel` of a class or a level: CoDel (RFC 8289) over the aggregate's EDT departure queue,
+/// whose delay is how far its clock runs ahead of now. With `ecn`, ECN-capable packets are
+/// marked CE instead of dropped; the others are dropped.
+#[derive(Clone, Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Codel {
+    /// The queue delay CoDel lets stand, 1us..=1s. Default `5ms` (RFC 8289; a datacenter
+    /// class wants far less, e.g. `500us` with an `interval` of `10ms`).
+    #[serde(default)]
+    pub target: Option<DurationText>,
+    /// How long the delay may stay above target before the first signal, and the spacing of
+    /// the signals after it (interval / sqrt(count)), 100us..=4s: about the flows' worst RTT.
+    /// Default `100ms`.
+    #[serde(default)]
+    pub interval: Option<DurationText>,
+    /// Mark CE on ECN-capable packets (ECT(0), ECT(1)) instead of dropping them. Default true.
+    #[serde(default = "default_true")]
+    pub ecn: bool,
 }
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]
@@ -266,6 +290,10 @@ pub struct Class {
     /// Default: none.
     #[serde(default)]
     pub d3: Option<ClassD3>,
+    /// CoDel on the class's departure queue (needs `class_rate` and `fq` enforcement).
+    /// Default: none (only the horizon bounds the queue).
+    #[serde(default)]
+    pub codel: Option<Codel>,
 }
 
 #[derive(Clone, Debug, Deserialize, JsonSchema)]

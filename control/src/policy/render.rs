@@ -289,6 +289,7 @@ pub fn check_report(c: &Compiled) -> String {
     t.render(&mut out);
 
     classifier_report(&c.ctab.stats, &mut out);
+    codel_report(c, &mut out);
 
     if let Some(h) = &c.htb {
         out.push_str(&format!(
@@ -337,6 +338,55 @@ pub fn check_report(c: &Compiled) -> String {
         }
     }
     out
+}
+
+/// The aggregates with CoDel (nothing when none has it).
+fn codel_report(c: &Compiled, out: &mut String) {
+    let mut t = Table::new(&[
+        ("AGGREGATE", false),
+        ("TARGET", true),
+        ("INTERVAL", true),
+        ("SIGNAL", false),
+    ]);
+    let rows = c
+        .levels
+        .iter()
+        .map(|l| (format!("level {}", l.name), l.codel))
+        .chain(c.classes.iter().map(|k| (format!("class {}", k.name), k.codel)));
+    for (name, codel) in rows {
+        if let Some(k) = codel {
+            t.row(vec![
+                name,
+                fmt_ns(u64::from(k.target_ns)),
+                fmt_ns(u64::from(k.interval_ns)),
+                if k.ecn {
+                    "CE mark (drop if not ECN-capable)".into()
+                } else {
+                    "drop".into()
+                },
+            ]);
+        }
+    }
+    if t.rows.is_empty() {
+        return;
+    }
+    out.push_str(
+        "
+CoDel on departure queues
+",
+    );
+    t.render(out);
+}
+
+fn codel_json(c: Option<super::validate::Codel>) -> Value {
+    match c {
+        Some(k) => json!({
+            "target_ns": k.target_ns,
+            "interval_ns": k.interval_ns,
+            "ecn": k.ecn,
+        }),
+        None => Value::Null,
+    }
 }
 
 /// Machine-readable output of `paceline policy check --json`. Rates are bytes/s, durations
@@ -460,6 +510,7 @@ pub fn json(c: &Compiled) -> Value {
             "limited": l.is_limited(),
             "dscp": l.dscp,
             "pcp": l.pcp,
+            "codel": codel_json(l.codel),
         })).collect::<Vec<_>>(),
         "classes": c.classes.iter().map(|k| json!({
             "index": k.index,
@@ -471,6 +522,7 @@ pub fn json(c: &Compiled) -> Value {
             "delack_max_us": k.tcp.and_then(|t| t.delack_max_us),
             "rules": k.rules,
             "skb_priority": t.classes[usize::from(k.index)].skb_priority,
+            "codel": codel_json(k.codel),
         })).collect::<Vec<_>>(),
         "default_class": c.class_names.get(usize::from(c.default_class)).cloned().flatten(),
         "rules": c.rules.iter().map(|r| json!({

@@ -649,6 +649,7 @@ fn small_policy_compiles_to_the_exact_table() {
         dscp: 46,
         pcp: 7,
         _pad: [0; 2],
+        ..LevelConfig::zeroed()
     };
     t.levels[1] = LevelConfig {
         rate: 125_000_000,
@@ -656,6 +657,7 @@ fn small_policy_compiles_to_the_exact_table() {
         dscp: 26,
         pcp: 0,
         _pad: [0; 2],
+        ..LevelConfig::zeroed()
     };
     assert_eq!(c.table, t);
 

@@ -1,6 +1,7 @@
 //! The eBPF programs (bpf target only); see the crate docs.
 
 mod bench;
+mod codel;
 mod d3host;
 mod d3router;
 mod dasr;
@@ -20,7 +21,9 @@ use aya_ebpf::{
 };
 use paceline_common::{
     classify::PacketInfo,
+    codel::CODEL_ON,
     ctab::{self, CT_CGROUP},
+    edt::delay_bucket,
     maps::{
         CLASS_SET_PRIORITY, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_CLASSES, MAX_LEVELS, TABLE_NO_FLOW_CLOCKS,
         level_slot,
@@ -119,7 +122,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
 
     // SAFETY: volatile read of a load-time constant.
     if unsafe { core::ptr::read_volatile(&PL_COUNT_ONLY) } != 0 {
-        count(class_idx, level_slot, len, 0, false);
+        count(class_idx, level_slot, len, 0, 0);
         return Ok(TC_ACT_UNSPEC);
     }
 
@@ -129,6 +132,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         Some(st) => st.dasr_rate,
         None => 0,
     };
+    let mut how = 0;
     let flow_rate = if table.flags & TABLE_NO_FLOW_CLOCKS != 0 {
         0
     } else {
@@ -141,6 +145,31 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         let (now, stack_ts) = time_base(raw_ts);
         if stack_ts != raw_ts {
             cpu.global.foreign_tstamp += 1;
+        }
+        // CoDel on the class's and the level's departure queues, before any clock moves.
+        let mut signal = 0;
+        if (class.codel.flags | level.codel.flags) & CODEL_ON != 0 {
+            let floor = if stack_ts > now { stack_ts } else { now };
+            signal = codel::check(
+                ctx,
+                layout.l3_off,
+                pkt.is_v6 != 0,
+                (class_idx, class),
+                (level_slot, level),
+                floor,
+                len,
+            );
+        }
+        let signal = codel::opaque(&mut cpu.opaque[0], signal);
+        if signal & codel::DROP != 0 {
+            for slot in [class_idx, level_slot] {
+                if let Some(c) = maps::stats(slot) {
+                    c.packets += 1;
+                    c.bytes += len;
+                    c.drops_codel += 1;
+                }
+            }
+            return Ok(TC_ACT_SHOT);
         }
         let cfg = pacer::Pacing {
             flow_rate,
@@ -160,6 +189,13 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 // SAFETY: tc programs may write skb->tstamp.
                 unsafe { (*skb).tstamp = depart };
                 delay = added_delay;
+                how |= PACED;
+                if signal & codel::MARK != 0 {
+                    match codel::set_ce(ctx, layout.l3_off, pkt.is_v6 != 0) {
+                        Ok(()) => how |= MARKED,
+                        Err(()) => cpu.global.rewrite_errors += 1,
+                    }
+                }
             }
             pacer::Outcome::Drop => {
                 for slot in [class_idx, level_slot] {
@@ -197,9 +233,19 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             cpu.global.rewrite_errors += 1;
         }
     }
-    count(class_idx, level_slot, len, delay, tagged);
+    if tagged {
+        how |= TAGGED;
+    }
+    count(class_idx, level_slot, len, delay, how);
     Ok(TC_ACT_UNSPEC)
 }
+
+/// [`count`]'s `how` bits: the packet's DSCP or PCP was rewritten.
+const TAGGED: u32 = 1 << 0;
+/// A pacing clock applied (the delay goes into the histogram, even when 0).
+const PACED: u32 = 1 << 1;
+/// CoDel marked it CE.
+const MARKED: u32 = 1 << 2;
 
 /// Wire bytes of a GSO packet: its headers (through the TCP or UDP header) once per segment.
 #[inline(always)]
@@ -242,7 +288,8 @@ fn time_base(stack_ts: u64) -> (u64, u64) {
 }
 
 #[inline(always)]
-fn count(class_idx: u32, level_slot: u32, len: u64, delay: u64, tagged: bool) {
+fn count(class_idx: u32, level_slot: u32, len: u64, delay: u64, how: u32) {
+    let bucket = delay_bucket(delay);
     for slot in [class_idx, level_slot] {
         if let Some(c) = maps::stats(slot) {
             c.packets += 1;
@@ -251,8 +298,16 @@ fn count(class_idx: u32, level_slot: u32, len: u64, delay: u64, tagged: bool) {
                 c.delayed_packets += 1;
                 c.delay_ns += delay;
             }
-            if tagged {
+            if how & TAGGED != 0 {
                 c.tagged_packets += 1;
+            }
+            if how & PACED != 0
+                && let Some(b) = c.delay_hist.get_mut(bucket)
+            {
+                *b += 1;
+            }
+            if how & MARKED != 0 {
+                c.marks_codel += 1;
             }
         }
     }

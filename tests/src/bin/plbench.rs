@@ -148,6 +148,7 @@ fn table(paced: bool) -> PolicyTable {
             dscp: 46,
             pcp: 0,
             _pad: [0; 2],
+            ..LevelConfig::zeroed()
         };
         t.levels[1] = LevelConfig {
             rate: 0,
@@ -155,6 +156,7 @@ fn table(paced: bool) -> PolicyTable {
             dscp: 26,
             pcp: 0,
             _pad: [0; 2],
+            ..LevelConfig::zeroed()
         };
     }
     t

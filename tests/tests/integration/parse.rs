@@ -46,7 +46,7 @@ fn port_table() -> PolicyTable {
         flags: LEVEL_SET_DSCP | LEVEL_SET_PCP,
         dscp: 46,
         pcp: 5,
-        _pad: [0; 2],
+        ..LevelConfig::zeroed()
     };
     t
 }

@@ -283,6 +283,7 @@ pub(crate) fn tagging_table(dscp: Option<u8>, pcp: Option<u8>) -> PolicyTable {
         dscp: dscp.unwrap_or(0),
         pcp: pcp.unwrap_or(0),
         _pad: [0; 2],
+        ..LevelConfig::zeroed()
     };
     t.classes[0].level = 1;
     t

@@ -180,6 +180,16 @@ pub(super) fn classes(
                 }
             }
         };
+        let codel = match &c.codel {
+            None => None,
+            Some(k) => match super::codel::codel(d, &format!("{p}.codel"), k) {
+                Some(k) => Some(k),
+                None => {
+                    ok = false;
+                    continue;
+                }
+            },
+        };
         out.push(Class {
             name: c.name.clone(),
             level,
@@ -187,6 +197,7 @@ pub(super) fn classes(
             class_rate,
             tcp,
             d3,
+            codel,
         });
     }
     ok.then_some(out)

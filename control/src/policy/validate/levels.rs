@@ -85,9 +85,18 @@ pub(super) fn levels(
                 .map(Limit::Rate),
             (None, None) => Some(Limit::Unlimited),
         };
-        let (Some(priority), Some(limit), Some(dscp), Some(pcp), true) =
-            (priority, limit, dscp.transpose_ok(), pcp.transpose_ok(), good)
-        else {
+        let codel = l
+            .codel
+            .as_ref()
+            .map(|k| super::codel::codel(d, &format!("{p}.codel"), k));
+        let (Some(priority), Some(limit), Some(dscp), Some(pcp), Some(codel), true) = (
+            priority,
+            limit,
+            dscp.transpose_ok(),
+            pcp.transpose_ok(),
+            codel.transpose_ok(),
+            good,
+        ) else {
             ok = false;
             continue;
         };
@@ -111,6 +120,7 @@ pub(super) fn levels(
             epoch_secs,
             dscp: dscp.map(|v| v as u8),
             pcp: pcp.map(|v| v as u8),
+            codel,
         });
     }
     if !ok {

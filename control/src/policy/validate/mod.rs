@@ -10,11 +10,13 @@
 //! - `diag`: `Diag`, which collects every error and warning with its line.
 //! - [`fields`]: parsers of single values (rates, sizes, durations, ports, marks, addresses,
 //!   names, factors, protocols) with the bounds they are checked against.
-//! - `levels`, `classes`, `rules`, `d3`, `dasr`: one section of `spec` each.
+//! - `levels`, `classes`, `rules`, `d3`, `dasr`: one section of `spec` each; `codel`: the `codel`
+//!   mapping of classes and levels, and where CoDel has a queue to act on.
 //! - here: [`validate`], the top-level fields (interfaces, horizon, flow table, link rate,
 //!   QJump network) and the checks across sections.
 
 mod classes;
+mod codel;
 mod d3;
 mod dasr;
 mod diag;
@@ -219,6 +221,7 @@ fn validate_into(
     }
     levels::fits(d, &levels, link_rate.as_ref());
     cross_checks(d, &levels, &classes, &rules, default_class);
+    codel::cross_checks(d, horizon_ns, &levels, &classes);
 
     Some(Validated {
         file: file.to_string(),

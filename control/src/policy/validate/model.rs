@@ -58,6 +58,16 @@ pub struct Level {
     pub epoch_secs: Option<f64>,
     pub dscp: Option<u8>,
     pub pcp: Option<u8>,
+    pub codel: Option<Codel>,
+}
+
+/// CoDel on an aggregate's departure queue (`codel` of a class or a level).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Codel {
+    pub target_ns: u32,
+    pub interval_ns: u32,
+    /// Mark CE on ECN-capable packets instead of dropping them.
+    pub ecn: bool,
 }
 
 /// TCP settings applied by sock_ops, in microseconds.
@@ -78,6 +88,7 @@ pub struct Class {
     pub class_rate: Option<u64>,
     pub tcp: Option<TcpSettings>,
     pub d3: Option<ClassD3>,
+    pub codel: Option<Codel>,
 }
 
 /// A class's D3 defaults.
