@@ -592,3 +592,24 @@ fn cleanup_prefix(prefix: &str) {
         }
     }
 }
+
+/// The agent tests' topology: a testbed `name` with hosts `a` and `b` joined by one veth pair
+/// (MTU 1500), and the name of `a`'s interface towards `b`.
+pub fn two_hosts(name: &str) -> Result<(Testbed, Host, Host, String)> {
+    let tb = Testbed::new(name)?;
+    let a = tb.add_host("a")?;
+    let b = tb.add_host("b")?;
+    tb.link_with(
+        &a,
+        &b,
+        &LinkOpts {
+            mtu: 1500,
+            ..LinkOpts::default()
+        },
+    )?;
+    let ifname = a
+        .iface_to(&b)
+        .ok_or_else(|| anyhow::anyhow!("no interface from a to b"))?
+        .ifname;
+    Ok((tb, a, b, ifname))
+}

@@ -7,7 +7,7 @@ use std::{path::Path, time::Duration};
 
 use paceline_tests::{
     agent::{Agent, Scratch},
-    testbed::{Host, LinkOpts, Testbed},
+    testbed::{Host, Testbed},
 };
 
 use crate::privileged;
@@ -32,22 +32,7 @@ fn sch_fq_available() -> bool {
 }
 
 fn two_hosts(name: &str) -> (Testbed, Host, Host, String) {
-    let tb = Testbed::new(name).expect("testbed");
-    let a = tb.add_host("a").expect("host a");
-    let b = tb.add_host("b").expect("host b");
-    let link = tb
-        .link_with(
-            &a,
-            &b,
-            &LinkOpts {
-                mtu: 1500,
-                ..LinkOpts::default()
-            },
-        )
-        .expect("link");
-    let ifname = a.iface_to(&b).expect("a's interface").ifname;
-    let _ = link;
-    (tb, a, b, ifname)
+    paceline_tests::testbed::two_hosts(name).expect("testbed")
 }
 
 fn write(path: &Path, text: &str) {

@@ -7,6 +7,7 @@ mod agent;
 mod agent_scale;
 mod classify_scale;
 mod codel;
+mod codel_e2e;
 mod d3_e2e;
 mod d3_router;
 mod dasr;

@@ -9,26 +9,13 @@ use std::{
 
 use paceline_tests::{
     agent::{Agent, Scratch, bin},
-    testbed::{Host, LinkOpts, Testbed},
+    testbed::{self, Host, Testbed},
 };
 
 use crate::{privileged, test_run};
 
 fn two_hosts(name: &str) -> (Testbed, Host, Host, String) {
-    let tb = Testbed::new(name).expect("testbed");
-    let a = tb.add_host("a").expect("host a");
-    let b = tb.add_host("b").expect("host b");
-    tb.link_with(
-        &a,
-        &b,
-        &LinkOpts {
-            mtu: 1500,
-            ..LinkOpts::default()
-        },
-    )
-    .expect("link");
-    let ifname = a.iface_to(&b).expect("a's interface").ifname;
-    (tb, a, b, ifname)
+    testbed::two_hosts(name).expect("testbed")
 }
 
 /// A policy whose every UDP flow gets a flow clock (a per-flow rate), with a flow table of
