@@ -252,7 +252,10 @@ scrape_configs:
     .unwrap();
     // Series that only some qdiscs have: fq's throttled count (this kernel may have no sch_fq,
     // and then the root qdisc is htb). The panel's other queries must still answer.
-    let fq_only = |e: &str| e.contains("paceline_qdisc_throttled_total");
+    // Likewise the pacing-delay histograms: without fq the agent enforces class and level rates
+    // with HTB and runs no EDT clock in the datapath, so no packet has a pacing delay.
+    let fq_only =
+        |e: &str| e.contains("paceline_qdisc_throttled_total") || e.contains("_pacing_delay_seconds");
     let mut empty = Vec::new();
     let mut n_queries = 0;
     for panel in dash["panels"].as_array().unwrap() {
