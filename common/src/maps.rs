@@ -379,7 +379,7 @@ impl PolicyTable {
 
 /// Key of the per-flow table: the 5-tuple as seen on egress.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct FlowKey {
     pub src: [u32; 4],
     pub dst: [u32; 4],
@@ -557,8 +557,12 @@ pub struct CpuState {
     /// Words the classifier's lookups pass through so that LLVM cannot fold them into the
     /// verifier's blind spots (see the datapath's `opaque`); never read as data.
     pub opaque: [u32; 2],
+    /// The flow table's key and new value are built here, not on the stack: Linux 6.1 allows
+    /// the tc program and the CoDel function it calls 512 bytes of stack together.
+    pub flow_key: FlowKey,
+    pub flow_state: FlowState,
 }
-const _: () = assert!(size_of::<CpuState>() == 64 + 56 + 8);
+const _: () = assert!(size_of::<CpuState>() == 64 + 56 + 8 + 40 + 16);
 
 // ---------------------------------------------------------------------------------------
 // D3 (see crate::d3 and docs/d3.md)

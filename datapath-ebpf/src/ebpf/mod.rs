@@ -183,7 +183,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             Some(st) => &mut st.t_next,
             None => core::ptr::null_mut(),
         };
-        match pacer::pace(&pkt, len, now, stack_ts, &cfg, sock_clock) {
+        match pacer::pace(&pkt, len, now, stack_ts, &cfg, sock_clock, cpu) {
             pacer::Outcome::Untouched => {}
             pacer::Outcome::Send { depart, added_delay } => {
                 // SAFETY: tc programs may write skb->tstamp.

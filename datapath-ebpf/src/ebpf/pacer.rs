@@ -10,7 +10,7 @@ use core::{
 use paceline_common::{
     classify::PacketInfo,
     edt::{self, Verdict},
-    maps::{FlowKey, FlowState},
+    maps::{CpuState, FlowKey},
 };
 
 use super::maps::{AGG_CLOCKS, FLOWS};
@@ -64,16 +64,15 @@ pub enum Outcome {
     Drop,
 }
 
+/// Writes the packet's 5-tuple into `k` (a per-CPU map value: see [`CpuState::flow_key`]).
 #[inline(always)]
-fn flow_key(p: &PacketInfo) -> FlowKey {
-    FlowKey {
-        src: p.src,
-        dst: p.dst,
-        sport: p.sport,
-        dport: p.dport,
-        proto: p.proto,
-        _pad: [0; 3],
-    }
+fn set_flow_key(k: &mut FlowKey, p: &PacketInfo) {
+    k.src = p.src;
+    k.dst = p.dst;
+    k.sport = p.sport;
+    k.dport = p.dport;
+    k.proto = p.proto;
+    k._pad = [0; 3];
 }
 
 /// Decides the departure of a `len`-byte packet, advancing the clocks that apply. The flow
@@ -89,31 +88,22 @@ pub fn pace(
     stack_ts: u64,
     cfg: &Pacing,
     sock_clock: *mut u64,
+    cpu: &mut CpuState,
 ) -> Outcome {
     let flow_rate = cfg.flow_rate;
-    let key;
     // NonNull, not raw pointers, inside these Options: `Option<*mut T>` carries an undefined
     // payload when None, which LLVM may spill and the verifier refuses to read.
     let mut flow: Option<NonNull<u64>> = None;
     let from_table = sock_clock.is_null();
     if flow_rate != 0 {
-        key = flow_key(pkt);
         flow = if from_table {
+            set_flow_key(&mut cpu.flow_key, pkt);
             // `t_next` is FlowState's first field.
             FLOWS
-                .get_ptr_mut(&key)
+                .get_ptr_mut(&cpu.flow_key)
                 .and_then(|f| NonNull::new(f.cast::<u64>()))
         } else {
             NonNull::new(sock_clock)
-        };
-    } else {
-        key = FlowKey {
-            src: [0; 4],
-            dst: [0; 4],
-            sport: 0,
-            dport: 0,
-            proto: 0,
-            _pad: [0; 3],
         };
     }
     let class_clock = if cfg.class_rate != 0 {
@@ -173,14 +163,10 @@ pub fn pace(
             Some(f) => unsafe { f.as_ptr().write_volatile(t_next) },
             None if from_table => {
                 // A flood of new flows evicts the least recently used state (LRU map).
-                let state = FlowState {
-                    t_next,
-                    rate_override: 0,
-                };
-                if FLOWS.insert(&key, &state, 0).is_ok() {
-                    if let Some(c) = super::maps::cpu() {
-                        c.global.flow_inserts += 1;
-                    }
+                cpu.flow_state.t_next = t_next;
+                cpu.flow_state.rate_override = 0;
+                if FLOWS.insert(&cpu.flow_key, &cpu.flow_state, 0).is_ok() {
+                    cpu.global.flow_inserts += 1;
                 }
             }
             None => {}
