@@ -2,7 +2,8 @@
 //! several times its rate, through the agent, fq holding the departures. Without CoDel the
 //! class's clock runs ahead by what TCP's small-queue limit lets each socket keep queued
 //! (hundreds of milliseconds at this rate); with CoDel the datapath marks CE and the flows keep
-//! the queue short, losing nothing to the horizon.
+//! the queue short: mostly marks (segments TCP sends without ECT, such as retransmissions, are
+//! dropped instead), nothing lost to the horizon.
 
 use std::time::Duration;
 
@@ -141,7 +142,14 @@ fn codel_with_ecn_keeps_a_paced_class_queue_short_without_losses() {
     );
     assert_eq!(off.2, 0, "no marks without CoDel");
     assert!(on.2 > 0, "CoDel marked ECN-capable packets");
-    assert_eq!(on.3, 0, "ECN-capable packets are marked, not dropped");
+    // TCP sends some segments without ECT (retransmissions, RFC 3168 6.1.5): those are
+    // dropped where the others are marked. Measured on 6.1: 127 marks, 33 drops.
+    assert!(
+        on.2 > on.3,
+        "ECN-capable TCP is mostly marked, not dropped: {} marks, {} drops",
+        on.2,
+        on.3
+    );
     assert_eq!(on.4, 0, "nothing reached the horizon");
     assert!(
         on.0 * 3.0 < off.0,
