@@ -105,6 +105,8 @@ pub struct Datapath {
     /// The last count of the flow table's entries and when it was taken.
     flow_count: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
     flow_capacity: u32,
+    /// Why DASR's ingress program is not loaded, if it is not.
+    ingress_error: Option<String>,
     d3_stats: PerCpuArray<MapData, D3ClassStats>,
     d3_link_ctl: HashMap<MapData, u32, D3LinkCtl>,
     d3_links: HashMap<MapData, u32, D3LinkCounters>,
@@ -151,10 +153,19 @@ impl Datapath {
         so.load().with_context(|| format!("verifying {SOCK_OPS}"))?;
         let router: &mut SchedClassifier = prog(&mut ebpf, D3_ROUTER)?.try_into()?;
         router.load().with_context(|| format!("verifying {D3_ROUTER}"))?;
+        // DASR's program alone may be refused without costing the rest: Linux 6.12's verifier
+        // goes past its 1M-instruction limit on its TCP option walk (6.1 and 6.18 accept it).
+        // Then DASR is unavailable on this kernel, and a policy that asks for it is refused.
         let ingress: &mut SchedClassifier = prog(&mut ebpf, TC_INGRESS)?.try_into()?;
-        ingress
-            .load()
-            .with_context(|| format!("verifying {TC_INGRESS}"))?;
+        let ingress_error = match ingress.load() {
+            Ok(()) => None,
+            Err(e) => {
+                let why = format!("{:#}", anyhow::Error::from(e));
+                let first = why.lines().next().unwrap_or_default().to_string();
+                log::warn!("DASR unavailable on this kernel: the verifier refused {TC_INGRESS} ({first})");
+                Some(first)
+            }
+        };
 
         let active = Array::try_from(take(&mut ebpf, names::ACTIVE)?)?;
         let tables = Array::try_from(take(&mut ebpf, names::TABLES)?)?;
@@ -210,6 +221,7 @@ impl Datapath {
             codel,
             flow_table_memlock,
             flow_count: std::sync::Mutex::new(None),
+            ingress_error,
             flow_capacity: opts.flow_table_size,
             generation: 0,
         })
@@ -245,8 +257,18 @@ impl Datapath {
         Ok(prog(&mut self.ebpf, D3_ROUTER)?.try_into()?)
     }
 
+    /// Why DASR cannot run on this kernel (its program was refused), if it cannot.
+    pub fn dasr_unavailable(&self) -> Option<&str> {
+        self.ingress_error.as_deref()
+    }
+
     /// DASR's ingress program.
     pub fn ingress_program(&mut self) -> Result<&mut SchedClassifier> {
+        if let Some(e) = &self.ingress_error {
+            return Err(anyhow!(
+                "DASR is unavailable on this kernel: the verifier refused {TC_INGRESS} ({e})"
+            ));
+        }
         Ok(prog(&mut self.ebpf, TC_INGRESS)?.try_into()?)
     }
 

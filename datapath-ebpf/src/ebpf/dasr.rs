@@ -278,14 +278,13 @@ fn read_option(
     if !load_options(ctx, (l4 + TCP_OPTS_OFFSET) as u32, opts_len, sc) {
         return None;
     }
-    let area = core::ptr::addr_of!(sc.opts).cast::<OptArea>();
-    let off = match pl_dasr_find_option(area, opts_len as u32) {
-        FIND_ABSENT => return None,
-        FIND_MALFORMED => {
+    let off = match dasr::find_option(&sc.opts, opts_len) {
+        Scan::Absent => return None,
+        Scan::Malformed => {
             st.options_malformed += 1;
             return None;
         }
-        found => (found >> 8) as usize,
+        Scan::Found(off) => off,
     };
     // As in d3router: the scan leaves the offset as a constant on each of its exits; a round
     // trip through map memory makes it one bounded unknown.
@@ -583,35 +582,5 @@ fn apply(ctx: &SockOpsContext, table: &PolicyTable, st: &SockState, ds: &mut Das
     if share != 0 && ds.flags & DSOCK_RTT_CB == 0 {
         ds.flags |= DSOCK_RTT_CB;
         set_flags(ctx, CB_RTT);
-    }
-}
-
-/// A TCP option area, as [`pl_dasr_find_option`] takes it.
-#[repr(C)]
-pub struct OptArea {
-    pub bytes: [u8; TCP_OPTS_MAX],
-}
-
-/// [`pl_dasr_find_option`]: no DASR option.
-const FIND_ABSENT: u32 = 0;
-/// [`pl_dasr_find_option`]: a DASR option whose length is wrong, or a bad option area.
-const FIND_MALFORMED: u32 = 1;
-
-/// `dasr::find_option` as a *global* BPF function: the verifier checks its 40-step walk once,
-/// for any option area, instead of once per state that reaches it (Linux 6.12's verifier went
-/// past its 1M-instruction limit on the inlined walk). Returns [`FIND_ABSENT`],
-/// [`FIND_MALFORMED`], or 2 with the option's offset in bits 8 and up.
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn pl_dasr_find_option(area: *const OptArea, opts_len: u32) -> u32 {
-    if area.is_null() {
-        return FIND_ABSENT;
-    }
-    // SAFETY: the verifier checked that `area` points to an `OptArea`-sized readable region.
-    let opts = unsafe { &(*area).bytes };
-    match dasr::find_option(opts, opts_len as usize) {
-        Scan::Absent => FIND_ABSENT,
-        Scan::Malformed => FIND_MALFORMED,
-        Scan::Found(off) => 2 | ((off as u32) << 8),
     }
 }
