@@ -105,8 +105,8 @@ pub struct Datapath {
     /// The last count of the flow table's entries and when it was taken.
     flow_count: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
     flow_capacity: u32,
-    /// Why DASR's ingress program is not loaded, if it is not.
-    ingress_error: Option<String>,
+    /// `None` until DASR's ingress program is first needed; then why it was refused, if it was.
+    ingress_error: Option<Option<String>>,
     d3_stats: PerCpuArray<MapData, D3ClassStats>,
     d3_link_ctl: HashMap<MapData, u32, D3LinkCtl>,
     d3_links: HashMap<MapData, u32, D3LinkCounters>,
@@ -153,19 +153,10 @@ impl Datapath {
         so.load().with_context(|| format!("verifying {SOCK_OPS}"))?;
         let router: &mut SchedClassifier = prog(&mut ebpf, D3_ROUTER)?.try_into()?;
         router.load().with_context(|| format!("verifying {D3_ROUTER}"))?;
-        // DASR's program alone may be refused without costing the rest: Linux 6.12's verifier
-        // goes past its 1M-instruction limit on its TCP option walk (6.1 and 6.18 accept it).
-        // Then DASR is unavailable on this kernel, and a policy that asks for it is refused.
-        let ingress: &mut SchedClassifier = prog(&mut ebpf, TC_INGRESS)?.try_into()?;
-        let ingress_error = match ingress.load() {
-            Ok(()) => None,
-            Err(e) => {
-                let why = format!("{:#}", anyhow::Error::from(e));
-                let first = why.lines().next().unwrap_or_default().to_string();
-                log::warn!("DASR unavailable on this kernel: the verifier refused {TC_INGRESS} ({first})");
-                Some(first)
-            }
-        };
+        // DASR's program is loaded when first needed (`ingress_program`): Linux 6.12's verifier
+        // goes past its 1M-instruction limit on its TCP option walk (6.1 and 6.18 accept it),
+        // after half a minute under emulation; agents without DASR should not pay for that.
+        let ingress_error = None;
 
         let active = Array::try_from(take(&mut ebpf, names::ACTIVE)?)?;
         let tables = Array::try_from(take(&mut ebpf, names::TABLES)?)?;
@@ -257,14 +248,31 @@ impl Datapath {
         Ok(prog(&mut self.ebpf, D3_ROUTER)?.try_into()?)
     }
 
-    /// Why DASR cannot run on this kernel (its program was refused), if it cannot.
-    pub fn dasr_unavailable(&self) -> Option<&str> {
-        self.ingress_error.as_deref()
+    /// Why DASR cannot run on this kernel (the verifier refused its program), if it cannot;
+    /// loads the program the first time.
+    pub fn dasr_unavailable(&mut self) -> Option<String> {
+        self.ingress_program().err().map(|e| format!("{e:#}"))
     }
 
-    /// DASR's ingress program.
+    /// DASR's ingress program, loaded the first time it is asked for. Where the verifier
+    /// refuses it, DASR is unavailable on this kernel and the rest of the datapath runs on.
     pub fn ingress_program(&mut self) -> Result<&mut SchedClassifier> {
-        if let Some(e) = &self.ingress_error {
+        if self.ingress_error.is_none() {
+            let p: &mut SchedClassifier = prog(&mut self.ebpf, TC_INGRESS)?.try_into()?;
+            let refused = match p.load() {
+                Ok(()) => None,
+                Err(e) => {
+                    let why = format!("{:#}", anyhow::Error::from(e));
+                    let first = why.lines().next().unwrap_or_default().to_string();
+                    log::warn!(
+                        "DASR unavailable on this kernel: the verifier refused {TC_INGRESS} ({first})"
+                    );
+                    Some(first)
+                }
+            };
+            self.ingress_error = Some(refused);
+        }
+        if let Some(Some(e)) = &self.ingress_error {
             return Err(anyhow!(
                 "DASR is unavailable on this kernel: the verifier refused {TC_INGRESS} ({e})"
             ));
