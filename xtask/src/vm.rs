@@ -26,7 +26,7 @@
 //!    the newest cached kernel is used. Preparation: the ELF `vmlinux` is extracted from the
 //!    bzImage (6.1: xz with the x86 BCJ filter, via liblzma; 6.12: zstd, via ruzstd) because
 //!    under TCG the kernel's own decompressor costs ~7 s of boot; 6.12's `.ko.xz` modules are
-//!    decompressed (busybox insmod cannot); module signatures are stripped (checking them costs
+//!    decompressed (busybox insmod cannot; the module tree: `vm/modules.rs`); module signatures are stripped (checking them costs
 //!    ~60 ms per module under TCG; sig_enforce is off, so the kernel loads them and marks
 //!    itself tainted `E`); `modules.dep` and `modules.alias` (without device-ID aliases) are
 //!    generated from each module's `.modinfo` (no kmod needed on the host). Modules built into
@@ -95,6 +95,7 @@
 
 mod initramfs;
 mod kernel;
+mod modules;
 mod qemu;
 
 use anyhow::{Context, Result, bail};
@@ -399,7 +400,7 @@ impl Vm {
             names.extend(v.split([' ', ',']).filter(|s| !s.is_empty()).map(String::from));
         }
         names.extend(req.modules.iter().cloned());
-        let idx = kernel::ModIndex::load(&self.kernel.modules_dir)?;
+        let idx = modules::ModIndex::load(&self.kernel.modules_dir)?;
         let (order, missing) = idx.resolve(&names);
         let missing: Vec<_> = missing
             .into_iter()

@@ -2,7 +2,8 @@
 //! (virtio PCI, virtio console, 9p, overlayfs), and `/init` (the shell script below).
 //! Built once per kernel and init-script version into the kernel's cache directory.
 
-use super::kernel::{Kernel, ModIndex, hash_str};
+use super::kernel::{Kernel, hash_str};
+use super::modules::ModIndex;
 use anyhow::{Context, Result, bail};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -194,7 +195,7 @@ pub fn ensure(kernel: &Kernel) -> Result<PathBuf> {
     for rel in &order {
         let src = kernel.modules_dir.join(rel);
         let mut data = fs::read(&src).with_context(|| format!("reading {}", src.display()))?;
-        if let Some(n) = super::kernel::signed_len(&data) {
+        if let Some(n) = super::modules::signed_len(&data) {
             data.truncate(n);
         }
         let base = rel.rsplit('/').next().unwrap();
