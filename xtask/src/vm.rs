@@ -26,8 +26,9 @@
 //!    the newest cached kernel is used. Preparation: the ELF `vmlinux` is extracted from the
 //!    bzImage (6.1: xz with the x86 BCJ filter, via liblzma; 6.12: zstd, via ruzstd) because
 //!    under TCG the kernel's own decompressor costs ~7 s of boot; 6.12's `.ko.xz` modules are
-//!    decompressed (busybox insmod cannot; the module tree: `vm/modules.rs`); module signatures are stripped (checking them costs
-//!    ~60 ms per module under TCG; sig_enforce is off, so the kernel loads them and marks
+//!    decompressed (busybox insmod cannot; the module tree: `vm/modules.rs`); module
+//!    signatures are stripped (checking them costs ~60 ms per module under TCG; sig_enforce
+//!    is off, so the kernel loads them and marks
 //!    itself tainted `E`); `modules.dep` and `modules.alias` (without device-ID aliases) are
 //!    generated from each module's `.modinfo` (no kmod needed on the host). Modules built into
 //!    a kernel (`modules.builtin`: virtio_pci and virtio_console in 6.12) are not loaded.
