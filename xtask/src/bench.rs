@@ -191,47 +191,42 @@ pub fn run(a: Args) -> Result<()> {
         },
         Bench::PacingStudy(e) => experiment("pacing-study", &e, &[], None),
         Bench::D3(e) => experiment("d3", &e, &[], None),
-        Bench::Datapath { repeat, trials } => {
-            cargo_build_release(&["plbench"])?;
-            let root = repo_root();
-            let out = root.join("results/bench-datapath.json");
-            let status = Command::new(root.join("target/release/plbench"))
-                .args([
-                    "datapath",
-                    "--repeat",
-                    &repeat.to_string(),
-                    "--trials",
-                    &trials.to_string(),
-                    "--out",
-                ])
-                .arg(&out)
-                .status()
-                .context("running plbench (as root: it loads BPF programs)")?;
-            if !status.success() {
-                bail!("plbench datapath failed");
-            }
-            Ok(())
-        }
-        Bench::Apply { rules, trials } => {
-            cargo_build_release(&["plbench"])?;
-            let root = repo_root();
-            let out = root.join("results/bench-apply.json");
-            let status = Command::new(root.join("target/release/plbench"))
-                .args([
-                    "apply",
-                    "--rules",
-                    &rules.to_string(),
-                    "--trials",
-                    &trials.to_string(),
-                    "--out",
-                ])
-                .arg(&out)
-                .status()
-                .context("running plbench (as root: it loads BPF programs)")?;
-            if !status.success() {
-                bail!("plbench apply failed");
-            }
-            Ok(())
-        }
+        Bench::Datapath { repeat, trials } => plbench(
+            "datapath",
+            &[
+                "--repeat".into(),
+                repeat.to_string(),
+                "--trials".into(),
+                trials.to_string(),
+            ],
+        ),
+        Bench::Apply { rules, trials } => plbench(
+            "apply",
+            &[
+                "--rules".into(),
+                rules.to_string(),
+                "--trials".into(),
+                trials.to_string(),
+            ],
+        ),
     }
+}
+
+/// Runs `plbench <bench> <args> --out results/bench-<bench>.json` (release build; as root: it
+/// loads BPF programs).
+fn plbench(bench: &str, args: &[String]) -> Result<()> {
+    cargo_build_release(&["plbench"])?;
+    let root = repo_root();
+    let out = root.join(format!("results/bench-{bench}.json"));
+    let status = Command::new(root.join("target/release/plbench"))
+        .arg(bench)
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .context("running plbench (as root: it loads BPF programs)")?;
+    if !status.success() {
+        bail!("plbench {bench} failed");
+    }
+    Ok(())
 }
