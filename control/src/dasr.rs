@@ -297,7 +297,8 @@ mod tests {
         assert_eq!(c.flags, IFACE_RECEIVE | IFACE_SEND);
         assert_eq!(c.line_rate, 125_000_000);
         assert_eq!(dasr::decode_rate(c.line_code), Some(125_000_000));
-        assert_eq!(c.min_window_ns, 200_000);
+        // 2 x 100 us, raised to two of a paced flow's ~1 ms burst gaps.
+        assert_eq!(c.min_window_ns, 2 * dasr::PACED_BURST_GAP_NS);
         assert_eq!(c.per_sender_ns, 48_448);
         let sender_only = DasrSpec {
             receiver: false,

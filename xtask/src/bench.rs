@@ -8,6 +8,8 @@
 //!   `results/<name>-6.12/`); results, tables and plots land in `results/<name>/`. `--host` runs them on this machine's kernel instead (no fq: HTB and
 //!   TCP's own pacing enforce), into `results/<name>-host/`.
 //! - `d3`: the D3 evaluation (partition-aggregate); meant for `--host` (see its help).
+//! - `incast`: seeds 002 and 003 (`plexp incast`): goodput and block times against S servers,
+//!   and short messages next to bulk senders; in the VM (fq, scaled down) or `--host`.
 //! - `apply`: parsing, compiling and writing a generated 100,000-rule policy into the
 //!   datapath, with the peak RSS (`plbench apply`).
 
@@ -68,6 +70,10 @@ enum Bench {
     /// Seed 000 (D3): partition-aggregate deadlines against N senders (use --host: 1 Gbit/s
     /// is beyond the emulated VM; this kernel's TCP pacing enforces the grants).
     D3(ExpArgs),
+    /// Seeds 002 and 003 (incast, DASR): a client reads blocks from S servers at once through a
+    /// shallow-buffered port; modes tcp, tcp-tuned, paced and dasr; plus short messages next to
+    /// bulk senders. --host: 1 Gbit/s and seed 002's sizes; the VM: 20 Mbit/s, scaled down.
+    Incast(ExpArgs),
     /// ns/packet of the tc classifier per path, against an empty classifier (host kernel).
     Datapath {
         /// Packets per trial (the kernel reports the mean per packet).
@@ -191,6 +197,7 @@ pub fn run(a: Args) -> Result<()> {
         },
         Bench::PacingStudy(e) => experiment("pacing-study", &e, &[], None),
         Bench::D3(e) => experiment("d3", &e, &[], None),
+        Bench::Incast(e) => experiment("incast", &e, &[], None),
         Bench::Datapath { repeat, trials } => plbench(
             "datapath",
             &[

@@ -5,12 +5,15 @@
 //! after its last segment. An epoch lasts
 //!
 //! ```text
-//! E = max(active_rtts * rtt, N * per_sender)      per_sender = GAP_FRAMES frames at line rate
+//! E = max(active_rtts * rtt, 2 * burst_gap, N * per_sender)
+//!     burst_gap = PACED_BURST_GAP_NS (~1 ms), per_sender = GAP_FRAMES frames at line rate
 //! ```
 //!
 //! (N as the epoch starts). A flow limited by its window sends at least once per RTT, so the
-//! first term keeps it counted; a flow paced at line / N sends one (or a two-segment TSO burst
-//! of) frame every N frame times, which the second term covers with room to spare. A new flow
+//! first term keeps it counted; Linux paces a flow in TSO bursts of about a millisecond of data
+//! at its rate, so a flow capped at its share arrives in bursts about 1 ms apart whatever N is,
+//! which the second term covers twice; a slow flow sends a two-segment burst every N frame
+//! times at least, which the third covers with room to spare. A new flow
 //! counts from its first data segment (N grows at once: the ACK of that segment carries it); a
 //! flow that stopped drops out within 2E.
 //!

@@ -131,7 +131,9 @@ pub struct DasrSock {
     /// The option the next WRITE_HDR_OPT callback writes.
     pub opt: [u8; super::wire::OPT_LEN],
     pub flags: u32,
-    pub _pad: u32,
+    /// `data_segs_out` of the socket when an ACK last confirmed the share (see
+    /// [`super::stale`]).
+    pub segs_at_seen: u32,
 }
 const _: () = assert!(size_of::<DasrSock>() == 24);
 

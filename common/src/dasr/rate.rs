@@ -6,12 +6,34 @@ use crate::edt::NSEC_PER_SEC;
 /// Frames each sender adds to an epoch: a flow paced at line / N sends a frame (or a TSO burst
 /// of two) every N frame times; four give a margin of two.
 pub const GAP_FRAMES: u64 = 4;
+/// How far apart a paced TCP flow's bursts arrive: Linux sizes a paced flow's TSO bursts to
+/// `sk_pacing_rate >> sk_pacing_shift` bytes (shift 10 by default: 1/1024 s of data), so a
+/// flow at any share sends a burst about every 0.98 ms, whatever N; `2^20` ns rounds it up.
+pub const PACED_BURST_GAP_NS: u64 = 1 << 20;
+/// Bursts each epoch covers at least: a margin of two, as for [`GAP_FRAMES`].
+pub const BURST_GAPS: u64 = 2;
+
+/// The shortest epoch for `active_rtts` RTTs of `rtt_ns`: the RTTs, and never less than
+/// [`BURST_GAPS`] times a paced flow's burst gap, so a flow capped at its share (which sends
+/// in bursts about a millisecond apart) stays counted between its bursts.
+#[inline]
+pub const fn min_window_ns(rtt_ns: u64, active_rtts: u32) -> u64 {
+    let rtts = rtt_ns.saturating_mul(active_rtts as u64);
+    let bursts = BURST_GAPS * PACED_BURST_GAP_NS;
+    if rtts > bursts { rtts } else { bursts }
+}
+
 /// A sender drops a share its receiver has not repeated for this many of its RTTs (the
 /// receiver stamps every pure ACK of a flow it counts: ACKs arriving without the option mean
 /// it stopped: its agent is gone or its policy changed).
 pub const STALE_RTTS: u64 = 8;
 /// ... and never sooner than this.
 pub const STALE_MIN_NS: u64 = 2_000_000;
+/// ... and only once the flow sent this many data segments since the share was last
+/// confirmed: a flow that was idle (nothing sent, so no ACK to stamp) keeps its share and
+/// resumes at it, instead of bursting a restarted window at the line rate into a port its N
+/// peers are about to fill too (the synchronized next block of an incast).
+pub const STALE_SEGS: u32 = 16;
 /// Buckets of the histogram of rates set on senders: bucket `i` counts rates in
 /// `[2^(i+16), 2^(i+17))` bytes/s (bucket 0 also takes smaller ones, the last larger ones):
 /// 64 KB/s (0.5 Mbit/s) to 1 TB/s.
@@ -44,12 +66,13 @@ pub const fn per_sender_ns(frame_bytes: u64, line: u64) -> u64 {
 }
 
 /// Whether a share last confirmed at `seen_ns` is stale at `now_ns` for a flow whose smoothed
-/// RTT is `srtt_ns`.
+/// RTT is `srtt_ns` and which sent `segs_since` data segments since: the receiver stopped
+/// stamping the ACKs of a flow that kept sending.
 #[inline(always)]
-pub const fn stale(now_ns: u64, seen_ns: u64, srtt_ns: u64) -> bool {
-    let limit = STALE_RTTS * srtt_ns;
+pub const fn stale(now_ns: u64, seen_ns: u64, srtt_ns: u64, segs_since: u32) -> bool {
+    let limit = STALE_RTTS.saturating_mul(srtt_ns);
     let limit = if limit > STALE_MIN_NS { limit } else { STALE_MIN_NS };
-    now_ns.saturating_sub(seen_ns) > limit
+    segs_since >= STALE_SEGS && now_ns.saturating_sub(seen_ns) > limit
 }
 
 /// The histogram bucket of a rate in bytes/s.
@@ -99,6 +122,15 @@ mod tests {
     }
 
     #[test]
+    fn shortest_epoch_covers_two_paced_bursts() {
+        // 2 RTTs of 100 us are shorter than two bursts of a flow TCP paces (about 1 ms each).
+        assert_eq!(min_window_ns(100_000, 2), 2 * PACED_BURST_GAP_NS);
+        // Long RTTs win.
+        assert_eq!(min_window_ns(5_000_000, 2), 10_000_000);
+        assert_eq!(min_window_ns(u64::MAX, 64), u64::MAX);
+    }
+
+    #[test]
     fn per_sender_time_is_four_frames() {
         // 4 * 1514 B at 1 Gbit/s = 48.448 us.
         assert_eq!(per_sender_ns(1514, 125_000_000), 48_448);
@@ -107,14 +139,23 @@ mod tests {
 
     #[test]
     fn a_share_goes_stale_after_eight_rtts_and_at_least_two_ms() {
+        let busy = STALE_SEGS;
         assert!(
-            !stale(10_000_000, 9_000_000, 100_000),
+            !stale(10_000_000, 9_000_000, 100_000, busy),
             "1 ms: under the 2 ms floor"
         );
-        assert!(stale(10_000_000, 7_000_000, 100_000), "3 ms > max(0.8 ms, 2 ms)");
-        assert!(!stale(10_000_000, 3_000_000, 1_000_000), "7 ms < 8 RTTs of 1 ms");
-        assert!(stale(20_000_000, 3_000_000, 1_000_000));
-        assert!(!stale(1, 5, 0), "a time before the last sighting");
+        assert!(stale(10_000_000, 7_000_000, 100_000, busy), "3 ms > max(0.8 ms, 2 ms)");
+        assert!(!stale(10_000_000, 3_000_000, 1_000_000, busy), "7 ms < 8 RTTs of 1 ms");
+        assert!(stale(20_000_000, 3_000_000, 1_000_000, busy));
+        assert!(!stale(1, 5, 0, busy), "a time before the last sighting");
+        assert!(!stale(u64::MAX, 0, u64::MAX, busy), "no overflow");
+    }
+
+    #[test]
+    fn an_idle_flow_keeps_its_share() {
+        // A second later, but the flow sent only a restarted window's first segments since.
+        assert!(!stale(1_000_000_000, 0, 100_000, STALE_SEGS - 1));
+        assert!(stale(1_000_000_000, 0, 100_000, STALE_SEGS));
     }
 
     #[test]

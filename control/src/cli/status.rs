@@ -257,11 +257,11 @@ fn render_dasr(o: &mut String, d: &crate::status::DasrStatus, c: &crate::status:
     use std::fmt::Write as _;
     let _ = writeln!(
         o,
-        "\nDASR: receiver {}, sender {}; sending = data in the last {}..{} us ({} x rtt {} us)",
+        "\nDASR: receiver {}, sender {}; sending = data in the last {}..{} us (at least {} x rtt {} us and two paced bursts)",
         if d.receiver { "on" } else { "off" },
         if d.sender { "on" } else { "off" },
-        d.rtt_ns * d.active_rtts as u64 / 1000,
-        2 * d.rtt_ns * d.active_rtts as u64 / 1000,
+        paceline_common::dasr::min_window_ns(d.rtt_ns, d.active_rtts) / 1000,
+        2 * paceline_common::dasr::min_window_ns(d.rtt_ns, d.active_rtts) / 1000,
         d.active_rtts,
         d.rtt_ns / 1000
     );
@@ -347,7 +347,7 @@ mod tests {
         let text = render(&s, s.status.started_at);
         assert!(
             text.contains(
-                "DASR: receiver on, sender on; sending = data in the last 200..400 us (2 x rtt 100 us)"
+                "DASR: receiver on, sender on; sending = data in the last 2097..4194 us (at least 2 x rtt 100 us and two paced bursts)"
             ),
             "{text}"
         );

@@ -118,8 +118,9 @@ pub struct Dasr {
     #[serde(default)]
     pub rtt: Option<DurationText>,
     /// A flow counts as sending while one of its data segments arrived within the last
-    /// `active_rtts` to 2 x `active_rtts` RTTs (longer for many senders: at least 4 frame
-    /// times per sender), 1..=64. Default 2.
+    /// `active_rtts` to 2 x `active_rtts` RTTs (never under 2 to 4 ms: a paced flow arrives in
+    /// bursts about 1 ms apart; longer for many senders: at least 4 frame times per sender),
+    /// 1..=64. Default 2.
     #[serde(default = "default_active_rtts")]
     #[schemars(range(min = 1, max = 64))]
     pub active_rtts: i64,

@@ -149,6 +149,19 @@ fn shipped_policies_match_the_schema_and_validate_offline() {
                 es.iter().map(|e| format!("  {e}\n")).collect::<String>()
             ),
         };
+        // An example the validator itself warns about teaches operators a setting that does
+        // not work (the incast example's 1 ms rto_min, which HZ=250 kernels refuse). Judged on
+        // a typical host (offline, `auto` and the link rate are unknown, which warns).
+        let host = FakeHost::new()
+            .with_interface("eth0", Some(3_125_000_000))
+            .with_default_route("eth0");
+        let v = load(&f, &host).unwrap_or_else(|es| panic!("{}: {es:?}", f.display()));
+        assert!(
+            v.warnings.is_empty(),
+            "{} validates with warnings:\n{}",
+            f.display(),
+            v.warnings.iter().map(|e| format!("  {e}\n")).collect::<String>()
+        );
         // Every mode compiles; the report fits a 100-column terminal.
         for mode in [
             EnforcementMode::Fq,

@@ -512,13 +512,15 @@ pub fn on_parse_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
     let Some(st) = sock_state(ctx) else { return };
     let share = st.dasr_rate;
     let Some(ds) = dsock(ctx, share != 0) else { return };
+    // SAFETY: reading the program's own context.
+    ds.segs_at_seen = unsafe { (*ctx.ops).data_segs_out };
     if ds.applied != share {
         apply(ctx, table, st, ds, share);
     }
 }
 
 /// RTT (every ACK with an RTT sample, turned on while a share applies): a share the receiver
-/// stopped repeating is dropped.
+/// stopped repeating while the flow kept sending is dropped.
 #[inline(always)]
 pub fn on_rtt(ctx: &SockOpsContext, table: &PolicyTable) {
     if table.flags & TABLE_DASR_SENDER == 0 {
@@ -530,8 +532,8 @@ pub fn on_rtt(ctx: &SockOpsContext, table: &PolicyTable) {
     }
     let Some(st) = sock_state(ctx) else { return };
     // SAFETY: reading the program's own context.
-    let srtt_ns = unsafe { ((*ctx.ops).srtt_us >> 3) as u64 * 1000 };
-    if !dasr::stale(now_ns(), st.dasr_seen_ns, srtt_ns) {
+    let (srtt_ns, segs) = unsafe { (((*ctx.ops).srtt_us >> 3) as u64 * 1000, (*ctx.ops).data_segs_out) };
+    if !dasr::stale(now_ns(), st.dasr_seen_ns, srtt_ns, segs.wrapping_sub(ds.segs_at_seen)) {
         return;
     }
     st.dasr_rate = 0;

@@ -22,6 +22,8 @@ enum Cli {
     PacingStudy(Common),
     /// Seed 000 (D3): application throughput of partition-aggregate deadlines against N.
     D3(Common),
+    /// Seeds 002 and 003 (incast, DASR): goodput and block times against S servers.
+    Incast(Common),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -30,5 +32,6 @@ fn main() -> anyhow::Result<()> {
         Cli::Qjump { common, rate_mbit } => experiments::qjump::run(&common, rate_mbit),
         Cli::PacingStudy(c) => experiments::study::run(&c),
         Cli::D3(c) => experiments::d3::run(&c),
+        Cli::Incast(c) => experiments::incast::run(&c),
     }
 }

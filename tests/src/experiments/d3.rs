@@ -536,7 +536,7 @@ fn fmt_mean(m: f64) -> String {
     format!("{}", m)
 }
 
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
@@ -729,7 +729,7 @@ fn tcp_counters(h: &Host) -> [u64; 4] {
     ]
 }
 
-fn sum_tcp(hosts: &[&Host]) -> [u64; 4] {
+pub(crate) fn sum_tcp(hosts: &[&Host]) -> [u64; 4] {
     let mut s = [0u64; 4];
     for h in hosts {
         let c = tcp_counters(h);

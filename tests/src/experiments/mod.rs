@@ -8,8 +8,11 @@
 //! - [`qjump`]: seed 004: RPC latency at a high QJump level next to bulk traffic.
 //! - [`study`]: seed 001: N flows through a small-buffer bottleneck, paced or not; N*.
 //! - [`d3`]: seed 000 (D3): partition-aggregate deadlines vs senders, TCP / paced / QJump / D3.
+//! - [`incast`]: seeds 002 and 003: synchronized reads from S servers (TCP, tuned TCP, paced,
+//!   DASR) and short messages next to bulk senders.
 
 pub mod d3;
+pub mod incast;
 pub mod pacing;
 pub mod qjump;
 pub mod study;

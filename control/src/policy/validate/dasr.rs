@@ -138,7 +138,8 @@ spec:
         let d = ok(BASE, &fake_host()).dasr.expect("dasr");
         assert!(d.receiver && d.sender);
         assert_eq!((d.rtt_ns, d.active_rtts), (100_000, 2));
-        assert_eq!(d.min_window_ns(), 200_000);
+        // 200 us of RTTs are shorter than two paced bursts (~1 ms apart).
+        assert_eq!(d.min_window_ns(), 2 * paceline_common::dasr::PACED_BURST_GAP_NS);
         assert_eq!(d.interfaces.len(), 1);
         assert_eq!(d.interfaces[0].line_rate, 1_250_000_000);
         assert_eq!(d.interfaces[0].source, "speed of eth0");
@@ -153,7 +154,9 @@ spec:
         let d = ok(&text, &fake_host()).dasr.expect("dasr");
         assert_eq!(d.interfaces[0].line_rate, 125_000_000, "1000 Mbit/s");
         assert_eq!(d.interfaces[0].source, "spec.dasr.line_rate");
-        assert_eq!(d.min_window_ns(), 200_000);
+        assert_eq!(d.min_window_ns(), 2 * paceline_common::dasr::PACED_BURST_GAP_NS);
+        let long = BASE.replace("dasr: {}", "dasr: {rtt: 2ms, active_rtts: 4}");
+        assert_eq!(ok(&long, &fake_host()).dasr.expect("dasr").min_window_ns(), 8_000_000);
     }
 
     #[test]

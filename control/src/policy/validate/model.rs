@@ -132,9 +132,10 @@ pub struct DasrSpec {
 }
 
 impl DasrSpec {
-    /// `active_rtts * rtt`: the shortest epoch (see `paceline_common::dasr::count`).
+    /// The shortest epoch: `active_rtts * rtt`, and at least two of a paced flow's burst gaps
+    /// (see `paceline_common::dasr::count` and [`paceline_common::dasr::min_window_ns`]).
     pub fn min_window_ns(&self) -> u64 {
-        self.rtt_ns * self.active_rtts as u64
+        paceline_common::dasr::min_window_ns(self.rtt_ns, self.active_rtts)
     }
 }
 
