@@ -422,10 +422,13 @@ pub struct SockState {
     /// DASR: the share its receiver advertised, line / N (wire bytes/s; 0: none), set by the
     /// ingress program from the receiver's ACKs; it caps the flow clock (`crate::dasr::cap`).
     pub dasr_rate: u64,
-    /// When the receiver last advertised it (CLOCK_MONOTONIC ns).
+    /// When the receiver last advertised a share (CLOCK_MONOTONIC ns).
     pub dasr_seen_ns: u64,
+    /// Since when the receiver has advertised a share higher than `dasr_rate` (0: it has not;
+    /// see `crate::dasr::follow`).
+    pub dasr_raise_ns: u64,
 }
-const _: () = assert!(size_of::<SockState>() == 40);
+const _: () = assert!(size_of::<SockState>() == 48);
 
 /// An aggregate's departure clock, shared by all CPUs (updated with atomics).
 #[repr(C)]

@@ -23,6 +23,32 @@ pub const fn min_window_ns(rtt_ns: u64, active_rtts: u32) -> u64 {
     if rtts > bursts { rtts } else { bursts }
 }
 
+/// A sender takes a higher share only once its receiver advertised one for this long (a lower
+/// one at once). When S flows start together, say the next block of an incast after an idle
+/// gap, the receiver counts them as their first segments arrive: the first ACKs carry N = 1,
+/// 2, ... and only an RTT later N = S. Taking those at once would release every window at up
+/// to the line rate into the port the S flows share. One minimum epoch (two paced bursts) is
+/// what the count needs to see every flow that is sending.
+pub const RAISE_HOLD_NS: u64 = BURST_GAPS * PACED_BURST_GAP_NS;
+
+/// The share a sender applies after its receiver advertised `advertised` at `now_ns`, with
+/// `applied` in force (0: none) and a higher share advertised since `raise_since_ns` (0: none);
+/// returns (applied, raise_since_ns). Cuts apply at once; rises after [`RAISE_HOLD_NS`].
+#[inline(always)]
+pub const fn follow(applied: u64, advertised: u64, raise_since_ns: u64, now_ns: u64) -> (u64, u64) {
+    if applied == 0 || advertised <= applied {
+        return (advertised, 0);
+    }
+    if raise_since_ns == 0 {
+        return (applied, now_ns);
+    }
+    if now_ns.saturating_sub(raise_since_ns) >= RAISE_HOLD_NS {
+        (advertised, 0)
+    } else {
+        (applied, raise_since_ns)
+    }
+}
+
 /// A sender drops a share its receiver has not repeated for this many of its RTTs (the
 /// receiver stamps every pure ACK of a flow it counts: ACKs arriving without the option mean
 /// it stopped: its agent is gone or its policy changed).
@@ -149,6 +175,23 @@ mod tests {
         assert!(stale(20_000_000, 3_000_000, 1_000_000, busy));
         assert!(!stale(1, 5, 0, busy), "a time before the last sighting");
         assert!(!stale(u64::MAX, 0, u64::MAX, busy), "no overflow");
+    }
+
+    #[test]
+    fn cuts_apply_at_once_and_rises_after_the_hold() {
+        let ms = 1_000_000;
+        // The first share, and a cut, at once.
+        assert_eq!(follow(0, 500, 0, 10 * ms), (500, 0));
+        assert_eq!(follow(500, 250, 0, 10 * ms), (250, 0));
+        // A rise waits: the synchronized start of S flows advertises N = 1, 2, ... first.
+        assert_eq!(follow(250, 1000, 0, 10 * ms), (250, 10 * ms));
+        assert_eq!(follow(250, 1000, 10 * ms, 11 * ms), (250, 10 * ms));
+        // A cut in the meantime ends the wait.
+        assert_eq!(follow(250, 125, 10 * ms, 11 * ms), (125, 0));
+        // Held long enough: taken.
+        assert_eq!(follow(250, 1000, 10 * ms, 10 * ms + RAISE_HOLD_NS), (1000, 0));
+        // The same share again is no rise.
+        assert_eq!(follow(250, 250, 0, 10 * ms), (250, 0));
     }
 
     #[test]

@@ -313,14 +313,17 @@ fn read_option(
     if listening {
         st.options_no_socket += 1;
     } else if let Some(s) = sock::state(sk.as_ptr().cast(), true) {
-        if s.dasr_rate != share {
+        let now = now_ns();
+        let (applied, raise) = dasr::follow(s.dasr_rate, share, s.dasr_raise_ns, now);
+        if s.dasr_rate != applied {
             st.rates_set += 1;
-            if let Some(b) = st.rate_hist.get_mut(dasr::rate_bucket(share)) {
+            if let Some(b) = st.rate_hist.get_mut(dasr::rate_bucket(applied)) {
                 *b += 1;
             }
         }
-        s.dasr_rate = share;
-        s.dasr_seen_ns = now_ns();
+        s.dasr_rate = applied;
+        s.dasr_raise_ns = raise;
+        s.dasr_seen_ns = now;
         st.options_read += 1;
     }
     // SAFETY: the reference the lookup took.
@@ -537,6 +540,7 @@ pub fn on_rtt(ctx: &SockOpsContext, table: &PolicyTable) {
         return;
     }
     st.dasr_rate = 0;
+    st.dasr_raise_ns = 0;
     if let Some(s) = stats() {
         s.stale_resets += 1;
     }

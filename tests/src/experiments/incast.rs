@@ -32,6 +32,7 @@
 //! - `dasr`: an agent on the client in DASR's receiver role (line rate [`Config::dasr_line`] of
 //!   the port, RTT [`Config::dasr_rtt_us`]) and on every server in the sender role: each flow
 //!   is capped at line / N, N being the flows the client counts as sending.
+//! - `dasr-tuned`: both (what `policies/incast-dasr.yaml` ships).
 //!
 //! Agents enforce with `enforcement: sockops` on a kernel without sch_fq (TCP's own pacing at
 //! SO_MAX_PACING_RATE) and `auto` with it (fq, EDT).
@@ -88,17 +89,23 @@ pub enum Mode {
     Paced,
     /// DASR: the client counts, the servers cap at line / N.
     Dasr,
+    /// DASR and the tcp-tuned settings together (what `policies/incast-dasr.yaml` ships).
+    DasrTuned,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 4] = [Mode::Tcp, Mode::TcpTuned, Mode::Paced, Mode::Dasr];
+    pub const ALL: [Mode; 5] = [Mode::Tcp, Mode::TcpTuned, Mode::Paced, Mode::Dasr, Mode::DasrTuned];
     pub fn name(self) -> &'static str {
         match self {
             Mode::Tcp => "tcp",
             Mode::TcpTuned => "tcp-tuned",
             Mode::Paced => "paced",
             Mode::Dasr => "dasr",
+            Mode::DasrTuned => "dasr-tuned",
         }
+    }
+    fn dasr(self) -> bool {
+        matches!(self, Mode::Dasr | Mode::DasrTuned)
     }
 }
 
@@ -375,7 +382,7 @@ fn policy(cfg: &Config, mode: Mode, client: bool, ifname: &str, fq: bool, share:
             "{head}  classes:\n    - name: svc\n      level: all\n      flow_rate: {}B/s\n    - {{name: other, level: all}}\n  rules:\n    - {{class: svc, protocol: tcp, src_port: {PORT}}}\n    - {{class: svc, protocol: tcp, dst_port: {BULK_PORT}}}\n  default_class: other\n",
             cfg.rate_bps / 8 / share.max(1) as u64
         )),
-        Mode::Dasr => {
+        Mode::Dasr | Mode::DasrTuned => {
             let role = if client {
                 format!(
                     "  dasr:\n    receiver: true\n    sender: false\n    line_rate: {}bit\n    rtt: {}us\n    active_rtts: 2\n",
@@ -384,9 +391,14 @@ fn policy(cfg: &Config, mode: Mode, client: bool, ifname: &str, fq: bool, share:
             } else {
                 "  dasr: {receiver: false, sender: true}\n".to_string()
             };
-            Some(format!(
-                "{head}  horizon: 1s\n  classes: [{{name: all, level: all}}]\n  default_class: all\n{role}"
-            ))
+            let classes = if mode == Mode::DasrTuned {
+                format!(
+                    "  classes:\n    - name: svc\n      level: all\n      tcp: {{rto_min: 5ms, delack_max: 5ms}}\n    - {{name: other, level: all}}\n{rules}"
+                )
+            } else {
+                "  classes: [{name: all, level: all}]\n  default_class: all\n".to_string()
+            };
+            Some(format!("{head}  horizon: 1s\n{classes}{role}"))
         }
     }
 }
@@ -418,7 +430,7 @@ fn start_agents<'a>(
                 .unwrap_or_default();
             anyhow::anyhow!("the client's agent did not start: {}", last_lines(&msg, 6))
         })?;
-        if mode == Mode::Dasr
+        if mode.dasr()
             && let Some(why) = dasr_unavailable(&a)
         {
             bail!("DASR: {why}");
@@ -500,7 +512,7 @@ fn run_point(cfg: &Config, star: &Star, bn: &Bottleneck, agents: &Agents, mode: 
     opts.fragment = cfg.fragment_bytes;
     opts.blocks = cfg.blocks;
     opts.block_timeout_s = 60.0;
-    let dasr_on = mode == Mode::Dasr;
+    let dasr_on = mode.dasr();
     let (rx0, tx0) = if dasr_on {
         (
             dasr_counters(agents.client.iter()),
@@ -714,6 +726,39 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], micro: &[Value]) -> Str
             x["drops"]
         );
     }
+    // The aims, as ratios of this run's own points.
+    let at = |m: &str, n: usize| {
+        points.iter().find(|p| {
+            p["tags"]["mode"] == m && p["tags"]["servers"] == n.to_string().as_str() && p.get("error").is_none()
+        })
+    };
+    let big: Vec<usize> = cfg.servers.iter().copied().filter(|&n| n >= 16).collect();
+    if !big.is_empty() {
+        s += "\n## p99 block time of tcp / of the mode (S >= 16; aim for dasr: >= 2.5)\n\n| mode |";
+        for n in &big {
+            s += &format!(" S = {n} |");
+        }
+        s += "\n|---|";
+        s += &"---:|".repeat(big.len());
+        s += "\n";
+        for m in &cfg.modes {
+            s += &format!("| {} |", m.name());
+            for &n in &big {
+                let r = match (at("tcp", n), at(m.name(), n)) {
+                    (Some(t), Some(x)) => {
+                        let (a, b) = (
+                            t["summary"]["p99_block_ms"].as_f64().unwrap_or(0.0),
+                            x["summary"]["p99_block_ms"].as_f64().unwrap_or(0.0),
+                        );
+                        if b > 0.0 { format!(" {:.2} |", a / b) } else { " - |".into() }
+                    }
+                    _ => " - |".into(),
+                };
+                s += &r;
+            }
+            s += "\n";
+        }
+    }
     if !micro.is_empty() {
         s += &format!(
             "\n## Short messages (seed 003's micro-benchmark)\n\n{} B messages, closed loop, next to C bulk uploads to the same client.\n\n| mode | C | messages | p50 (ms) | p99 (ms) | ideal (ms) | port drops |\n|---|---:|---:|---:|---:|---:|---:|\n",
@@ -761,8 +806,8 @@ mod tests {
                 match mode {
                     Mode::TcpTuned => assert!(text.contains("rto_min: 5ms")),
                     Mode::Paced => assert!(text.contains(&format!("flow_rate: {}B/s", 125_000_000 / 16))),
-                    Mode::Dasr if client => assert!(text.contains("receiver: true")),
-                    Mode::Dasr => assert!(text.contains("sender: true")),
+                    Mode::Dasr | Mode::DasrTuned if client => assert!(text.contains("receiver: true")),
+                    Mode::Dasr | Mode::DasrTuned => assert!(text.contains("sender: true")),
                     Mode::Tcp => unreachable!(),
                 }
             }

@@ -200,14 +200,23 @@ fn sender_sets_the_share_on_the_socket_the_ack_is_for() {
     assert_eq!(share_of(&dp, &server), 0, "not on the other end");
     let st = dp.sock_state(&client).unwrap();
     assert!(st.dasr_seen_ns > 0 && st.dasr_seen_ns <= mono_now_ns());
-    // N changes: the share follows.
+    // N grows: the smaller share applies at once.
+    run(&mut dp, &ack(&client, &encode(8, code)));
+    assert_eq!(share_of(&dp, &client), LINE / 8);
+    // N falls: the larger share waits until the receiver has said so for RAISE_HOLD_NS.
     run(&mut dp, &ack(&client, &encode(2, code)));
-    assert_eq!(share_of(&dp, &client), LINE / 2);
+    assert_eq!(share_of(&dp, &client), LINE / 8, "a rise is held");
+    assert!(dp.sock_state(&client).unwrap().dasr_raise_ns > 0);
+    std::thread::sleep(std::time::Duration::from_nanos(dasr::RAISE_HOLD_NS + 100_000));
+    run(&mut dp, &ack(&client, &encode(2, code)));
+    assert_eq!(share_of(&dp, &client), LINE / 2, "taken after the hold");
+    assert_eq!(dp.sock_state(&client).unwrap().dasr_raise_ns, 0);
     // The same share again is not a new one.
     run(&mut dp, &ack(&client, &encode(2, code)));
     let s = dp.dasr_stats().unwrap();
-    assert_eq!((s.options_read, s.rates_set), (3, 2));
+    assert_eq!((s.options_read, s.rates_set), (5, 3));
     assert_eq!(s.rate_hist[dasr::rate_bucket(LINE / 4)], 1);
+    assert_eq!(s.rate_hist[dasr::rate_bucket(LINE / 8)], 1);
     assert_eq!(s.rate_hist[dasr::rate_bucket(LINE / 2)], 1);
     // An ACK for a connection that does not exist (another destination port).
     let gone = {
@@ -298,7 +307,9 @@ fn malformed_and_truncated_options_are_ignored() {
         }
         assert_eq!(dp.dasr_stats().unwrap().options_malformed, malformed, "{what}");
     }
-    // And a good one after all that still applies.
+    // And a good one after all that still applies (a rise: once held for RAISE_HOLD_NS).
+    run(&mut dp, &ack(&client, &good));
+    std::thread::sleep(std::time::Duration::from_nanos(dasr::RAISE_HOLD_NS + 100_000));
     run(&mut dp, &ack(&client, &good));
     assert_eq!(share_of(&dp, &client), LINE / 2);
     let a = Advert::decode(&good).unwrap();
