@@ -72,7 +72,7 @@ enum Bench {
     D3(ExpArgs),
     /// Seeds 002 and 003 (incast, DASR): a client reads blocks from S servers at once through a
     /// shallow-buffered port; modes tcp, tcp-tuned, paced and dasr; plus short messages next to
-    /// bulk senders. --host: 1 Gbit/s and seed 002's sizes; the VM: 20 Mbit/s, scaled down.
+    /// bulk senders. --host: 400 Mbit/s and seed 002's sizes; the VM: 20 Mbit/s, scaled down.
     Incast(ExpArgs),
     /// ns/packet of the tc classifier per path, against an empty classifier (host kernel).
     Datapath {
