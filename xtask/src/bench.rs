@@ -10,6 +10,7 @@
 //! - `d3`: the D3 evaluation (partition-aggregate); meant for `--host` (see its help).
 //! - `incast`: seeds 002 and 003 (`plexp incast`): goodput and block times against S servers,
 //!   and short messages next to bulk senders; in the VM (fq, scaled down) or `--host`.
+//! - `aqm`: a paced class's queue, horizon only vs CoDel + ECN (`plexp aqm`; VM only: fq).
 //! - `apply`: parsing, compiling and writing a generated 100,000-rule policy into the
 //!   datapath, with the peak RSS (`plbench apply`).
 
@@ -74,6 +75,9 @@ enum Bench {
     /// shallow-buffered port; modes tcp, tcp-tuned, paced and dasr; plus short messages next to
     /// bulk senders. --host: 400 Mbit/s and seed 002's sizes; the VM: 20 Mbit/s, scaled down.
     Incast(ExpArgs),
+    /// Issue 11 in the VM (fq): a class paced at 20 Mbit/s with 8 TCP flows (cubic with and
+    /// without ECN, DCTCP), its queue held by the horizon only or by CoDel + ECN.
+    Aqm(ExpArgs),
     /// ns/packet of the tc classifier per path, against an empty classifier (host kernel).
     Datapath {
         /// Packets per trial (the kernel reports the mean per packet).
@@ -198,6 +202,7 @@ pub fn run(a: Args) -> Result<()> {
         Bench::PacingStudy(e) => experiment("pacing-study", &e, &[], None),
         Bench::D3(e) => experiment("d3", &e, &[], None),
         Bench::Incast(e) => experiment("incast", &e, &[], None),
+        Bench::Aqm(e) => experiment("aqm", &e, &[], None),
         Bench::Datapath { repeat, trials } => plbench(
             "datapath",
             &[

@@ -24,6 +24,8 @@ enum Cli {
     D3(Common),
     /// Seeds 002 and 003 (incast, DASR): goodput and block times against S servers.
     Incast(Common),
+    /// Issue 11: a paced class's queue held by the horizon or by CoDel + ECN (needs sch_fq).
+    Aqm(Common),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,5 +35,6 @@ fn main() -> anyhow::Result<()> {
         Cli::PacingStudy(c) => experiments::study::run(&c),
         Cli::D3(c) => experiments::d3::run(&c),
         Cli::Incast(c) => experiments::incast::run(&c),
+        Cli::Aqm(c) => experiments::aqm::run(&c),
     }
 }
