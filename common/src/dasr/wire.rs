@@ -170,59 +170,74 @@ pub enum Scan {
     Malformed,
 }
 
-/// Finds the first DASR option in the first `opts_len` bytes of a TCP option area. Stops at EOL
-/// and at an option whose length is invalid or runs past the area.
+/// One step of the walk over a TCP option area: what the option starting at `pos` says.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "bpf"), derive(Debug))]
+pub enum Step {
+    /// Not ours: the next option starts here.
+    Next(usize),
+    /// The walk is over.
+    Done(Scan),
+}
+
+/// Looks at the option starting at `pos` of an option area whose first `end` bytes (at most
+/// [`TCP_OPTS_MAX`]) are options. Stops at EOL, at the end, and at an option whose length is
+/// invalid or runs past the area.
 ///
-/// The walk has the shape of `d3::find_d3_option` (written for the verifier): it visits every
-/// position with a constant index and keeps where the next option starts only as data to
-/// compare with.
+/// One step per call, so the datapath can run it as a `bpf_loop` callback: the verifier then
+/// checks one step with `pos` unknown, instead of every path through a 40-byte walk (which
+/// went past Linux 6.12's million-instruction limit).
+#[inline(always)]
+pub fn option_step(opts: &[u8; TCP_OPTS_MAX], end: usize, pos: usize) -> Step {
+    let end = if end < TCP_OPTS_MAX { end } else { TCP_OPTS_MAX };
+    if pos >= end {
+        return Step::Done(Scan::Absent);
+    }
+    let Some(&kind) = opts.get(pos) else {
+        return Step::Done(Scan::Absent);
+    };
+    if kind == 0 {
+        return Step::Done(Scan::Absent);
+    }
+    if kind == 1 {
+        return Step::Next(pos + 1);
+    }
+    let Some(&len) = opts.get(pos + 1) else {
+        return Step::Done(Scan::Absent);
+    };
+    let len = len as usize;
+    let ours = kind == TCPOPT_EXP
+        && pos + 3 < end
+        && opts.get(pos + 2) == Some(&EXID_HI)
+        && opts.get(pos + 3) == Some(&EXID_LO);
+    if len < 2 || pos + len > end {
+        return Step::Done(if ours { Scan::Malformed } else { Scan::Absent });
+    }
+    if ours {
+        return Step::Done(if len == OPT_LEN {
+            Scan::Found(pos)
+        } else {
+            Scan::Malformed
+        });
+    }
+    Step::Next(pos + len)
+}
+
+/// The most steps a walk takes: one per byte (an area of NOPs).
+pub const MAX_STEPS: u32 = TCP_OPTS_MAX as u32;
+
+/// Finds the first DASR option in the first `opts_len` bytes of a TCP option area: the walk of
+/// [`option_step`], as the datapath runs it.
 #[inline]
 pub fn find_option(opts: &[u8; TCP_OPTS_MAX], opts_len: usize) -> Scan {
-    let end = if opts_len < TCP_OPTS_MAX {
-        opts_len
-    } else {
-        TCP_OPTS_MAX
-    };
-    let mut next = 0usize;
-    let mut pos = 0usize;
-    while pos < TCP_OPTS_MAX {
-        let here = pos;
-        pos += 1;
-        if here >= end {
-            return Scan::Absent;
+    let mut pos = 0;
+    let mut i = 0;
+    while i < MAX_STEPS {
+        i += 1;
+        match option_step(opts, opts_len, pos) {
+            Step::Next(p) => pos = p,
+            Step::Done(scan) => return scan,
         }
-        if here != next {
-            continue;
-        }
-        let Some(&kind) = opts.get(here) else {
-            return Scan::Absent;
-        };
-        if kind == 0 {
-            return Scan::Absent;
-        }
-        if kind == 1 {
-            next = here.wrapping_add(1);
-            continue;
-        }
-        let Some(&len) = opts.get(here.wrapping_add(1)) else {
-            return Scan::Absent;
-        };
-        let len = len as usize;
-        let ours = kind == TCPOPT_EXP
-            && here.wrapping_add(3) < end
-            && opts.get(here.wrapping_add(2)) == Some(&EXID_HI)
-            && opts.get(here.wrapping_add(3)) == Some(&EXID_LO);
-        if len < 2 || here.wrapping_add(len) > end {
-            return if ours { Scan::Malformed } else { Scan::Absent };
-        }
-        if ours {
-            return if len == OPT_LEN {
-                Scan::Found(here)
-            } else {
-                Scan::Malformed
-            };
-        }
-        next = here.wrapping_add(len);
     }
     Scan::Absent
 }
@@ -243,6 +258,21 @@ mod tests {
         let mut a = [0u8; TCP_OPTS_MAX];
         a[..bytes.len()].copy_from_slice(bytes);
         a
+    }
+
+    #[test]
+    fn the_walk_covers_an_area_of_nops_and_an_option_at_its_end() {
+        assert_eq!(find_option(&[1u8; TCP_OPTS_MAX], TCP_OPTS_MAX), Scan::Absent);
+        let mut a = [1u8; TCP_OPTS_MAX];
+        a[32..].copy_from_slice(&encode(3, encode_rate(125_000_000).unwrap()));
+        assert_eq!(find_option(&a, TCP_OPTS_MAX), Scan::Found(32));
+        // Cut one byte short: the option runs past the area.
+        assert_eq!(find_option(&a, TCP_OPTS_MAX - 1), Scan::Malformed);
+        // Each step is what the datapath's loop runs.
+        assert_eq!(option_step(&a, TCP_OPTS_MAX, 0), Step::Next(1));
+        assert_eq!(option_step(&a, TCP_OPTS_MAX, 32), Step::Done(Scan::Found(32)));
+        assert_eq!(option_step(&a, TCP_OPTS_MAX, 40), Step::Done(Scan::Absent));
+        assert_eq!(option_step(&a, 200, 63), Step::Done(Scan::Absent), "end is capped");
     }
 
     #[test]

@@ -22,8 +22,8 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_UNSPEC, bpf_sock, bpf_sock_tuple},
     btf_maps::SkStorage,
     helpers::{
-        bpf_ktime_get_ns, bpf_reserve_hdr_opt, bpf_sk_lookup_tcp, bpf_sk_release, bpf_sk_storage_get,
-        bpf_skb_load_bytes, bpf_store_hdr_opt,
+        bpf_ktime_get_ns, bpf_loop, bpf_reserve_hdr_opt, bpf_sk_lookup_tcp, bpf_sk_release,
+        bpf_sk_storage_get, bpf_skb_load_bytes, bpf_store_hdr_opt,
     },
     macros::{btf_map, classifier, map},
     maps::{HashMap, LruHashMap, PerCpuArray},
@@ -34,7 +34,7 @@ use paceline_common::{
     d3::{TCP_OPTS_MAX, TCP_OPTS_OFFSET},
     dasr::{
         self, AddrView, Advert, DASR_ADDR_ENTRIES, DASR_FLOW_ENTRIES, DSOCK_OPT_DUE, DSOCK_RTT_CB, DasrAddr,
-        DasrFlow, DasrFlowKey, DasrIface, DasrSock, DasrStats, IFACE_RECEIVE, IFACE_SEND, OPT_LEN, Scan,
+        DasrFlow, DasrFlowKey, DasrIface, DasrSock, DasrStats, IFACE_RECEIVE, IFACE_SEND, OPT_LEN, Scan, Step,
     },
     maps::{
         CLASS_D3, MAX_CLASSES, PolicyTable, SockState, TABLE_DASR_RECEIVER, TABLE_DASR_SENDER,
@@ -264,6 +264,59 @@ fn load_options(ctx: &TcContext, base: u32, opts_len: usize, sc: &mut Scratch) -
     r == 0
 }
 
+/// The state of an option walk, on the stack of `read_option`.
+#[repr(C)]
+struct Walk {
+    /// Where the next option starts.
+    pos: u32,
+    /// Bytes of options.
+    end: u32,
+    /// The DASR option's offset (`WALK_FOUND`).
+    found: u32,
+    state: u32,
+}
+
+const WALK_RUNNING: u32 = 0;
+const WALK_ABSENT: u32 = 1;
+const WALK_FOUND: u32 = 2;
+const WALK_MALFORMED: u32 = 3;
+
+/// One step of the option walk (`dasr::option_step`) as a `bpf_loop` callback: the verifier
+/// checks it once, with the position unknown, rather than every path through the whole walk
+/// (more than a million instructions on Linux 6.12). Returns 1 to stop.
+#[inline(never)]
+extern "C" fn walk_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop passes read_option's `Walk`.
+    let w = unsafe { &mut *ctx.cast::<Walk>() };
+    // SAFETY: per-CPU slot; the program that filled it is still running on this CPU.
+    let Some(sc) = SCRATCH.get_ptr(0) else {
+        w.state = WALK_ABSENT;
+        return 1;
+    };
+    // Bounded for the verifier; a real position is below TCP_OPTS_MAX anyway.
+    let pos = (w.pos & 0x3f) as usize;
+    // SAFETY: a map value, valid while the program runs.
+    match dasr::option_step(unsafe { &(*sc).opts }, w.end as usize, pos) {
+        Step::Next(p) => {
+            w.pos = p as u32;
+            0
+        }
+        Step::Done(Scan::Found(off)) => {
+            w.found = off as u32;
+            w.state = WALK_FOUND;
+            1
+        }
+        Step::Done(Scan::Malformed) => {
+            w.state = WALK_MALFORMED;
+            1
+        }
+        Step::Done(Scan::Absent) => {
+            w.state = WALK_ABSENT;
+            1
+        }
+    }
+}
+
 /// Reads a DASR option from the segment in `sc.pkt` (an ACK from a receiver) and sets the share
 /// on the local socket it acknowledges.
 #[inline(always)]
@@ -278,13 +331,29 @@ fn read_option(
     if !load_options(ctx, (l4 + TCP_OPTS_OFFSET) as u32, opts_len, sc) {
         return None;
     }
-    let off = match dasr::find_option(&sc.opts, opts_len) {
-        Scan::Absent => return None,
-        Scan::Malformed => {
+    // The walk of `dasr::find_option`, one `bpf_loop` step at a time (see `walk_step`).
+    let mut w = Walk {
+        pos: 0,
+        end: opts_len as u32,
+        found: 0,
+        state: WALK_RUNNING,
+    };
+    // SAFETY: a callback of bpf_loop's type and a context on this stack, alive for the call.
+    unsafe {
+        bpf_loop(
+            dasr::MAX_STEPS,
+            walk_step as *const () as *mut c_void,
+            core::ptr::addr_of_mut!(w).cast(),
+            0,
+        )
+    };
+    let off = match w.state {
+        WALK_FOUND => w.found as usize,
+        WALK_MALFORMED => {
             st.options_malformed += 1;
             return None;
         }
-        Scan::Found(off) => off,
+        _ => return None,
     };
     // As in d3router: the scan leaves the offset as a constant on each of its exits; a round
     // trip through map memory makes it one bounded unknown.
