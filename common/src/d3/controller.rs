@@ -369,8 +369,17 @@ mod tests {
             g = process_request(&mut st, &cfg, &f);
             rounds += 1;
         }
-        std::eprintln!("deployed ceiling: {} units after {rounds} intervals, C {} of {}", g.units, st.capacity, cfg.capacity_max);
-        assert!(g.units >= 39, "still starved after {rounds} intervals: {} units", g.units);
+        std::eprintln!(
+            "deployed ceiling: {} units after {rounds} intervals, C {} of {}",
+            g.units,
+            st.capacity,
+            cfg.capacity_max
+        );
+        assert!(
+            g.units >= 39,
+            "still starved after {rounds} intervals: {} units",
+            g.units
+        );
     }
 
     // ---------------------------------------------------------------- the agent's step

@@ -170,8 +170,14 @@ mod tests {
             !stale(10_000_000, 9_000_000, 100_000, busy),
             "1 ms: under the 2 ms floor"
         );
-        assert!(stale(10_000_000, 7_000_000, 100_000, busy), "3 ms > max(0.8 ms, 2 ms)");
-        assert!(!stale(10_000_000, 3_000_000, 1_000_000, busy), "7 ms < 8 RTTs of 1 ms");
+        assert!(
+            stale(10_000_000, 7_000_000, 100_000, busy),
+            "3 ms > max(0.8 ms, 2 ms)"
+        );
+        assert!(
+            !stale(10_000_000, 3_000_000, 1_000_000, busy),
+            "7 ms < 8 RTTs of 1 ms"
+        );
         assert!(stale(20_000_000, 3_000_000, 1_000_000, busy));
         assert!(!stale(1, 5, 0, busy), "a time before the last sighting");
         assert!(!stale(u64::MAX, 0, u64::MAX, busy), "no overflow");

@@ -272,7 +272,11 @@ mod tests {
         assert_eq!(option_step(&a, TCP_OPTS_MAX, 0), Step::Next(1));
         assert_eq!(option_step(&a, TCP_OPTS_MAX, 32), Step::Done(Scan::Found(32)));
         assert_eq!(option_step(&a, TCP_OPTS_MAX, 40), Step::Done(Scan::Absent));
-        assert_eq!(option_step(&a, 200, 63), Step::Done(Scan::Absent), "end is capped");
+        assert_eq!(
+            option_step(&a, 200, 63),
+            Step::Done(Scan::Absent),
+            "end is capped"
+        );
     }
 
     #[test]

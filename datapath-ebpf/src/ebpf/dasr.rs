@@ -34,7 +34,8 @@ use paceline_common::{
     d3::{TCP_OPTS_MAX, TCP_OPTS_OFFSET},
     dasr::{
         self, AddrView, Advert, DASR_ADDR_ENTRIES, DASR_FLOW_ENTRIES, DSOCK_OPT_DUE, DSOCK_RTT_CB, DasrAddr,
-        DasrFlow, DasrFlowKey, DasrIface, DasrSock, DasrStats, IFACE_RECEIVE, IFACE_SEND, OPT_LEN, Scan, Step,
+        DasrFlow, DasrFlowKey, DasrIface, DasrSock, DasrStats, IFACE_RECEIVE, IFACE_SEND, OPT_LEN, Scan,
+        Step,
     },
     maps::{
         CLASS_D3, MAX_CLASSES, PolicyTable, SockState, TABLE_DASR_RECEIVER, TABLE_DASR_SENDER,
@@ -605,7 +606,12 @@ pub fn on_rtt(ctx: &SockOpsContext, table: &PolicyTable) {
     let Some(st) = sock_state(ctx) else { return };
     // SAFETY: reading the program's own context.
     let (srtt_ns, segs) = unsafe { (((*ctx.ops).srtt_us >> 3) as u64 * 1000, (*ctx.ops).data_segs_out) };
-    if !dasr::stale(now_ns(), st.dasr_seen_ns, srtt_ns, segs.wrapping_sub(ds.segs_at_seen)) {
+    if !dasr::stale(
+        now_ns(),
+        st.dasr_seen_ns,
+        srtt_ns,
+        segs.wrapping_sub(ds.segs_at_seen),
+    ) {
         return;
     }
     st.dasr_rate = 0;

@@ -153,7 +153,11 @@ pub fn delay_buckets(metrics: &str, class: &str) -> Vec<(f64, u64)> {
         .filter(|l| l.starts_with("paceline_class_pacing_delay_seconds_bucket{") && l.contains(&want))
         .filter_map(|l| {
             let le = l.split("le=\"").nth(1)?.split('"').next()?;
-            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
             let n = l.rsplit(' ').next()?.parse::<f64>().ok()? as u64;
             Some((le, n))
         })
@@ -166,7 +170,10 @@ pub fn delay_buckets(metrics: &str, class: &str) -> Vec<(f64, u64)> {
 /// histograms (`None` without samples).
 pub fn quantile_between(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> Option<f64> {
     let at = |h: &[(f64, u64)], le: f64| h.iter().find(|b| b.0 == le).map_or(0, |b| b.1);
-    let deltas: Vec<(f64, u64)> = after.iter().map(|&(le, n)| (le, n.saturating_sub(at(before, le)))).collect();
+    let deltas: Vec<(f64, u64)> = after
+        .iter()
+        .map(|&(le, n)| (le, n.saturating_sub(at(before, le))))
+        .collect();
     let total = deltas.last()?.1;
     if total == 0 {
         return None;
@@ -196,10 +203,7 @@ pub fn run(c: &Common) -> Result<()> {
             ..Default::default()
         })
     })??;
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let kernel = super::kernel_release();
     let mut env = json!({
         "kernel": kernel,
         "in_vm": std::env::var_os("PACELINE_IN_VM").is_some(),
@@ -223,9 +227,16 @@ pub fn run(c: &Common) -> Result<()> {
         a.sysctl("net.ipv4.tcp_ecn", ecn)?;
         b.sysctl("net.ipv4.tcp_ecn", ecn)?;
         for q in Queue::ALL {
-            super::pacing::switch_policy(&agent, a.name(), &p, &policy(&cfg, &ifname, q), Duration::from_secs(2))?;
-            let pt = run_point(&cfg, &agent, &a, &b, q, cc)
-                .unwrap_or_else(|e| json!({"tags": {"queue": q.name(), "cc": cc.name()}, "error": format!("{e:#}")}));
+            super::pacing::switch_policy(
+                &agent,
+                a.name(),
+                &p,
+                &policy(&cfg, &ifname, q),
+                Duration::from_secs(2),
+            )?;
+            let pt = run_point(&cfg, &agent, &a, &b, q, cc).unwrap_or_else(
+                |e| json!({"tags": {"queue": q.name(), "cc": cc.name()}, "error": format!("{e:#}")}),
+            );
             let s = &pt["summary"];
             eprintln!(
                 "{NAME}: {:<9} {:<10} throughput {:.3} of R, delay p50 {} p99 {} mean {:.1} ms, drops horizon {} codel {}, marks {}, retrans {}{}",
@@ -249,7 +260,11 @@ pub fn run(c: &Common) -> Result<()> {
     agent.stop();
     env["load_at_end"] = json!(loadavg());
     write_outputs(&c.out, &cfg, c, &env, &points, t_begin.elapsed().as_secs_f64())?;
-    eprintln!("{NAME}: done in {:.0} s; results in {}", t_begin.elapsed().as_secs_f64(), c.out.display());
+    eprintln!(
+        "{NAME}: done in {:.0} s; results in {}",
+        t_begin.elapsed().as_secs_f64(),
+        c.out.display()
+    );
     Ok(())
 }
 
@@ -273,12 +288,19 @@ fn run_point(cfg: &Config, agent: &Agent, a: &Host, b: &Host, q: Queue, cc: Cc) 
         let hy = delay_buckets(&agent.metrics_listener("/metrics").1, CLASS);
         let t1 = t0.elapsed().as_secs_f64();
         let r1 = sum_tcp(&[a]);
-        let report = h.join().map_err(|_| anyhow::anyhow!("bulk thread panicked"))???;
+        let report = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("bulk thread panicked"))???;
         Ok((report, x, y, hx, hy, r1[0] - r0[0], t1))
     })?;
-    let d = |k: &str| y[k].as_u64().unwrap_or(0).saturating_sub(x[k].as_u64().unwrap_or(0));
+    let d = |k: &str| {
+        y[k].as_u64()
+            .unwrap_or(0)
+            .saturating_sub(x[k].as_u64().unwrap_or(0))
+    };
     let delayed = d("delayed_packets");
-    let delay_sum = y["added_delay_seconds"].as_f64().unwrap_or(0.0) - x["added_delay_seconds"].as_f64().unwrap_or(0.0);
+    let delay_sum =
+        y["added_delay_seconds"].as_f64().unwrap_or(0.0) - x["added_delay_seconds"].as_f64().unwrap_or(0.0);
     let bytes = d("bytes");
     let throughput = bytes as f64 * 8.0 / t1 / cfg.rate_bps as f64;
     let p99 = quantile_between(&hx, &hy, 0.99);
@@ -310,7 +332,14 @@ fn run_point(cfg: &Config, agent: &Agent, a: &Host, b: &Host, q: Queue, cc: Cc) 
     }))
 }
 
-fn write_outputs(out: &Path, cfg: &Config, c: &Common, env: &Value, points: &[Value], elapsed_s: f64) -> Result<()> {
+fn write_outputs(
+    out: &Path,
+    cfg: &Config,
+    c: &Common,
+    env: &Value,
+    points: &[Value],
+    elapsed_s: f64,
+) -> Result<()> {
     let doc = json!({
         "kind": NAME,
         "version": workload::SCHEMA_VERSION,
@@ -337,7 +366,10 @@ fn write_outputs(out: &Path, cfg: &Config, c: &Common, env: &Value, points: &[Va
             p["tags"]["queue"].as_str().unwrap_or("?"),
         );
         if let Some(e) = p.get("error") {
-            s += &format!("| {cc} | {q} | error: {} | | | | | | | |\n", e.as_str().unwrap_or(""));
+            s += &format!(
+                "| {cc} | {q} | error: {} | | | | | | | |\n",
+                e.as_str().unwrap_or("")
+            );
             continue;
         }
         let x = &p["summary"];

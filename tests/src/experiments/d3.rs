@@ -347,20 +347,8 @@ pub fn run(c: &Common) -> Result<()> {
         ..Default::default()
     })?;
     let rx_ip = IpAddr::V4(star.receiver.ipv4());
-    let mut rtts = Vec::new();
-    for _ in 0..9 {
-        if let Ok(d) = star.senders[0].ping(rx_ip, Duration::from_secs(1)) {
-            rtts.push(d.as_secs_f64() * 1e3);
-        }
-    }
-    if rtts.is_empty() {
-        bail!("no ping reply from the aggregator");
-    }
-    let rtts = stats::sorted(rtts);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let rtts = super::ping_rtts_ms(&star.senders[0], rx_ip, 9, "aggregator")?;
+    let kernel = super::kernel_release();
     let fq = star.senders[0]
         .run(&["tc", "qdisc", "add", "dev", "lo", "root", "fq"])
         .map(|_| true)

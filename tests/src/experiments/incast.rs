@@ -96,7 +96,13 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [Mode::Tcp, Mode::TcpTuned, Mode::Paced, Mode::Dasr, Mode::DasrTuned];
+    pub const ALL: [Mode; 5] = [
+        Mode::Tcp,
+        Mode::TcpTuned,
+        Mode::Paced,
+        Mode::Dasr,
+        Mode::DasrTuned,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             Mode::Tcp => "tcp",
@@ -241,21 +247,9 @@ pub fn run(c: &Common) -> Result<()> {
         .receiver_link
         .bottleneck_a_to_b(&BottleneckSpec::htb(cfg.rate_bps, cfg.buffer_bytes))?;
     let rx_ip = IpAddr::V4(star.receiver.ipv4());
-    let mut rtts = Vec::new();
-    for _ in 0..9 {
-        if let Ok(d) = star.senders[0].ping(rx_ip, Duration::from_secs(1)) {
-            rtts.push(d.as_secs_f64() * 1e3);
-        }
-    }
-    if rtts.is_empty() {
-        bail!("no ping reply from the client");
-    }
-    let rtts = stats::sorted(rtts);
+    let rtts = super::ping_rtts_ms(&star.senders[0], rx_ip, 9, "client")?;
     let fq = paceline::features::Features::probe().sch_fq;
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let kernel = super::kernel_release();
     let mut env = json!({
         "kernel": kernel,
         "in_vm": in_vm,
@@ -305,7 +299,10 @@ pub fn run(c: &Common) -> Result<()> {
             }
         };
         env["enforcement"][mode.name()] = match agents.servers.first() {
-            Some((_, _, _, a)) => a.status().map(|s| s["enforcement"].clone()).unwrap_or(Value::Null),
+            Some((_, _, _, a)) => a
+                .status()
+                .map(|s| s["enforcement"].clone())
+                .unwrap_or(Value::Null),
             None => json!({"mode": "no agent"}),
         };
         eprintln!(
@@ -337,7 +334,16 @@ pub fn run(c: &Common) -> Result<()> {
                 t_begin.elapsed().as_secs_f64(),
             );
             points.push(p);
-            write_outputs(&c.out, &cfg, c, &env, &points, &micro, false, t_begin.elapsed().as_secs_f64())?;
+            write_outputs(
+                &c.out,
+                &cfg,
+                c,
+                &env,
+                &points,
+                &micro,
+                false,
+                t_begin.elapsed().as_secs_f64(),
+            )?;
         }
         for &k in &cfg.micro_competitors {
             if mode == Mode::Paced {
@@ -356,14 +362,32 @@ pub fn run(c: &Common) -> Result<()> {
                 m.get("error").map(|e| format!(" ERROR {e}")).unwrap_or_default(),
             );
             micro.push(m);
-            write_outputs(&c.out, &cfg, c, &env, &points, &micro, false, t_begin.elapsed().as_secs_f64())?;
+            write_outputs(
+                &c.out,
+                &cfg,
+                c,
+                &env,
+                &points,
+                &micro,
+                false,
+                t_begin.elapsed().as_secs_f64(),
+            )?;
         }
         drop(agents);
     }
     drop(servers);
     drop(bulk_server);
     env["load_at_end"] = json!(loadavg());
-    write_outputs(&c.out, &cfg, c, &env, &points, &micro, true, t_begin.elapsed().as_secs_f64())?;
+    write_outputs(
+        &c.out,
+        &cfg,
+        c,
+        &env,
+        &points,
+        &micro,
+        true,
+        t_begin.elapsed().as_secs_f64(),
+    )?;
     eprintln!(
         "{NAME}: done in {:.0} s; results in {}",
         t_begin.elapsed().as_secs_f64(),
@@ -427,7 +451,11 @@ fn start_agents<'a>(
 ) -> Result<Agents<'a>> {
     let mut agents = Agents::default();
     let dir = |h: &str| scratch.path(&format!("{}-{h}", mode.name()));
-    let rx_if = star.receiver.iface_to(&star.router).context("client iface")?.ifname;
+    let rx_if = star
+        .receiver
+        .iface_to(&star.router)
+        .context("client iface")?
+        .ifname;
     if let Some(text) = policy(cfg, mode, true, &rx_if, fq, share) {
         let p = scratch.path(&format!("{}-client.yaml", mode.name()));
         std::fs::write(&p, text)?;
@@ -494,7 +522,9 @@ fn dasr_counters<'x>(agents: impl Iterator<Item = &'x Agent<'x>>) -> Value {
     let mut sum = serde_json::Map::new();
     for a in agents {
         let Some(st) = a.status() else { continue };
-        let Some(o) = st["counters"]["dasr"].as_object().cloned() else { continue };
+        let Some(o) = st["counters"]["dasr"].as_object().cloned() else {
+            continue;
+        };
         for (k, v) in o {
             if let Some(x) = v.as_u64() {
                 let e = sum.entry(k).or_insert(json!(0));
@@ -517,7 +547,14 @@ fn delta(a: &Value, b: &Value) -> Value {
 }
 
 /// One (mode, S) point.
-fn run_point(cfg: &Config, star: &Star, bn: &Bottleneck, agents: &Agents, mode: Mode, s: usize) -> Result<Value> {
+fn run_point(
+    cfg: &Config,
+    star: &Star,
+    bn: &Bottleneck,
+    agents: &Agents,
+    mode: Mode,
+    s: usize,
+) -> Result<Value> {
     let addrs: Vec<SocketAddr> = (0..s)
         .map(|i| SocketAddr::new(IpAddr::V4(star.senders[i % cfg.sender_hosts].ipv4()), PORT))
         .collect();
@@ -612,7 +649,8 @@ fn run_micro(cfg: &Config, star: &Star, bn: &Bottleneck, mode: Mode, k: u32) -> 
         }
         let r = star.receiver.in_netns(|| rpc::run(&o, &Tags::new()))??;
         for h in handles {
-            h.join().map_err(|_| anyhow::anyhow!("bulk thread panicked"))???;
+            h.join()
+                .map_err(|_| anyhow::anyhow!("bulk thread panicked"))???;
         }
         Ok(r)
     })?;
@@ -674,8 +712,20 @@ fn write_outputs(
     workload::write_json(&doc, Some(&out.join(format!("{NAME}.json"))))?;
     std::fs::write(out.join(format!("{NAME}.md")), markdown(cfg, env, points, micro))?;
     for (file, key, title, ylabel, scale) in [
-        ("goodput", "goodput_bps", "Incast goodput", "goodput (Mbit/s)", 1e-6),
-        ("p99", "p99_block_ms", "Incast block completion, p99", "p99 block time (ms)", 1.0),
+        (
+            "goodput",
+            "goodput_bps",
+            "Incast goodput",
+            "goodput (Mbit/s)",
+            1e-6,
+        ),
+        (
+            "p99",
+            "p99_block_ms",
+            "Incast block completion, p99",
+            "p99 block time (ms)",
+            1.0,
+        ),
     ] {
         let series: Vec<XySeries> = cfg
             .modes
@@ -724,7 +774,10 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], micro: &[Value]) -> Str
         let m = p["tags"]["mode"].as_str().unwrap_or("?");
         let n = p["tags"]["servers"].as_str().unwrap_or("?");
         if let Some(e) = p.get("error") {
-            s += &format!("| {m} | {n} | error: {} | | | | | | |\n", e.as_str().unwrap_or(""));
+            s += &format!(
+                "| {m} | {n} | error: {} | | | | | | |\n",
+                e.as_str().unwrap_or("")
+            );
             continue;
         }
         let x = &p["summary"];
@@ -743,7 +796,9 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], micro: &[Value]) -> Str
     // The aims, as ratios of this run's own points.
     let at = |m: &str, n: usize| {
         points.iter().find(|p| {
-            p["tags"]["mode"] == m && p["tags"]["servers"] == n.to_string().as_str() && p.get("error").is_none()
+            p["tags"]["mode"] == m
+                && p["tags"]["servers"] == n.to_string().as_str()
+                && p.get("error").is_none()
         })
     };
     let big: Vec<usize> = cfg.servers.iter().copied().filter(|&n| n >= 16).collect();
@@ -764,7 +819,11 @@ fn markdown(cfg: &Config, env: &Value, points: &[Value], micro: &[Value]) -> Str
                             t["summary"]["p99_block_ms"].as_f64().unwrap_or(0.0),
                             x["summary"]["p99_block_ms"].as_f64().unwrap_or(0.0),
                         );
-                        if b > 0.0 { format!(" {:.2} |", a / b) } else { " - |".into() }
+                        if b > 0.0 {
+                            format!(" {:.2} |", a / b)
+                        } else {
+                            " - |".into()
+                        }
                     }
                     _ => " - |".into(),
                 };

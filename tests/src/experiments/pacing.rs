@@ -351,13 +351,6 @@ pub(crate) fn read_snmp(group: &str, field: &str) -> Result<u64> {
         .with_context(|| format!("bad {group} {field} in /proc/net/snmp"))
 }
 
-/// The kernel release (`uname -r`).
-pub(crate) fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 /// Live counters of one class or level from the agent's status (`counters.classes[]` or
 /// `counters.levels[]`), as a JSON object; zeros when absent.
 pub(crate) fn agent_counters(status: &Value, section: &str, name: &str) -> Value {
@@ -954,7 +947,7 @@ pub fn run(c: &Common) -> Result<()> {
         "pacing: {} points x {reps} reps, {:.0} s each; kernel {}",
         points.len(),
         timing.duration_s(),
-        kernel_release()
+        super::kernel_release()
     );
     let agent = Agent::start(&bed.tx, &policy_path, &scratch.path("state"));
     let status = status_of(&agent)?;
@@ -1099,7 +1092,7 @@ pub fn run(c: &Common) -> Result<()> {
         "kind": "pacing",
         "version": workload::SCHEMA_VERSION,
         "tags": {
-            "kernel": kernel_release(),
+            "kernel": super::kernel_release(),
             "in_vm": std::env::var_os("PACELINE_IN_VM").is_some(),
             "enforcement": enforcement["mode"],
             "quick": c.quick,

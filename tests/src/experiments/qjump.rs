@@ -57,9 +57,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use super::Common;
-use super::pacing::{
-    Heartbeat, agent_counters, counter_delta, kernel_release, selected, status_of, stop_agent, write_out,
-};
+use super::pacing::{Heartbeat, agent_counters, counter_delta, selected, status_of, stop_agent, write_out};
 use crate::agent::{Agent, Scratch};
 use crate::report::{self, PlotOpts, Series, XySeries};
 use crate::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Testbed};
@@ -418,7 +416,7 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
         "qjump: {} conditions x {reps} reps, RPCs for {} s each; kernel {}",
         conds.len(),
         t.rpc_s,
-        kernel_release()
+        super::kernel_release()
     );
 
     // Topology.
@@ -684,7 +682,7 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
         "kind": "qjump",
         "version": workload::SCHEMA_VERSION,
         "tags": {
-            "kernel": kernel_release(),
+            "kernel": super::kernel_release(),
             "in_vm": std::env::var_os("PACELINE_IN_VM").is_some(),
             "enforcement": enforcement["mode"],
             "quick": c.quick,

@@ -54,7 +54,7 @@ use crate::agent::{Agent, Scratch};
 use crate::report::{self, PlotOpts, XySeries};
 use crate::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Star, StarSpec, Testbed};
 use crate::workload::{self, Tags, bulk, serve, stats};
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -268,17 +268,8 @@ pub fn run(c: &Common) -> Result<()> {
     let to = SocketAddr::new(IpAddr::V4(rx_ip), PORT);
 
     // RTT without load, from the first sender.
-    let mut rtts = Vec::new();
-    for _ in 0..7 {
-        if let Ok(d) = star.senders[0].ping(IpAddr::V4(rx_ip), Duration::from_secs(1)) {
-            rtts.push(d.as_secs_f64() * 1e3);
-        }
-    }
-    let rtts = stats::sorted(rtts);
+    let rtts = super::ping_rtts_ms(&star.senders[0], IpAddr::V4(rx_ip), 7, "receiver")?;
     let rtt_ms = stats::percentile_sorted(&rtts, 50.0);
-    if rtts.is_empty() {
-        bail!("no ping reply from the receiver");
-    }
     let bdp_bytes = cfg.rate_bps as f64 / 8.0 * rtt_ms / 1e3;
     let unpaced_qdisc = star.senders[cfg.senders]
         .run(&[
@@ -289,10 +280,7 @@ pub fn run(c: &Common) -> Result<()> {
             &star.sender_iface(cfg.senders).ifname,
         ])
         .unwrap_or_default();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let kernel = super::kernel_release();
     eprintln!(
         "{NAME}: kernel {kernel}, bottleneck {} Mbit/s ({}), RTT {rtt_ms:.2} ms (median of {} pings), BDP {:.0} bytes = {:.1} frames",
         cfg.rate_bps as f64 / 1e6,

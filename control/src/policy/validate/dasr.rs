@@ -156,7 +156,10 @@ spec:
         assert_eq!(d.interfaces[0].source, "spec.dasr.line_rate");
         assert_eq!(d.min_window_ns(), 2 * paceline_common::dasr::PACED_BURST_GAP_NS);
         let long = BASE.replace("dasr: {}", "dasr: {rtt: 2ms, active_rtts: 4}");
-        assert_eq!(ok(&long, &fake_host()).dasr.expect("dasr").min_window_ns(), 8_000_000);
+        assert_eq!(
+            ok(&long, &fake_host()).dasr.expect("dasr").min_window_ns(),
+            8_000_000
+        );
     }
 
     #[test]
