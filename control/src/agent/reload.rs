@@ -163,6 +163,40 @@ fn errs(v: Vec<policy::PolicyError>) -> Vec<String> {
     v.iter().map(|e| e.to_string()).collect()
 }
 
+/// Reads and validates the policy file. A file that does not validate is read again (up to
+/// [`SETTLE_READS`] times, [`SETTLE_PAUSE`] apart) while what it holds keeps changing: a read
+/// that races a replacement on a filesystem without atomic rename visibility (9p, NFS) can
+/// return a torn or zero-filled file, which must not count as a bad policy. A file that
+/// reads the same twice and does not validate is rejected.
+fn read_settled(
+    path: &std::path::Path,
+    host: &SystemHost,
+) -> Result<(String, policy::Validated), Vec<String>> {
+    let name = path.display().to_string();
+    let mut text = policy::read(path).map_err(errs)?;
+    let mut tries = 1;
+    loop {
+        match policy::parse_str(&text, &name, host) {
+            Ok(v) => return Ok((text, v)),
+            Err(e) if tries >= SETTLE_READS => return Err(errs(e)),
+            Err(e) => {
+                std::thread::sleep(SETTLE_PAUSE);
+                let again = policy::read(path).map_err(errs)?;
+                tries += 1;
+                if again == text {
+                    return Err(errs(e));
+                }
+                log::debug!("{name} changed while it was read; reading it again");
+                text = again;
+            }
+        }
+    }
+}
+
+/// Reads of a policy file that does not validate, while it keeps changing.
+const SETTLE_READS: u32 = 4;
+const SETTLE_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 fn try_reload(shared: &Shared, host: &SystemHost, why: &str, force: bool, text: Option<String>) -> Outcome {
     match try_reload_inner(shared, host, why, force, text) {
         Ok(o) => o,
@@ -179,15 +213,17 @@ fn try_reload_inner(
 ) -> Result<Outcome, Vec<String>> {
     let policy = &shared.ctl.policy;
     let from_file = text.is_none();
-    let text = match text {
-        Some(t) => t,
-        None => policy::read(policy).map_err(errs)?,
+    let (text, validated) = match text {
+        Some(t) => {
+            let v = policy::parse_str(&t, &policy.display().to_string(), host).map_err(errs)?;
+            (t, v)
+        }
+        None => read_settled(policy, host)?,
     };
     if from_file {
         // What this reload saw of the file: the watcher compares the next change with it.
         shared.lock().file_digest = Some(super::watch::digest(text.as_bytes()));
     }
-    let validated = policy::parse_str(&text, &policy.display().to_string(), host).map_err(errs)?;
     let started = std::time::Instant::now();
     let mut g = shared.lock();
     let mode = g.compiled.mode;
@@ -341,6 +377,36 @@ pub fn rollback(shared: &Shared, host: &SystemHost, generation: Option<u64>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const GOOD: &str = "apiVersion: paceline/v1\nkind: Policy\nspec:\n  interfaces: [lo]\n  enforcement: none\n  levels: [{name: all, priority: 0}]\n  classes: [{name: all, level: all}]\n  default_class: all\n";
+
+    /// A read that races a replacement (9p, NFS) can see zeros where the new text goes: read
+    /// again while the file changes, reject only what reads the same twice.
+    #[test]
+    fn a_torn_read_is_read_again_and_a_stable_bad_file_is_rejected() {
+        let dir = std::env::temp_dir().join(format!("pl-settle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("p.yaml");
+        let mut torn = GOOD.as_bytes().to_vec();
+        let n = torn.len();
+        torn[n - 20..].fill(0);
+        std::fs::write(&p, &torn).unwrap();
+        let writer = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                std::fs::write(&p, GOOD).unwrap();
+            })
+        };
+        let (text, _) = read_settled(&p, &SystemHost).expect("the settled file validates");
+        writer.join().unwrap();
+        assert_eq!(text, GOOD);
+        // Zeros that stay: a bad file, rejected with the validator's message.
+        std::fs::write(&p, &torn).unwrap();
+        let e = read_settled(&p, &SystemHost).unwrap_err();
+        assert!(e[0].contains("control characters"), "{e:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// A bad policy, then the good file copied back (the hash of the policy in force): the
     /// last reload must read as a success again (it stayed a rejection, and the alert fired,

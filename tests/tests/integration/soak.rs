@@ -276,7 +276,10 @@ fn a_reload_soak_and_a_sighup_storm_leave_the_agent_as_it_was() {
         return;
     }
     let (_tb, a, _b, ifname) = two_hosts("soak_reload");
-    let scratch = Scratch::new("reload_soak");
+    // A local filesystem: on the VM's 9p share a file replaced a hundred times a second is read
+    // torn (zeros, or cut short) for longer than the agent's re-reads wait (measured on 6.12:
+    // 8 of 230 reloads, 2 with the re-reads), which is the share's behaviour, not a policy's.
+    let scratch = Scratch::local("reload_soak");
     let p = scratch.path("p.yaml");
     let one = policy(&ifname, 4096, "");
     let two = policy(&ifname, 4096, "    - name: web\n      level: bulk\n");
@@ -322,8 +325,22 @@ fn a_reload_soak_and_a_sighup_storm_leave_the_agent_as_it_was() {
         let has_web = s["policy"]["classes"]
             .as_array()
             .is_some_and(|c| c.iter().any(|c| c["name"] == "web"));
-        has_web == want_web && s["reloads"]["rejected"] == 0
+        has_web == want_web || s["reloads"]["rejected"] != 0
     });
+    // Every text was valid: a rejection is a defect; say what the agent said.
+    if s["reloads"]["rejected"] != 0 {
+        let why: Vec<String> = agent
+            .events()
+            .iter()
+            .filter(|e| e.to_string().contains("reload_rejected"))
+            .map(|e| e.to_string())
+            .take(5)
+            .collect();
+        panic!(
+            "{} of the valid reloads were rejected: {why:#?}",
+            s["reloads"]["rejected"]
+        );
+    }
     let applied = u64_at(&s, &["reloads", "applied"]);
     // Let the storm's last reloads finish before measuring.
     std::thread::sleep(Duration::from_secs(3));
