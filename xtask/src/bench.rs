@@ -165,7 +165,12 @@ fn experiment(name: &str, a: &ExpArgs, extra: &[String], suffix: Option<&str>) -
         command,
         cwd: Some(root.clone()),
         env: vec![],
-        modules: vec![],
+        // DCTCP is a module in Debian's kernels.
+        modules: if name == "aqm" {
+            vec!["tcp_dctcp".into()]
+        } else {
+            vec![]
+        },
         capture_stdout: false,
     })?;
     if outcome.status != 0 {

@@ -218,6 +218,7 @@ pub fn run(c: &Common) -> Result<()> {
     );
     let mut points = Vec::new();
     for cc in Cc::ALL {
+        allow_in_namespaces(cc.algorithm());
         if let Err(e) = a.sysctl("net.ipv4.tcp_congestion_control", cc.algorithm()) {
             eprintln!("{NAME}: {} unavailable: {e:#}", cc.name());
             env["unavailable"][cc.name()] = json!(format!("{e:#}"));
@@ -266,6 +267,20 @@ pub fn run(c: &Common) -> Result<()> {
         c.out.display()
     );
     Ok(())
+}
+
+/// A namespace may only choose a congestion control that the initial namespace allows
+/// (`tcp_allowed_congestion_control`); DCTCP is not allowed by default. This process runs in
+/// the initial namespace: add `algo` there (best effort; the sysctl in the namespace says
+/// whether it worked).
+fn allow_in_namespaces(algo: &str) {
+    let path = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+    let Ok(cur) = std::fs::read_to_string(path) else {
+        return;
+    };
+    if !cur.split_whitespace().any(|a| a == algo) {
+        let _ = std::fs::write(path, format!("{} {algo}", cur.trim()));
+    }
 }
 
 fn fmt_ms(v: &Value) -> String {
