@@ -135,13 +135,12 @@ fn policy(cfg: &Config, ifname: &str, q: Queue) -> String {
     )
 }
 
-/// The class's counters from the agent's status.
+/// The class's counters from the agent's status ([`super::pacing::agent_counters`]).
 fn class_counters(agent: &Agent) -> Result<Value> {
     let s = agent.status().context("agent status")?;
-    s["counters"]["classes"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["name"] == CLASS).cloned())
-        .with_context(|| format!("no class {CLASS} in the status"))
+    let c = super::pacing::agent_counters(&s, "classes", CLASS);
+    anyhow::ensure!(!c.is_null(), "no class {CLASS} in the status");
+    Ok(c)
 }
 
 /// Cumulative buckets `(le seconds, count)` of the class's delay histogram in `/metrics`
