@@ -284,19 +284,25 @@ mod tests {
         }
     }
 
+    /// Two long flows take the link (119 units each at 1 Gbit/s), then their hosts die without
+    /// a FIN: their allocations stay counted.
+    fn leak_two_long_flows(st: &mut D3LinkState, cfg: &D3LinkConfig) {
+        let reqs: Vec<D3Request> = (0..2).map(|_| request(FLAG_NEW, 8, 0)).collect();
+        for r in &reqs {
+            process_request(st, cfg, r);
+        }
+        for r in &reqs {
+            process_request(st, cfg, &follow_up(r, 0, 0));
+        }
+    }
+
     #[test]
     fn leaked_allocations_wash_out() {
         let cfg = cfg_1g();
         let mut st = D3LinkState::new(&cfg);
         // Two long flows take the link (119 units each, all but 219_456 B/s), then their hosts
         // die without a FIN.
-        let reqs: Vec<D3Request> = (0..2).map(|_| request(FLAG_NEW, 8, 0)).collect();
-        for r in &reqs {
-            process_request(&mut st, &cfg, r);
-        }
-        for r in &reqs {
-            process_request(&mut st, &cfg, &follow_up(r, 0, 0));
-        }
+        leak_two_long_flows(&mut st, &cfg);
         assert_eq!(st.allocated, 238 * U8);
         let leaked = st.allocated;
         // A deadline flow (2.5 MB/s) now finds nothing left.
@@ -351,13 +357,7 @@ mod tests {
     fn leaked_allocations_on_the_deployed_ceiling() {
         let cfg = agent_link_config(GBPS, GBPS / 1000, 0, T_NS);
         let mut st = D3LinkState::new(&cfg);
-        let reqs: Vec<D3Request> = (0..2).map(|_| request(FLAG_NEW, 8, 0)).collect();
-        for r in &reqs {
-            process_request(&mut st, &cfg, r);
-        }
-        for r in &reqs {
-            process_request(&mut st, &cfg, &follow_up(r, 0, 0));
-        }
+        leak_two_long_flows(&mut st, &cfg);
         let mut f = request(FLAG_NEW, 5, 39);
         let mut g = process_request(&mut st, &cfg, &f);
         let mut rounds = 0;
