@@ -1,7 +1,7 @@
 //! CoDel with ECN end to end (issue 11): ECN-capable TCP flows offered to a paced class at
 //! several times its rate, through the agent, fq holding the departures. Without CoDel the
 //! class's clock runs ahead by what TCP's small-queue limit lets each socket keep queued
-//! (hundreds of milliseconds at this rate); with CoDel the datapath marks CE and the flows keep
+//! (70-220 ms for 8 flows at this rate in the VMs); with CoDel the datapath marks CE and the flows keep
 //! the queue short: mostly marks (segments TCP sends without ECT, such as retransmissions, are
 //! dropped instead), nothing lost to the horizon.
 
@@ -46,7 +46,7 @@ spec:
 }
 
 /// (mean added delay in seconds, delayed packets, CE marks, CoDel drops, horizon drops) of the
-/// class over `secs` seconds of 4 bulk flows, after 2 s of warm-up.
+/// class over `secs` seconds of 8 bulk flows, after 2 s of warm-up.
 fn phase(agent: &Agent, a: &Host, b: &Host, secs: u64) -> (f64, u64, u64, u64, u64) {
     let to = format!("{}:5201", b.ipv4());
     let client = a
@@ -56,7 +56,7 @@ fn phase(agent: &Agent, a: &Host, b: &Host, secs: u64) -> (f64, u64, u64, u64, u
             "--to",
             &to,
             "--flows",
-            "4",
+            "8",
             "--duration",
             &(secs + 3).to_string(),
         ])
@@ -143,7 +143,8 @@ fn codel_with_ecn_keeps_a_paced_class_queue_short_without_losses() {
     assert_eq!(off.2, 0, "no marks without CoDel");
     assert!(on.2 > 0, "CoDel marked ECN-capable packets");
     // TCP sends some segments without ECT (retransmissions, RFC 3168 6.1.5): those are
-    // dropped where the others are marked. Measured on 6.1: 127 marks, 33 drops.
+    // dropped where the others are marked. Measured with 8 flows: 432-578 marks and no drops on
+    // 6.1, 344-393 marks and 0-47 drops on 6.12.
     assert!(
         on.2 > on.3,
         "ECN-capable TCP is mostly marked, not dropped: {} marks, {} drops",
@@ -151,9 +152,18 @@ fn codel_with_ecn_keeps_a_paced_class_queue_short_without_losses() {
         on.3
     );
     assert_eq!(on.4, 0, "nothing reached the horizon");
+    // The queue without CoDel is whatever TCP's small-queue limits let 8 sockets keep queued,
+    // which varies from run to run: 70-220 ms measured in the VMs (22 ms once with 4 flows,
+    // which is why there are 8). With CoDel the mean stays within a few targets (the flows'
+    // smallest windows are queued too): 13-17 ms measured on 6.1 and 6.12.
     assert!(
-        on.0 * 3.0 < off.0,
-        "CoDel keeps the queue short: {:.1} ms with it vs {:.1} ms without",
+        on.0 < 0.030,
+        "CoDel keeps the mean added delay within 6 targets (30 ms): {:.1} ms",
+        on.0 * 1e3
+    );
+    assert!(
+        on.0 * 2.0 < off.0,
+        "CoDel at least halves the queue: {:.1} ms with it vs {:.1} ms without",
         on.0 * 1e3,
         off.0 * 1e3
     );
