@@ -59,6 +59,14 @@ pub struct Router {
     qstats: Option<QdiscStats>,
 }
 
+/// The datapath configuration of a policy's router link: the agent's defaults
+/// ([`agent_link_config`]) with the policy's base rate, flow cap and controller.
+fn link_config(l: &D3Link, interval_ns: u64) -> D3LinkConfig {
+    let mut cfg = agent_link_config(l.capacity, l.base_rate, l.flow_cap, interval_ns);
+    cfg.capacity_mode = l.capacity_mode;
+    cfg
+}
+
 impl Router {
     /// Configures the links in the datapath (C = the line rate, zero counters). Attaching the
     /// program is the caller's (it records attachments for cleanup).
@@ -67,7 +75,7 @@ impl Router {
         for l in links {
             let ifindex = nix::net::if_::if_nametoindex(l.interface.as_str())
                 .with_context(|| format!("D3 router link {}: no such interface", l.interface))?;
-            let cfg = agent_link_config(l.capacity, l.base_rate, l.flow_cap, interval_ns);
+            let cfg = link_config(l, interval_ns);
             let state = D3LinkState::new(&cfg);
             dp.set_d3_link_ctl(
                 ifindex,
@@ -183,5 +191,36 @@ impl Router {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use paceline_common::d3::{CAP_MODE_LINE, CAP_MODE_PAPER};
+
+    use super::*;
+
+    #[test]
+    fn a_links_config_carries_the_policys_rates_and_controller() {
+        let mut l = D3Link {
+            interface: "eth1".into(),
+            capacity: 125_000_000,
+            base_rate: 1_000,
+            flow_cap: 50_000_000,
+            capacity_mode: CAP_MODE_PAPER,
+        };
+        let cfg = link_config(&l, 1_000_000);
+        assert_eq!(
+            (
+                cfg.line_rate,
+                cfg.capacity_max,
+                cfg.base_rate,
+                cfg.flow_cap,
+                cfg.capacity_mode
+            ),
+            (125_000_000, 125_000_000, 1_000, 50_000_000, CAP_MODE_PAPER)
+        );
+        l.capacity_mode = CAP_MODE_LINE;
+        assert_eq!(link_config(&l, 1_000_000).capacity_mode, CAP_MODE_LINE);
     }
 }

@@ -63,10 +63,15 @@ fn view(c: &Compiled) -> Vec<(String, String)> {
                 put(
                     format!("d3.router.{}", l.interface),
                     format!(
-                        "capacity {}, base rate {}, flow cap {}",
+                        "capacity {}, base rate {}, flow cap {}, {} controller",
                         fmt_rate(l.capacity),
                         fmt_rate(l.base_rate),
-                        fmt_rate(l.flow_cap)
+                        fmt_rate(l.flow_cap),
+                        if l.capacity_mode == paceline_common::d3::CAP_MODE_PAPER {
+                            "paper's"
+                        } else {
+                            "line-referenced"
+                        }
                     ),
                 );
             }

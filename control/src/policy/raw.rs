@@ -170,6 +170,31 @@ pub struct D3RouterLink {
     /// Requests above this rate are clamped and counted as absurd. Default: the capacity.
     #[serde(default)]
     pub flow_cap: Option<RateText>,
+    /// The capacity controller's utilisation term: `line` (the default) or `paper`.
+    #[serde(default)]
+    pub controller: D3Controller,
+}
+
+/// `spec.d3.router[].controller` (docs/d3.md, "Capacity controller" and deviation 4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum D3Controller {
+    /// `alpha * (line_rate - u/T)`: RCP's form, which recovers from a queue spike.
+    #[default]
+    Line,
+    /// `alpha * (C - u/T)`: the paper's formula as printed, for comparisons (C can stay at
+    /// its floor once a queue spike has cut it).
+    Paper,
+}
+
+impl D3Controller {
+    /// The datapath's `D3LinkConfig::capacity_mode`.
+    pub fn capacity_mode(self) -> u32 {
+        match self {
+            D3Controller::Line => paceline_common::d3::CAP_MODE_LINE,
+            D3Controller::Paper => paceline_common::d3::CAP_MODE_PAPER,
+        }
+    }
 }
 
 /// `spec.classes[].d3`.

@@ -94,6 +94,7 @@ pub(super) fn d3_spec(d: &mut Diag, spec: &raw::Spec, host: &dyn HostFacts) -> O
             capacity: cap,
             base_rate: base,
             flow_cap: fcap.unwrap_or(0),
+            capacity_mode: l.controller.capacity_mode(),
         });
     }
     ok.then_some(Some(D3Spec {
@@ -145,6 +146,26 @@ spec:
                 "test.yaml:9: spec.d3.router[1].interface: \"eth1\" is listed twice",
                 "test.yaml:9: spec.d3.router[2].interface: no interface named \"eth9\" on this host",
             ]
+        );
+    }
+
+    #[test]
+    fn the_controller_is_line_referenced_unless_the_paper_is_asked_for() {
+        use paceline_common::d3::{CAP_MODE_LINE, CAP_MODE_PAPER};
+        let mode = |text: &str| ok(text, &fake_host()).d3.expect("d3").router[0].capacity_mode;
+        assert_eq!(mode(BASE), CAP_MODE_LINE);
+        let with = |c: &str| BASE.replace("capacity: 1Gbit}", &format!("capacity: 1Gbit, controller: {c}}}"));
+        assert_eq!(mode(&with("paper")), CAP_MODE_PAPER);
+        assert_eq!(mode(&with("line")), CAP_MODE_LINE);
+        let e = errors(&with("rcp"), &fake_host());
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("spec.d3.router[0].controller: unknown variant `rcp`"),
+            "names the field: {e:?}"
+        );
+        assert!(
+            e[0].contains("line") && e[0].contains("paper"),
+            "lists the valid values: {e:?}"
         );
     }
 

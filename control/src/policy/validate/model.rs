@@ -116,6 +116,8 @@ pub struct D3Link {
     pub capacity: u64,
     pub base_rate: u64,
     pub flow_cap: u64,
+    /// `CAP_MODE_LINE` or `CAP_MODE_PAPER` (`paceline_common::d3`).
+    pub capacity_mode: u32,
 }
 
 /// `spec.dasr`, validated.
