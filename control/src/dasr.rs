@@ -92,17 +92,6 @@ pub struct DasrReport {
     pub stats: DasrStats,
 }
 
-/// CLOCK_MONOTONIC now, ns (the datapath's `bpf_ktime_get_ns`).
-fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// The addresses of this network namespace's interfaces.
 fn local_addresses() -> HashSet<IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
@@ -136,7 +125,7 @@ pub fn ip_of(words: &[u32; 4]) -> IpAddr {
 /// The senders per local address now, and the counters. Addresses that are not this host's
 /// (a router forwarding traffic through a managed interface) are left out.
 pub fn report(dp: &Datapath) -> Result<DasrReport> {
-    let now = dasr::ticks(mono_ns());
+    let now = dasr::ticks(crate::flows::monotonic_ns());
     let local = local_addresses();
     let mut addresses: Vec<AddrReport> = dp
         .dasr_addrs()?
