@@ -2,7 +2,8 @@
 //! ([`D3FlowState`]: one request outstanding, feedback turned into a pacing rate).
 
 use super::units::{
-    MAX_ENCODABLE_RATE, MAX_SCALE, choose_scale, desired_rate, rate_to_units_ceil, units_to_rate,
+    MAX_ENCODABLE_RATE, MAX_SCALE, bytes_per_second, choose_scale, desired_rate, rate_to_units_ceil,
+    units_to_rate,
 };
 use super::wire::{D3Feedback, D3Request, FLAG_FIN, FLAG_NEW, FLAG_QUENCHED, HOPS};
 
@@ -50,6 +51,41 @@ pub fn demand(has_deadline: bool, bytes_left: u64, time_left_ns: i64, cap: u64) 
     } else {
         Demand::Rate(r)
     }
+}
+
+/// The shortest RTT [`pause_rate`] divides by (and the least interval between a sender's
+/// requests): 100 us.
+pub const MIN_REQUEST_RTT_NS: u64 = 100_000;
+
+/// What a sender granted 0 paces at: the paper's paused sender sends only its next request,
+/// one per RTT. Here requests ride on data segments (a TCP option), so a paused flow sends one
+/// segment (`segment_bytes` on the wire) per RTT (`srtt_ns`, at least
+/// [`MIN_REQUEST_RTT_NS`]), and never more than the `first_rtt_rate` a flow starts with
+/// (unless that is 0, "wait for the grant", which would stop the requests too). A small
+/// `first_rtt_rate` makes paused flows ask less often: once per `segment_bytes /
+/// first_rtt_rate`.
+#[inline]
+pub fn pause_rate(first_rtt_rate: u64, segment_bytes: u64, srtt_ns: u64) -> u64 {
+    let rtt = if srtt_ns < MIN_REQUEST_RTT_NS {
+        MIN_REQUEST_RTT_NS
+    } else {
+        srtt_ns
+    };
+    let per_rtt = bytes_per_second(segment_bytes, rtt);
+    if per_rtt < first_rtt_rate || first_rtt_rate == 0 {
+        per_rtt
+    } else {
+        first_rtt_rate
+    }
+}
+
+/// The rate a sender paces at after feedback granting `grant` bytes/s: the grant, and at
+/// least [`pause_rate`] (`pause`), so that a flow granted 0 or less than one segment per RTT
+/// still asks again every RTT. The router accounts only the grant: each paused or
+/// nearly-paused flow may send up to `pause` more (docs/d3.md, deviation 8).
+#[inline]
+pub fn paced_rate(grant: u64, pause: u64) -> u64 {
+    if grant < pause { pause } else { grant }
 }
 
 /// [`D3FlowState::state`]: the first request has been sent.
@@ -289,6 +325,27 @@ unsafe impl aya::Pod for D3FlowState {}
 mod tests {
     use crate::d3::testutil::*;
     use crate::d3::*;
+
+    #[test]
+    fn a_zero_grant_pauses_to_one_segment_per_rtt_at_most_the_first_rtt_rate() {
+        // 1514-byte segments every 1 ms: 1.514 MB/s, below a 12.5 MB/s first-RTT rate.
+        let pause = pause_rate(12_500_000, 1514, 1_000_000);
+        assert_eq!(pause, 1_514_000);
+        assert_eq!(paced_rate(0, pause), pause, "granted 0: one segment per RTT");
+        assert_eq!(paced_rate(1_000, pause), pause, "less than a segment per RTT");
+        assert_eq!(
+            paced_rate(5_000_000, pause),
+            5_000_000,
+            "a grant above it as granted"
+        );
+        // Short RTTs: one segment per RTT would exceed the first-RTT rate, which caps it.
+        assert_eq!(pause_rate(1_250_000, 1514, 50_000), 1_250_000);
+        // The RTT is taken as at least 100 us (before the first sample, srtt is 0).
+        assert_eq!(pause_rate(u64::MAX, 1514, 0), 15_140_000);
+        assert_eq!(pause_rate(u64::MAX, 1514, 10_000), 15_140_000);
+        // No first-RTT rate (0: "wait for the grant") does not stop the requests.
+        assert_eq!(pause_rate(0, 1514, 1_000_000), 1_514_000);
+    }
 
     #[test]
     fn quench_decisions() {

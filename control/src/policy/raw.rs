@@ -138,9 +138,9 @@ pub struct D3 {
     /// receiver). Default true.
     #[serde(default = "default_true")]
     pub receiver: bool,
-    /// Pacing rate of a new D3 flow until its first grant, and of a paused flow (burst
-    /// tolerance). Default: the host's link rate / 100 (requests ride segments: a slower
-    /// flow cannot ask again soon enough).
+    /// Pacing rate of a new D3 flow until its first grant (burst tolerance), and the most a
+    /// paused flow (granted 0) sends: one segment per RTT, at most this. Default: the host's
+    /// link rate / 100 (requests ride segments: a slower flow cannot ask again soon enough).
     #[serde(default)]
     pub first_rtt_rate: Option<RateText>,
     /// Links whose egress this host serves as a D3 router. Default: none.

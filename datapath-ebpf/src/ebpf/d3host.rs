@@ -21,6 +21,7 @@ use aya_ebpf::{
 };
 use paceline_common::{
     d3::{self, D3Feedback, D3FlowState, FB_LEN, HostInput, REQ_LEN},
+    edt::tcp_frame_overhead,
     maps::{
         CLASS_D3, ClassConfig, D3App, D3ClassStats, D3S_DEADLINE, D3S_DONE, D3S_FB_PENDING, D3S_FIN_DUE,
         D3S_MISSED, D3S_REQ_DUE, D3S_SENDER, D3Sock, MAX_CLASSES, PolicyTable, TABLE_D3_RECEIVER,
@@ -253,7 +254,7 @@ pub fn on_hdr_opt_len(ctx: &SockOpsContext, table: &PolicyTable) {
         {
             st.flags |= D3S_FIN_DUE;
         }
-        let rtt = (srtt_us as u64 * 1000).max(100_000);
+        let rtt = (srtt_us as u64 * 1000).max(d3::MIN_REQUEST_RTT_NS);
         let since = t.saturating_sub(st.last_req_ns);
         let due = if st.flags & D3S_FIN_DUE != 0 {
             // Routers return what they recorded for the flow, so the FIN need not wait for
@@ -388,13 +389,18 @@ pub fn on_parse_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
         }
         match st.flow.apply_feedback(&fb) {
             Some(rate) => {
-                // A grant of 0 means "pause": keep sending requests at the first-RTT rate.
-                let r = if rate < table.d3_first_rate {
-                    table.d3_first_rate
-                } else {
-                    rate
+                // A grant of 0 means "pause": one segment (carrying the next request) per RTT.
+                // SAFETY: reading the program's own context.
+                let (mss, v6, srtt_us) = unsafe {
+                    (
+                        (*ctx.ops).mss_cache,
+                        (*ctx.ops).family == tcp::AF_INET6,
+                        (*ctx.ops).srtt_us >> 3,
+                    )
                 };
-                pace(ctx, st, r);
+                let segment = mss as u64 + tcp_frame_overhead(v6);
+                let pause = d3::pause_rate(table.d3_first_rate, segment, srtt_us as u64 * 1000);
+                pace(ctx, st, d3::paced_rate(rate, pause));
                 if let Some(s) = stats(st.class) {
                     s.grants += 1;
                     if let Some(b) = s.granted.get_mut(d3_hist_bucket(rate)) {

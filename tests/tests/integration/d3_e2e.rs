@@ -88,8 +88,14 @@ spec:
 }
 
 fn router_policy(to_receiver: &str, k: u64) -> String {
-    let capacity = rate(100_000_000 / k);
-    let interval = k;
+    router_policy_at(to_receiver, 100_000_000 / k, k)
+}
+
+/// A router serving `to_receiver` with a D3 capacity of `capacity` bits/s, ticking every
+/// `interval_ms`.
+fn router_policy_at(to_receiver: &str, capacity: u64, interval_ms: u64) -> String {
+    let capacity = rate(capacity);
+    let interval = interval_ms;
     format!(
         r#"apiVersion: paceline/v1
 kind: Policy
@@ -292,6 +298,151 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
         "both flows returned their allocation: {l}"
     );
     drop(senders);
+    drop(receiver);
+    router.stop();
+}
+
+/// A rate as `ss` prints it (`1.2Mbps`, `980kbps`, `12bps`), bits/s.
+fn ss_bps(v: &str) -> f64 {
+    let v = v.strip_suffix("bps").unwrap_or_else(|| panic!("not a rate: {v}"));
+    let (num, mult) = match v.chars().last() {
+        Some('k') => (&v[..v.len() - 1], 1e3),
+        Some('M') => (&v[..v.len() - 1], 1e6),
+        Some('G') => (&v[..v.len() - 1], 1e9),
+        Some('T') => (&v[..v.len() - 1], 1e12),
+        _ => (v, 1.0),
+    };
+    num.parse::<f64>().unwrap_or_else(|_| panic!("not a rate: {v}")) * mult
+}
+
+/// A flow granted 0 pauses: it paces at one segment per RTT (each carrying its next request),
+/// not at the first-RTT rate it started with (docs/d3.md, "Host side" and deviation 8).
+///
+/// The sender's line is 1 Gbit/s, so a flow without a deadline asks at the scale whose 255
+/// units reach it: one unit is 524,288 bytes/s. The router's D3 capacity is 2 Mbit/s (250 KB/s):
+/// every fair share, and the base rate, round down to 0 units, so every grant is 0. The
+/// sender's first-RTT rate is 400 Mbit/s; until 2026-12-01 a zero grant was raised to it.
+#[test]
+fn a_zero_grant_pauses_the_sender_to_one_segment_per_rtt() {
+    if !privileged("a_zero_grant_pauses_the_sender_to_one_segment_per_rtt") {
+        return;
+    }
+    let sender = |ifname: &str| {
+        format!(
+            r#"apiVersion: paceline/v1
+kind: Policy
+spec:
+  interfaces: [{ifname}]
+  enforcement: auto
+  link_rate: 1Gbit
+  levels:
+    - name: all
+      priority: 0
+  classes:
+    - name: bulk
+      level: all
+      d3: {{}}
+    - name: other
+      level: all
+  rules:
+    - class: bulk
+      protocol: tcp
+      dst_port: 5601
+  default_class: other
+  d3:
+    first_rtt_rate: 400Mbit
+"#
+        )
+    };
+    let tb = Testbed::new("d3_pause").expect("testbed");
+    let star = tb
+        .add_star(&StarSpec {
+            senders: 1,
+            bottleneck: Some(BottleneckSpec::htb(100_000_000, 150_000)),
+            ..StarSpec::default()
+        })
+        .expect("star");
+    let scratch = Scratch::new("d3pause");
+    let to_rx = star.bottleneck_iface().ifname.clone();
+    let rx_if = star.receiver.iface_to(&star.router).expect("rx iface").ifname;
+    let tx_if = star.senders[0].iface_to(&star.router).expect("tx iface").ifname;
+    std::fs::write(
+        scratch.path("router.yaml"),
+        router_policy_at(&to_rx, 2_000_000, 1),
+    )
+    .unwrap();
+    std::fs::write(scratch.path("rx.yaml"), receiver_policy(&rx_if)).unwrap();
+    std::fs::write(scratch.path("tx.yaml"), sender(&tx_if)).unwrap();
+    let router = Agent::start(
+        &star.router,
+        &scratch.path("router.yaml"),
+        &scratch.path("router-state"),
+    );
+    let receiver = Agent::start(
+        &star.receiver,
+        &scratch.path("rx.yaml"),
+        &scratch.path("rx-state"),
+    );
+    let tx = Agent::start(
+        &star.senders[0],
+        &scratch.path("tx.yaml"),
+        &scratch.path("tx-state"),
+    );
+    let _server = star
+        .receiver
+        .spawn(&[PLLOAD, "serve", "--port", "5601"])
+        .expect("server");
+    std::thread::sleep(Duration::from_millis(500));
+    let to = format!("{}:5601", star.receiver.ipv4());
+    let client = star.senders[0]
+        .spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "6"])
+        .expect("client");
+    // Grants arrive within a few RTTs; wait for some, then read the socket.
+    tx.wait_for("grants to the bulk class", |s| {
+        d3_class(s, "bulk")["grants"].as_u64().unwrap_or(0) >= 5
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let ss = star.senders[0].run(&["ss", "-tin", "dport", "5601"]).expect("ss");
+    drop(client);
+    let s = tx.status().expect("status");
+    let c = d3_class(&s, "bulk");
+    let m = tx.http_get("/metrics");
+    let g = "paceline_d3_granted_rate_bytes_per_second";
+    let (zero, all) = (bucket(&m, g, "16384"), bucket(&m, g, "+Inf"));
+    eprintln!("bulk class: {c}\ngrants below 16 KB/s: {zero} of {all}\nss: {ss}");
+    assert!(all >= 5, "grants arrived: {c}");
+    assert_eq!(zero, all, "every grant was 0 (below one unit):\n{m}");
+    // `pacing_rate <current>/<max>`: the max is what sock_ops set.
+    let pacing = ss
+        .split_whitespace()
+        .skip_while(|w| *w != "pacing_rate")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no pacing_rate in ss output: {ss}"));
+    let max = pacing
+        .split_once('/')
+        .map(|(_, m)| ss_bps(m))
+        .unwrap_or_else(|| panic!("no max pacing rate in ss output: {ss}"));
+    let mss: f64 = ss
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("mss:"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no mss in ss output: {ss}"));
+    // One segment per RTT, the RTT taken as at least 100 us: at most (mss + headers) * 8 bits
+    // per 100 us, about 121 Mbit/s. The first-RTT rate would be 400 Mbit/s (383 of payload).
+    let ceiling = (mss + 66.0) * 8.0 / 100e-6;
+    eprintln!(
+        "max pacing rate {:.1} Mbit/s, one segment per 100 us {:.1} Mbit/s",
+        max / 1e6,
+        ceiling / 1e6
+    );
+    assert!(
+        max > 0.0 && max <= ceiling,
+        "a flow granted 0 paces at one segment per RTT (at most {:.1} Mbit/s), not at the \
+         first-RTT rate: max pacing rate {:.1} Mbit/s\n{ss}",
+        ceiling / 1e6,
+        max / 1e6
+    );
+    drop(tx);
     drop(receiver);
     router.stop();
 }
