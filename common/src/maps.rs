@@ -772,8 +772,16 @@ pub struct D3Seen {
     pub rewritten: [u8; crate::d3::REQ_LEN],
     /// When it was processed (CLOCK_MONOTONIC ns).
     pub at: u64,
+    /// The link (egress interface) that processed it: the agent renews each link's leases
+    /// from its flows' records.
+    pub ifindex: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<D3Seen>() == 48);
+const _: () = assert!(size_of::<D3Seen>() == 56);
+
+/// Entries of the router's flow record ([`names::D3_SEEN`], an LRU map). A router whose live
+/// D3 flows outnumber it forgets some, and the agent stops renewing leases from it.
+pub const D3_SEEN_ENTRIES: u32 = 16_384;
 
 impl D3LinkCounters {
     /// A counter that concurrent updates drove below zero reads as 0.

@@ -8,8 +8,11 @@
 
 use anyhow::{Context as _, Result};
 use paceline_common::{
-    d3::{D3LinkConfig, D3LinkState, StandingQueue, TICK_RESET, agent_link_config, control_step},
-    maps::{D3LinkCounters, D3LinkCtl},
+    d3::{
+        D3LinkConfig, D3LinkState, LEASE_NS, LeaseTotals, StandingQueue, TICK_RESET, agent_link_config,
+        control_step, renew_leases,
+    },
+    maps::{D3_SEEN_ENTRIES, D3LinkCounters, D3LinkCtl},
 };
 use serde::Serialize;
 
@@ -25,6 +28,9 @@ pub struct Link {
     last_sent: u64,
     last_requests: u64,
     pub resets: u64,
+    /// Lease renewals that changed N, D or A (a flow stopped asking without a FIN, or
+    /// concurrent updates drifted).
+    pub lease_renewals: u64,
     /// The last queue sample, and the filter that gives the standing queue the controller used.
     pub last_queue: u64,
     queue: StandingQueue,
@@ -49,6 +55,7 @@ pub struct LinkReport {
     pub duplicates: u64,
     pub sent_bytes: u64,
     pub idle_resets: u64,
+    pub lease_renewals: u64,
     pub queue_bytes: u64,
     pub standing_queue_bytes: u64,
 }
@@ -56,6 +63,10 @@ pub struct LinkReport {
 pub struct Router {
     pub links: Vec<Link>,
     pub interval_ns: u64,
+    /// When the leases were last renewed (CLOCK_MONOTONIC ns).
+    last_lease_ns: u64,
+    /// The flow record was too full to renew from (warned once).
+    record_full_warned: bool,
     qstats: Option<QdiscStats>,
 }
 
@@ -93,6 +104,7 @@ impl Router {
                 last_sent: 0,
                 last_requests: 0,
                 resets: 0,
+                lease_renewals: 0,
                 last_queue: 0,
                 queue: StandingQueue::new(l.capacity, interval_ns),
             });
@@ -107,13 +119,54 @@ impl Router {
         Ok(Router {
             links: out,
             interval_ns,
+            last_lease_ns: crate::flows::monotonic_ns(),
+            record_full_warned: false,
             qstats,
         })
     }
 
+    /// Every [`LEASE_NS`]: what the flows heard from within the lease hold at each link, from
+    /// the router's record of each flow's last request; `None` when it is not time, or when
+    /// the record may have forgotten live flows (it holds nearly [`D3_SEEN_ENTRIES`]).
+    fn lease_totals(&mut self, dp: &Datapath) -> Result<Option<Vec<LeaseTotals>>> {
+        let now = crate::flows::monotonic_ns();
+        if now.saturating_sub(self.last_lease_ns) < LEASE_NS {
+            return Ok(None);
+        }
+        self.last_lease_ns = now;
+        let records = dp.d3_seen()?;
+        if records.len() as u64 * 10 >= D3_SEEN_ENTRIES as u64 * 9 {
+            if !self.record_full_warned {
+                self.record_full_warned = true;
+                log::warn!(
+                    "D3 router: {} flows recorded, near the record's {} entries: leases are not \
+                     renewed (allocations of flows that end without a FIN are released only by \
+                     the idle reset)",
+                    records.len(),
+                    D3_SEEN_ENTRIES
+                );
+            }
+            return Ok(None);
+        }
+        let now = crate::flows::monotonic_ns();
+        Ok(Some(
+            self.links
+                .iter()
+                .map(|l| {
+                    let mut t = LeaseTotals::default();
+                    for r in records.iter().filter(|r| r.ifindex == l.ifindex) {
+                        t.add(&l.cfg, &r.rewritten, r.at, now);
+                    }
+                    t
+                })
+                .collect(),
+        ))
+    }
+
     /// One controller interval for every link.
     pub fn tick(&mut self, dp: &mut Datapath) -> Result<()> {
-        for l in &mut self.links {
+        let leases = self.lease_totals(dp)?;
+        for (i, l) in self.links.iter_mut().enumerate() {
             let c = dp.d3_link_counters(l.ifindex)?;
             let sent = c.sent_bytes.wrapping_sub(l.last_sent);
             l.last_sent = c.sent_bytes;
@@ -158,6 +211,33 @@ impl Router {
                 z.flows = 0;
                 dp.set_d3_link_counters(l.ifindex, &z)?;
                 l.resets += 1;
+            } else if let Some(live) = leases.as_ref().and_then(|v| v.get(i)) {
+                // Read again right before the write: the datapath's concurrent additions
+                // between the two are lost (fewer than one request's worth, microseconds), and
+                // the next renewal recomputes N, D and A from the flows' records anyway.
+                let mut c = dp.d3_link_counters(l.ifindex)?;
+                let mut st = l.state;
+                st.flows = D3LinkCounters::clamp(c.flows);
+                st.demand = D3LinkCounters::clamp(c.demand);
+                st.allocated = D3LinkCounters::clamp(c.allocated);
+                if renew_leases(&mut st, live) {
+                    log::debug!(
+                        "D3 {}: leases renewed: N {} -> {}, D {} -> {}, A {} -> {}",
+                        l.name,
+                        c.flows,
+                        st.flows,
+                        c.demand,
+                        st.demand,
+                        c.allocated,
+                        st.allocated
+                    );
+                    c.flows = st.flows;
+                    c.demand = st.demand;
+                    c.allocated = st.allocated;
+                    dp.set_d3_link_counters(l.ifindex, &c)?;
+                    l.state = st;
+                    l.lease_renewals += 1;
+                }
             }
         }
         Ok(())
@@ -186,6 +266,7 @@ impl Router {
                     duplicates: c.duplicates,
                     sent_bytes: c.sent_bytes,
                     idle_resets: l.resets,
+                    lease_renewals: l.lease_renewals,
                     queue_bytes: l.last_queue,
                     standing_queue_bytes: l.queue.value(),
                 })

@@ -12,9 +12,9 @@ use aya::{
 use paceline_common::{
     dasr::{self, DasrAddr, DasrIface, DasrStats},
     maps::{
-        AggClock, BenchEdt, CodelState, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl,
-        DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS, PolicyTable,
-        Rule, SockState, names,
+        AggClock, BenchEdt, CodelState, Counters, CpuState, D3_SEEN_ENTRIES, D3ClassStats, D3LinkCounters,
+        D3LinkCtl, D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES,
+        MAX_LEVELS, PolicyTable, Rule, SockState, names,
     },
 };
 
@@ -346,6 +346,21 @@ impl Datapath {
     /// Writes a router link's counters (creation with zeroes; D, A, N zeroed at an idle reset).
     pub fn set_d3_link_counters(&mut self, ifindex: u32, c: &D3LinkCounters) -> Result<()> {
         Ok(self.d3_links.insert(ifindex, c, 0)?)
+    }
+
+    /// The D3 router's record of each flow's last request (`PL_D3_SEEN`). Entries evicted
+    /// during the walk are skipped.
+    pub fn d3_seen(&self) -> Result<Vec<D3Seen>> {
+        let m = self
+            .ebpf
+            .map(names::D3_SEEN)
+            .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::D3_SEEN))?;
+        let h: HashMap<&MapData, FlowKey, D3Seen> = HashMap::try_from(m)?;
+        Ok(h.iter()
+            .take(D3_SEEN_ENTRIES as usize * 2 + 16)
+            .flatten()
+            .map(|(_, v)| v)
+            .collect())
     }
 
     /// Pins the map applications write their sockets' sizes and deadlines into. Whoever can

@@ -745,6 +745,13 @@ fn d3_link_metrics(r: &Registry, links: &[LinkReport]) -> Result<()> {
         "Idle resets of N, D, A.",
         l,
     )?;
+    let leases = counter(
+        r,
+        "paceline_d3_link_lease_renewals_total",
+        "Lease renewals that changed N, D or A: flows that stopped asking without a FIN \
+         released, or drift corrected.",
+        l,
+    )?;
     let short = counter(
         r,
         "paceline_d3_link_short_grants_total",
@@ -778,6 +785,7 @@ fn d3_link_metrics(r: &Registry, links: &[LinkReport]) -> Result<()> {
         clamped.with_label_values(&lab).inc_by(k.clamped);
         unproc.with_label_values(&lab).inc_by(k.unprocessed);
         resets.with_label_values(&lab).inc_by(k.idle_resets);
+        leases.with_label_values(&lab).inc_by(k.lease_renewals);
         dups.with_label_values(&lab).inc_by(k.duplicates);
         short.with_label_values(&lab).inc_by(k.short_grants);
     }

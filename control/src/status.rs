@@ -615,6 +615,7 @@ pub struct D3LinkStatus {
     pub duplicates: u64,
     pub sent_bytes: u64,
     pub idle_resets: u64,
+    pub lease_renewals: u64,
     pub queue_bytes: u64,
     pub standing_queue_bytes: u64,
 }
@@ -640,6 +641,7 @@ impl From<&LinkReport> for D3LinkStatus {
             duplicates,
             sent_bytes,
             idle_resets,
+            lease_renewals,
             queue_bytes,
             standing_queue_bytes,
         } = r.clone();
@@ -660,6 +662,7 @@ impl From<&LinkReport> for D3LinkStatus {
             duplicates,
             sent_bytes,
             idle_resets,
+            lease_renewals,
             queue_bytes,
             standing_queue_bytes,
         }

@@ -207,6 +207,7 @@ fn rendered_metrics() -> String {
         duplicates: 4,
         sent_bytes: 1_000_000,
         idle_resets: 1,
+        lease_renewals: 3,
         queue_bytes: 1500,
         standing_queue_bytes: 0,
     }];

@@ -6,7 +6,8 @@
 //! loop (`control/src/d3router.rs`) only reads counters and queues and writes maps.
 
 use super::router::{CAP_MODE_PAPER, D3LinkConfig, D3LinkState};
-use super::units::{NS_PER_S, bytes_per_second};
+use super::units::{NS_PER_S, bytes_per_second, units_to_rate};
+use super::wire::{D3Request, FLAG_FIN, REQ_LEN};
 
 /// alpha = 1 / `ALPHA_DEN` (paper: 0.1). beta = 1.
 pub const ALPHA_DEN: u64 = 10;
@@ -84,6 +85,60 @@ pub const MAX_DECREASE_DEN: u64 = 5;
 
 /// Quiet time after which the agent's links reset their counters ([`agent_link_config`]).
 pub const IDLE_RESET_NS: u64 = 100_000_000;
+
+/// How long a router counts a flow that sends no request: [`IDLE_RESET_NS`]. A live flow
+/// asks at least once per RTT, or once per segment at its pace (10-20 ms at a base rate); a
+/// flow whose host died without a FIN never asks again.
+pub const LEASE_NS: u64 = IDLE_RESET_NS;
+
+/// What the flows a router has heard from within [`LEASE_NS`] hold at one link: the N, D and
+/// A the link's counters should have. Built from the router's record of each flow's last
+/// request (`PL_D3_SEEN`, as the router rewrote it) with [`LeaseTotals::add`].
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "bpf"), derive(Debug))]
+pub struct LeaseTotals {
+    pub flows: u64,
+    pub demand: u64,
+    pub allocated: u64,
+}
+
+impl LeaseTotals {
+    /// Counts the flow whose last request this router rewrote into `rewritten` at `at_ns`,
+    /// unless that was a FIN (it returned everything) or is [`LEASE_NS`] or more before
+    /// `now_ns` (the lease lapsed). The flow holds its desired rate (clamped as
+    /// [`process_request`](super::process_request) clamps it) in D and this hop's grant in A.
+    pub fn add(&mut self, cfg: &D3LinkConfig, rewritten: &[u8; REQ_LEN], at_ns: u64, now_ns: u64) {
+        if now_ns.saturating_sub(at_ns) >= LEASE_NS {
+            return;
+        }
+        let Ok(r) = D3Request::decode(rewritten) else {
+            return;
+        };
+        if r.flags & FLAG_FIN != 0 || r.hop == 0 {
+            return;
+        }
+        let granted = r.alloc.get(r.hop as usize - 1).copied().unwrap_or(0);
+        let desired = units_to_rate(r.desired, r.scale);
+        let cap = cfg.request_cap();
+        self.flows = self.flows.saturating_add(1);
+        self.demand = self
+            .demand
+            .saturating_add(if desired > cap { cap } else { desired });
+        self.allocated = self.allocated.saturating_add(units_to_rate(granted, r.scale));
+    }
+}
+
+/// Renews the link's leases: N, D and A become what the flows heard from within the lease
+/// hold. What a flow that stopped asking still held (its host died without a FIN, or the FIN
+/// was lost) is released; so is any drift from concurrent updates. Returns true if anything
+/// changed. Apply only when the router's record holds every flow (its LRU map evicted none).
+pub fn renew_leases(st: &mut D3LinkState, live: &LeaseTotals) -> bool {
+    let changed = (st.flows, st.demand, st.allocated) != (live.flows, live.demand, live.allocated);
+    st.flows = live.flows;
+    st.demand = live.demand;
+    st.allocated = live.allocated;
+    changed
+}
 
 /// The largest burst a sender hands the link at once: a 64 KB TSO/GSO packet (and the GRO
 /// packets a forwarding router sees are as large).
@@ -348,38 +403,118 @@ mod tests {
     }
 
     /// The leak scenario on the configuration the agent deploys (C bounded by the line rate,
-    /// not twice it): a deadline flow starves behind allocations whose hosts died, for as long
-    /// as any flow keeps requesting (measured: 3 of 39 units after 1000 intervals). A known
-    /// defect (docs/d3.md, deviation 13), kept here to reproduce it:
-    /// `cargo test -p paceline-common -- --ignored leaked_allocations_on_the_deployed_ceiling`.
+    /// not twice it): the controller alone cannot absorb two leaked line-rate allocations
+    /// (measured before the leases: 3 of 39 units after 1000 intervals). The router's record
+    /// of each flow's last request renews the leases every [`LEASE_NS`]: the dead flows' hold
+    /// lapses and the deadline flow gets its rate at the first renewal after the lease.
     #[test]
-    #[ignore = "known defect, docs/d3.md deviation 13: leaks do not wash out under C <= line"]
-    fn leaked_allocations_on_the_deployed_ceiling() {
+    fn leaked_allocations_on_the_deployed_ceiling_lapse_with_their_lease() {
         let cfg = agent_link_config(GBPS, GBPS / 1000, 0, T_NS);
         let mut st = D3LinkState::new(&cfg);
-        leak_two_long_flows(&mut st, &cfg);
+        // The router's record: each flow's last request as rewritten, and when.
+        let mut records: Vec<(u64, [u8; REQ_LEN])> = Vec::new();
+        let mut now = 0u64;
+        let rewrite = |st: &mut D3LinkState, req: &D3Request, now: u64, records: &mut Vec<_>, i: usize| {
+            let mut b = req.encode();
+            let g = router_rewrite(&mut b, st, &cfg);
+            if records.len() <= i {
+                records.push((now, b));
+            } else {
+                records[i] = (now, b);
+            }
+            g
+        };
+        // Two long flows take the link, then their hosts die without a FIN.
+        for i in 0..2 {
+            let r = request(FLAG_NEW, 8, 0);
+            let g = rewrite(&mut st, &r, now, &mut records, i);
+            rewrite(&mut st, &follow_up(&r, g.units, 0), now, &mut records, i);
+        }
+        let leaked = st.allocated;
+        assert!(leaked > GBPS * 9 / 10, "the two flows hold the link: {leaked}");
+        // A deadline flow (39 units at scale 5) asks every interval.
         let mut f = request(FLAG_NEW, 5, 39);
-        let mut g = process_request(&mut st, &cfg, &f);
+        let mut g = rewrite(&mut st, &f, now, &mut records, 2);
+        assert!(
+            g.units < 39,
+            "starved while the leak is counted: {} units",
+            g.units
+        );
+        let mut last_renewal = 0;
+        let mut renewed_at = None;
         let mut rounds = 0;
         while g.units < 39 && rounds < 1000 {
+            now += T_NS;
             st.requests = st.requests.max(1);
-            let sent = g.rate * T_NS / 1_000_000_000;
-            capacity_tick(&mut st, &cfg, sent, 0, T_NS);
+            capacity_tick(&mut st, &cfg, g.rate * T_NS / 1_000_000_000, 0, T_NS);
+            if now - last_renewal >= LEASE_NS {
+                last_renewal = now;
+                let mut live = LeaseTotals::default();
+                for (at, b) in &records {
+                    live.add(&cfg, b, *at, now);
+                }
+                if renew_leases(&mut st, &live) && renewed_at.is_none() {
+                    renewed_at = Some(now);
+                    assert_eq!(live.flows, 1, "only the deadline flow is live");
+                }
+            }
             f = follow_up(&f, g.units, 39);
-            g = process_request(&mut st, &cfg, &f);
+            g = rewrite(&mut st, &f, now, &mut records, 2);
             rounds += 1;
         }
         std::eprintln!(
-            "deployed ceiling: {} units after {rounds} intervals, C {} of {}",
-            g.units,
-            st.capacity,
-            cfg.capacity_max
+            "deployed ceiling: {} units after {rounds} intervals, leases renewed at {renewed_at:?} ns",
+            g.units
         );
         assert!(
             g.units >= 39,
             "still starved after {rounds} intervals: {} units",
             g.units
         );
+        let at = renewed_at.expect("the renewal released the leak");
+        assert!(
+            at <= LEASE_NS + T_NS,
+            "released at the first renewal after the lease: {at} ns"
+        );
+        assert_eq!(
+            (st.flows, st.allocated),
+            (1, g.rate),
+            "A holds the live flow's grant alone"
+        );
+    }
+
+    #[test]
+    fn a_lease_counts_live_requests_and_skips_fins_lapsed_and_invalid_ones() {
+        let cfg = cfg_1g();
+        let mut st = D3LinkState::new(&cfg);
+        let mut b = request(FLAG_NEW, 5, 39).encode();
+        let g = router_rewrite(&mut b, &mut st, &cfg);
+        let mut live = LeaseTotals::default();
+        live.add(&cfg, &b, 1_000, 1_000 + LEASE_NS - 1);
+        assert_eq!(
+            live,
+            LeaseTotals {
+                flows: 1,
+                demand: 39 * unit_rate(5),
+                allocated: g.rate
+            }
+        );
+        assert!(!renew_leases(&mut st, &live), "the counters already agree");
+        // Lapsed, not yet rewritten (hop 0), a FIN, not a request: not counted.
+        let mut none = LeaseTotals::default();
+        none.add(&cfg, &b, 1_000, 1_000 + LEASE_NS);
+        none.add(&cfg, &request(FLAG_NEW, 5, 39).encode(), 0, 0);
+        let mut fin = request(FLAG_FIN, 5, 0).encode();
+        router_rewrite(&mut fin, &mut st, &cfg);
+        none.add(&cfg, &fin, 0, 0);
+        none.add(&cfg, &[0u8; REQ_LEN], 0, 0);
+        assert_eq!(none, LeaseTotals::default());
+        // A desired rate above the flow cap counts as the cap, as the router clamps it.
+        let mut capped = cfg;
+        capped.flow_cap = unit_rate(5) * 10;
+        let mut c = LeaseTotals::default();
+        c.add(&capped, &b, 0, 0);
+        assert_eq!(c.demand, unit_rate(5) * 10);
     }
 
     // ---------------------------------------------------------------- the agent's step

@@ -22,7 +22,7 @@ use paceline_common::{
         self, D3LinkConfig, D3LinkState, D3Request, FLAG_NEW, OUT_BASE_FLOOR, OUT_CLAMPED, OUT_FIN,
         OUT_HOP_OVERFLOW, OUT_INVALID, OUT_LEFT, OUT_NEW, REQ_LEN, TCP_OPTS_MAX, TCP_OPTS_OFFSET,
     },
-    maps::{D3LinkCounters, D3LinkCtl, D3Seen, FlowKey},
+    maps::{D3_SEEN_ENTRIES, D3LinkCounters, D3LinkCtl, D3Seen, FlowKey},
 };
 
 use super::parse;
@@ -36,7 +36,7 @@ static PL_D3_LINKS: HashMap<u32, D3LinkCounters> = HashMap::with_max_entries(64,
 /// The last request of each flow, to recognise its TSO/GSO copies. Per-flow soft state the
 /// paper's routers do without: an eviction only lets one copy be counted twice.
 #[map(name = "PL_D3_SEEN")]
-static PL_D3_SEEN: LruHashMap<FlowKey, D3Seen> = LruHashMap::with_max_entries(16_384, 0);
+static PL_D3_SEEN: LruHashMap<FlowKey, D3Seen> = LruHashMap::with_max_entries(D3_SEEN_ENTRIES, 0);
 
 /// Copies of one request arrive back to back; a new request of the same flow, one RTT later.
 const DUPLICATE_WINDOW_NS: u64 = 1_000_000;
@@ -235,6 +235,8 @@ fn try_router(ctx: &TcContext) -> Option<()> {
         arrived: sc.old,
         rewritten: sc.new,
         at: now,
+        ifindex,
+        _pad: 0,
     };
     let _ = PL_D3_SEEN.insert(&sc.key, &sc.seen, 0);
     write_back(ctx, l4, offset, sc)

@@ -48,9 +48,27 @@ fn run(dp: &mut Datapath, frame: &[u8]) -> Vec<u8> {
 
 /// A data segment carrying NOP NOP timestamps and `req`.
 fn segment(req: &D3Request) -> Vec<u8> {
+    segment_from(40000, req)
+}
+
+/// A data segment of the flow from port `sport` carrying `req`.
+fn segment_from(sport: u16, req: &D3Request) -> Vec<u8> {
     let mut opts = vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2];
     opts.extend_from_slice(&req.encode());
-    packet::tcp4_with_options([10, 0, 0, 1], [10, 0, 0, 2], 40000, 5600, &opts, 200)
+    packet::tcp4_with_options([10, 0, 0, 1], [10, 0, 0, 2], sport, 5600, &opts, 200)
+}
+
+/// The request a flow sends after `prev` was granted `granted` units at slot 0.
+fn follow_up(prev: &D3Request, granted: u8, desired: u8) -> D3Request {
+    let mut r = D3Request {
+        scale: prev.scale,
+        desired,
+        prev_scale: prev.scale,
+        prev_desired: prev.desired,
+        ..D3Request::EMPTY
+    };
+    r.prev_alloc[0] = granted;
+    r
 }
 
 /// The request option of a rewritten segment.
@@ -244,4 +262,71 @@ fn no_link_configured_no_rewrite() {
     let mut dp = Datapath::load(&LoadOptions::default()).expect("load");
     let f = segment(&new_request(39, 5));
     assert_eq!(run(&mut dp, &f), f, "not a D3 link: untouched");
+}
+
+/// A flow that stops asking without a FIN (its host died) holds its allocation only until its
+/// lease lapses: the agent's router renews each link's N, D and A from its record of every
+/// flow's last request (docs/d3.md, "Leases"). Two long flows take the link and go silent; a
+/// deadline flow keeps asking every 20 ms and, within a lease and a renewal period, the link
+/// counts it alone.
+#[test]
+fn a_flow_that_stops_asking_releases_its_allocation_when_its_lease_lapses() {
+    if !privileged("a_flow_that_stops_asking_releases_its_allocation_when_its_lease_lapses") {
+        return;
+    }
+    let mut dp = Datapath::load(&LoadOptions::default()).expect("load");
+    let link = paceline::policy::validate::D3Link {
+        interface: "lo".into(),
+        capacity: LINE,
+        base_rate: LINE / 1000,
+        flow_cap: 0,
+        capacity_mode: d3::CAP_MODE_LINE,
+    };
+    let mut router = paceline::d3router::Router::new(&mut dp, &[link], 1_000_000).expect("router");
+    for sport in [41001, 41002] {
+        let first = new_request(0, 8);
+        let g = request_of(&run(&mut dp, &segment_from(sport, &first))).0.alloc[0];
+        request_of(&run(&mut dp, &segment_from(sport, &follow_up(&first, g, 0))));
+    }
+    let held = dp.d3_link_counters(LO).unwrap();
+    assert_eq!(held.flows, 2);
+    assert!(
+        held.allocated > LINE / 2,
+        "the long flows hold the link: {held:?}"
+    );
+    let mut req = new_request(39, 5);
+    let mut granted = request_of(&run(&mut dp, &segment_from(41003, &req))).0.alloc[0];
+    let start = std::time::Instant::now();
+    let mut released = None;
+    while start.elapsed() < std::time::Duration::from_millis(1000) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        req = follow_up(&req, granted, 39);
+        granted = request_of(&run(&mut dp, &segment_from(41003, &req))).0.alloc[0];
+        router.tick(&mut dp).expect("tick");
+        let c = dp.d3_link_counters(LO).unwrap();
+        if c.flows == 1 && released.is_none() {
+            released = Some(start.elapsed());
+        }
+    }
+    let c = dp.d3_link_counters(LO).unwrap();
+    let report = &router.report(&dp)[0];
+    eprintln!(
+        "released after {released:?}; counters {c:?}; renewals {}",
+        report.lease_renewals
+    );
+    let after = released.expect("the silent flows' leases lapsed");
+    // A lease (100 ms) plus a renewal period (100 ms), with room for an emulated machine's
+    // slow ticks.
+    assert!(
+        after < std::time::Duration::from_millis(600),
+        "released within a lease and a renewal period: {after:?}"
+    );
+    assert_eq!(c.flows, 1, "only the deadline flow counts");
+    assert_eq!(c.demand, 39 * d3::unit_rate(5), "its desired rate alone");
+    assert_eq!(
+        c.allocated,
+        granted as u64 * d3::unit_rate(5),
+        "its latest grant alone"
+    );
+    assert!(report.lease_renewals >= 1);
 }
