@@ -77,12 +77,15 @@
 //!
 //! Development knobs (environment): `PLEXP_D3_MODES=tcp,d3` runs only these modes,
 //! `PLEXP_D3_N=5,40` only these N, `PLEXP_D3_MEANS=30` only these means,
-//! `PLEXP_D3_RESPONSES=100` about this many scored responses per point.
+//! `PLEXP_D3_RESPONSES=100` about this many scored responses per point,
+//! `PLEXP_D3_RATE_MBIT=400` another bottleneck rate (the policies' link rate, D3's capacity,
+//! the paced share and QJump's R follow it), `PLEXP_D3_BACKGROUND=2` that many long
+//! background flows ([`Config::background_flows`]) during every point.
 
 use super::Common;
 use crate::agent::{Agent, Scratch};
 use crate::report::{self, PlotOpts, XySeries};
-use crate::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Star, StarSpec, Testbed};
+use crate::testbed::{Bottleneck, BottleneckSpec, ChildGuard, Host, QdiscStats, Star, StarSpec, Testbed};
 use crate::workload::hook::{D3Hook, DeadlineMarkHook, NoHook, ResponseHook};
 use crate::workload::{self, Tags, pa, serve, stats};
 use anyhow::{Context, Result, bail};
@@ -98,6 +101,8 @@ use std::time::{Duration, Instant};
 const NAME: &str = "d3";
 /// The workers' port (the agents' class rule matches it as the source port).
 pub const PORT: u16 = 5400;
+/// The aggregator's port for background flows.
+pub const BG_PORT: u16 = 5410;
 /// SO_MARK of urgent responses in the QJump mode.
 const MARK_URGENT: u32 = 1;
 /// Period of the router status samples during D3 points.
@@ -195,6 +200,10 @@ pub struct Config {
     pub qjump_switch_delay_us: u64,
     /// The modes, in the order they run.
     pub modes: Vec<ModeSpec>,
+    /// Long TCP flows from the sender hosts to the aggregator during every point (the
+    /// paper's background traffic, section 6.1.3): in the D3 modes they are D3 flows without a
+    /// deadline (a fair share), elsewhere plain TCP in the default class. 0: none.
+    pub background_flows: usize,
 }
 
 impl Config {
@@ -230,6 +239,7 @@ impl Config {
                 query_timeout_s: 20.0,
                 qjump_factor: 2.0,
                 qjump_switch_delay_us: 10,
+                background_flows: 0,
                 modes: vec![
                     mode("tcp", Kind::Tcp, vec![], true),
                     mode("paced", Kind::Paced, vec![], true),
@@ -262,6 +272,7 @@ impl Config {
                 query_timeout_s: 20.0,
                 qjump_factor: 2.0,
                 qjump_switch_delay_us: 10,
+                background_flows: 0,
                 modes: vec![
                     mode("tcp", Kind::Tcp, vec![], true),
                     mode("paced", Kind::Paced, vec![], true),
@@ -291,6 +302,23 @@ impl Config {
         if let Some(r) = list("PLEXP_D3_RESPONSES").and_then(|r| r.trim().parse().ok()) {
             self.responses_per_point = r;
             self.min_queries = 1;
+        }
+        if let Some(r) = list("PLEXP_D3_RATE_MBIT").and_then(|r| r.trim().parse::<u64>().ok()) {
+            let old = self.rate_bps / 8;
+            self.rate_bps = r * 1_000_000;
+            // A first-RTT rate at the line rate follows it.
+            for md in &mut self.modes {
+                if let Kind::D3 {
+                    first_rtt_rate: Some(f),
+                } = &mut md.kind
+                    && *f == old
+                {
+                    *f = self.rate_bps / 8;
+                }
+            }
+        }
+        if let Some(b) = list("PLEXP_D3_BACKGROUND").and_then(|b| b.trim().parse().ok()) {
+            self.background_flows = b;
         }
         if let Some(n) = list("PLEXP_D3_N") {
             self.senders = n.split(',').filter_map(|x| x.trim().parse().ok()).collect();
@@ -383,6 +411,20 @@ pub fn run(c: &Common) -> Result<()> {
         env["rtt_ms_median"].as_f64().unwrap_or(0.0),
         env["load_at_start"]
     );
+    // The background flows' sink, for the whole run.
+    let _bg_server = if cfg.background_flows > 0 {
+        let opts = serve::ServeOpts {
+            port: BG_PORT,
+            ..Default::default()
+        };
+        Some(
+            star.receiver
+                .in_netns(move || serve::Server::start(&opts, Box::new(NoHook)))??,
+        )
+    } else {
+        None
+    };
+    env["background_flows"] = json!(cfg.background_flows);
     let mut points: Vec<Value> = ideal_points(&cfg, c.seed)?;
     let mut measurements: Vec<Value> = Vec::new();
     let total: usize = cfg
@@ -565,13 +607,14 @@ fn sender_policy(cfg: &Config, mode: &ModeSpec, n: usize, ifname: &str) -> Strin
         mode.name, mode.name
     );
     let rule = format!("  rules:\n    - class: pa\n      protocol: tcp\n      src_port: {PORT}\n");
+    let link = format!("{}kbit", cfg.rate_bps / 1000);
     match &mode.kind {
         Kind::Tcp => String::new(),
         Kind::Paced => {
             // The fair share of the bottleneck (wire bytes/s), rounded down.
             let rate = cfg.rate_bps / 8 / n.max(1) as u64;
             format!(
-                "{head}  enforcement: sockops\n  link_rate: 1Gbit\n  levels:\n    - name: all\n      priority: 0\n  classes:\n    - name: pa\n      level: all\n      flow_rate: {rate}B/s\n    - name: other\n      level: all\n{rule}  default_class: other\n"
+                "{head}  enforcement: sockops\n  link_rate: {link}\n  levels:\n    - name: all\n      priority: 0\n  classes:\n    - name: pa\n      level: all\n      flow_rate: {rate}B/s\n    - name: other\n      level: all\n{rule}  default_class: other\n"
             )
         }
         Kind::Qjump => format!(
@@ -590,8 +633,17 @@ fn sender_policy(cfg: &Config, mode: &ModeSpec, n: usize, ifname: &str) -> Strin
             } else {
                 format!("  d3:{first}\n")
             };
+            // Background flows are D3 flows without a deadline: they ask for a fair share.
+            let (bg_class, bg_rule) = if cfg.background_flows > 0 {
+                (
+                    "    - name: background\n      level: all\n      d3: {}\n".to_string(),
+                    format!("    - class: background\n      protocol: tcp\n      dst_port: {BG_PORT}\n"),
+                )
+            } else {
+                (String::new(), String::new())
+            };
             format!(
-                "{head}  enforcement: sockops\n  # the bottleneck's rate: D3's quench cap and scale, and the default first-RTT rate (1%)\n  link_rate: 1Gbit\n  levels:\n    - name: all\n      priority: 0\n  classes:\n    - name: pa\n      level: all\n      d3: {{}}\n    - name: other\n      level: all\n{rule}  default_class: other\n{d3}"
+                "{head}  enforcement: sockops\n  # the bottleneck's rate: D3's quench cap and scale, and the default first-RTT rate (1%)\n  link_rate: {link}\n  levels:\n    - name: all\n      priority: 0\n  classes:\n    - name: pa\n      level: all\n      d3: {{}}\n{bg_class}    - name: other\n      level: all\n{rule}{bg_rule}  default_class: other\n{d3}"
             )
         }
     }
@@ -904,6 +956,24 @@ fn run_point(
     opts.query_timeout_s = cfg.query_timeout_s;
     opts.seed = seed;
 
+    // Background flows from the last sender hosts, given a second to leave slow start.
+    let to_bg = format!("{}:{BG_PORT}", star.receiver.ipv4());
+    let bg: Vec<ChildGuard> = (0..cfg.background_flows)
+        .map(|j| {
+            let h = &star.senders[cfg.sender_hosts - 1 - j % cfg.sender_hosts];
+            h.spawn(&[
+                crate::agent::bin("plload").as_os_str(),
+                "bulk".as_ref(),
+                "--to".as_ref(),
+                to_bg.as_ref(),
+                "--duration".as_ref(),
+                "3600".as_ref(),
+            ])
+        })
+        .collect::<Result<_>>()?;
+    if !bg.is_empty() {
+        std::thread::sleep(Duration::from_secs(1));
+    }
     let q0 = bn.stats()?;
     let qq0 = if mode.kind == Kind::Qjump {
         bn.queue_stats().ok()
@@ -937,6 +1007,7 @@ fn run_point(
         Ok((r??, samples))
     })?;
     let wall_s = t0.elapsed().as_secs_f64();
+    drop(bg);
     // Let the last FINs and the controller settle before reading the counters.
     std::thread::sleep(Duration::from_millis(if mode.is_d3() { 150 } else { 20 }));
     let q1 = bn.stats()?;
@@ -1063,6 +1134,10 @@ fn run_point(
                 "goodput_bps": if qs.is_empty() { 0.0 } else { bytes as f64 * 8.0 / (qs.iter().sum::<f64>() / 1e3) },
                 "bottleneck_drops": q1.drops - q0.drops,
                 "bottleneck": qd(&q0, &q1),
+                // Everything the bottleneck sent (responses, background, ACKs of neither),
+                // over the point's wall time.
+                "bottleneck_mbit": (q1.bytes - q0.bytes) as f64 * 8.0 / wall_s.max(1e-9) / 1e6,
+                "background_flows": cfg.background_flows,
                 "qjump_queues": qjump_queues,
                 "tcp": {
                     "retrans_segs": tcp1[0] - tcp0[0],
@@ -1416,6 +1491,13 @@ fn markdown(
         env["qemu_processes_at_end"],
         elapsed_s,
     );
+    if cfg.background_flows > 0 {
+        let _ = writeln!(
+            md,
+            "{} long background flows from the sender hosts to the aggregator during every point (D3 modes: D3 flows without a deadline; others: plain TCP). The details' `bottleneck_mbit` is everything the bottleneck sent.\n",
+            cfg.background_flows
+        );
+    }
     let _ = writeln!(
         md,
         "Modes, with the enforcement each used (the sender agents' status `enforcement`):\n"
