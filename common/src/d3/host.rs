@@ -255,6 +255,25 @@ impl D3FlowState {
         if self.state & FLOW_QUENCHED != 0 {
             req.flags |= FLAG_QUENCHED;
         }
+        // A request that repeats the last one's scale and desired units would often repeat it
+        // byte for byte (a paused flow's do, every RTT), and receivers echo a request once:
+        // its TSO/GSO copies carry the same bytes. Such a request is encoded one scale up (the
+        // same demand, rounded up at the coarser unit; down at the largest scale), so that
+        // consecutive requests always differ.
+        if self.state & FLOW_STARTED != 0
+            && scale_units.0 == req.prev_scale
+            && scale_units.1 == req.prev_desired
+        {
+            let (s, u) = scale_units;
+            let alt = if s < MAX_SCALE { s + 1 } else { s - 1 };
+            let au = if u == 0 {
+                0
+            } else {
+                let v = rate_to_units_ceil(rate, alt);
+                if v > 255 { 255 } else { v as u8 }
+            };
+            scale_units = (alt, au);
+        }
         let (scale, units) = scale_units;
         req.scale = scale;
         req.desired = units;
@@ -345,6 +364,49 @@ mod tests {
         assert_eq!(pause_rate(u64::MAX, 1514, 10_000), 15_140_000);
         // No first-RTT rate (0: "wait for the grant") does not stop the requests.
         assert_eq!(pause_rate(0, 1514, 1_000_000), 1_514_000);
+    }
+
+    #[test]
+    fn consecutive_requests_never_repeat_each_other_byte_for_byte() {
+        // A flow without a deadline granted 0 every RTT, and one whose feedback is lost: each
+        // request differs from the one before, so a receiver that echoes a request once (its
+        // TSO copies carry the same bytes) echoes every one.
+        let nd = HostInput {
+            has_deadline: false,
+            ..input(0, 0)
+        };
+        for lose in [false, true] {
+            let mut f = D3FlowState::new(1_000_000);
+            let mut last = f.next_request(&nd).unwrap().req;
+            for i in 0..6 {
+                if !lose {
+                    let fb = D3Feedback {
+                        hops: 1,
+                        scale: last.scale,
+                        alloc: [0; HOPS],
+                    };
+                    assert_eq!(f.apply_feedback(&fb), Some(0), "granted 0");
+                }
+                let r = f.next_request(&nd).unwrap().req;
+                assert_ne!(r.encode(), last.encode(), "request {i} repeats the last (lost: {lose})");
+                assert_eq!(r.desired, 0);
+                last = r;
+            }
+        }
+        // A deadline flow whose demand holds still: one scale up asks at least as much.
+        let mut f = D3FlowState::new(1_000_000);
+        let inp = input(1_000_000, 400_000_000); // 2.5 MB/s
+        let a = f.next_request(&inp).unwrap();
+        f.apply_feedback(&D3Feedback {
+            hops: 1,
+            scale: a.req.scale,
+            alloc: [a.req.desired, 0, 0, 0, 0, 0],
+        });
+        let b = f.next_request(&inp).unwrap();
+        assert_ne!(a.req.encode(), b.req.encode());
+        assert_eq!(b.req.scale, a.req.scale + 1);
+        assert!(b.desired_rate >= a.desired_rate);
+        assert!(b.desired_rate < a.desired_rate + unit_rate(b.req.scale));
     }
 
     #[test]
