@@ -255,12 +255,16 @@ impl D3FlowState {
         if self.state & FLOW_QUENCHED != 0 {
             req.flags |= FLAG_QUENCHED;
         }
-        // A request that repeats the last one's scale and desired units would often repeat it
-        // byte for byte (a paused flow's do, every RTT), and receivers echo a request once:
-        // its TSO/GSO copies carry the same bytes. Such a request is encoded one scale up (the
-        // same demand, rounded up at the coarser unit; down at the largest scale), so that
-        // consecutive requests always differ.
+        // A paused flow (granted 0) asks with the same bytes every RTT, and receivers echo a
+        // request once (its TSO/GSO copies carry the same bytes): it would never hear again
+        // that capacity freed up. Its request that repeats the last one's scale and desired
+        // units is encoded one scale up (down at the largest), so that consecutive requests
+        // differ. Only a paused flow's: a flow with a rate that repeats itself keeps it, and
+        // the late echo of its last request stays usable (same scale) after a retry; measured
+        // on the end-to-end test under emulation, alternating every flow's scale left more
+        // feedback stale and two deadline flows in four missed.
         if self.state & FLOW_STARTED != 0
+            && self.pace_rate == 0
             && scale_units.0 == req.prev_scale
             && scale_units.1 == req.prev_desired
         {
@@ -367,46 +371,43 @@ mod tests {
     }
 
     #[test]
-    fn consecutive_requests_never_repeat_each_other_byte_for_byte() {
-        // A flow without a deadline granted 0 every RTT, and one whose feedback is lost: each
-        // request differs from the one before, so a receiver that echoes a request once (its
-        // TSO copies carry the same bytes) echoes every one.
+    fn a_paused_flows_consecutive_requests_differ_and_a_flow_with_a_rate_keeps_its_scale() {
+        // A flow without a deadline granted 0 every RTT: each request differs from the one
+        // before, so a receiver that echoes a request once echoes every one.
         let nd = HostInput {
             has_deadline: false,
             ..input(0, 0)
         };
-        for lose in [false, true] {
-            let mut f = D3FlowState::new(1_000_000);
-            let mut last = f.next_request(&nd).unwrap().req;
-            for i in 0..6 {
-                if !lose {
-                    let fb = D3Feedback {
-                        hops: 1,
-                        scale: last.scale,
-                        alloc: [0; HOPS],
-                    };
-                    assert_eq!(f.apply_feedback(&fb), Some(0), "granted 0");
-                }
-                let r = f.next_request(&nd).unwrap().req;
-                assert_ne!(r.encode(), last.encode(), "request {i} repeats the last (lost: {lose})");
-                assert_eq!(r.desired, 0);
-                last = r;
-            }
-        }
-        // A deadline flow whose demand holds still: one scale up asks at least as much.
         let mut f = D3FlowState::new(1_000_000);
-        let inp = input(1_000_000, 400_000_000); // 2.5 MB/s
-        let a = f.next_request(&inp).unwrap();
-        f.apply_feedback(&D3Feedback {
+        let mut last = f.next_request(&nd).unwrap().req;
+        for i in 0..6 {
+            let fb = D3Feedback {
+                hops: 1,
+                scale: last.scale,
+                alloc: [0; HOPS],
+            };
+            assert_eq!(f.apply_feedback(&fb), Some(0), "granted 0");
+            let r = f.next_request(&nd).unwrap().req;
+            assert_ne!(r.encode(), last.encode(), "request {i} repeats the last");
+            assert_eq!(r.desired, 0);
+            last = r;
+        }
+        // Granted a rate again: back to its own scale, and a steady demand keeps it.
+        let fb = D3Feedback {
             hops: 1,
-            scale: a.req.scale,
-            alloc: [a.req.desired, 0, 0, 0, 0, 0],
-        });
-        let b = f.next_request(&inp).unwrap();
-        assert_ne!(a.req.encode(), b.req.encode());
-        assert_eq!(b.req.scale, a.req.scale + 1);
-        assert!(b.desired_rate >= a.desired_rate);
-        assert!(b.desired_rate < a.desired_rate + unit_rate(b.req.scale));
+            scale: last.scale,
+            alloc: [5, 0, 0, 0, 0, 0],
+        };
+        assert!(f.apply_feedback(&fb).unwrap() > 0);
+        let a = f.next_request(&nd).unwrap().req;
+        let fb = D3Feedback {
+            hops: 1,
+            scale: a.scale,
+            alloc: [5, 0, 0, 0, 0, 0],
+        };
+        f.apply_feedback(&fb);
+        let b = f.next_request(&nd).unwrap().req;
+        assert_eq!(a.scale, b.scale, "a flow with a rate keeps its scale");
     }
 
     #[test]
