@@ -9,7 +9,7 @@
 use anyhow::{Context as _, Result};
 use paceline_common::{
     d3::{
-        D3LinkConfig, D3LinkState, LEASE_NS, LeaseTotals, StandingQueue, TICK_RESET, agent_link_config,
+        D3LinkConfig, D3LinkState, LEASE_RENEW_NS, LeaseTotals, StandingQueue, TICK_RESET, agent_link_config,
         control_step, renew_leases,
     },
     maps::{D3_SEEN_ENTRIES, D3LinkCounters, D3LinkCtl},
@@ -125,12 +125,12 @@ impl Router {
         })
     }
 
-    /// Every [`LEASE_NS`]: what the flows heard from within the lease hold at each link, from
+    /// Every [`LEASE_RENEW_NS`]: what the flows heard from within their lease hold at each link, from
     /// the router's record of each flow's last request; `None` when it is not time, or when
     /// the record may have forgotten live flows (it holds nearly [`D3_SEEN_ENTRIES`]).
     fn lease_totals(&mut self, dp: &Datapath) -> Result<Option<Vec<LeaseTotals>>> {
         let now = crate::flows::monotonic_ns();
-        if now.saturating_sub(self.last_lease_ns) < LEASE_NS {
+        if now.saturating_sub(self.last_lease_ns) < LEASE_RENEW_NS {
             return Ok(None);
         }
         self.last_lease_ns = now;

@@ -86,12 +86,44 @@ pub const MAX_DECREASE_DEN: u64 = 5;
 /// Quiet time after which the agent's links reset their counters ([`agent_link_config`]).
 pub const IDLE_RESET_NS: u64 = 100_000_000;
 
-/// How long a router counts a flow that sends no request: [`IDLE_RESET_NS`]. A live flow
-/// asks at least once per RTT, or once per segment at its pace (10-20 ms at a base rate); a
-/// flow whose host died without a FIN never asks again.
-pub const LEASE_NS: u64 = IDLE_RESET_NS;
+/// The shortest lease: a router counts a flow that sends no request for at least this long.
+/// A live flow asks about once per RTT, which a queue at a slow bottleneck stretches: 100 ms
+/// was too short on the end-to-end test under emulation (150 KB of queue at 6.25 Mbit/s is
+/// 190 ms; live flows lapsed, and two deadline flows in four missed).
+pub const LEASE_NS: u64 = 1_000_000_000;
 
-/// What the flows a router has heard from within [`LEASE_NS`] hold at one link: the N, D and
+/// A flow sends a request only with a segment, at most one per segment at its pace: its lease
+/// also covers [`LEASE_SEGMENTS`] segments of [`LEASE_SEGMENT_BYTES`] at its grant (or the
+/// link's base rate, if more).
+pub const LEASE_SEGMENTS: u64 = 4;
+/// Two jumbo frames: what TCP sends at once at a low pacing rate (at least two segments).
+pub const LEASE_SEGMENT_BYTES: u64 = 18_028;
+
+/// How often the agent renews the leases ([`renew_leases`]).
+pub const LEASE_RENEW_NS: u64 = 100_000_000;
+
+/// The lease of a flow granted `granted` bytes/s on a link configured `cfg`: [`LEASE_NS`], or
+/// [`LEASE_SEGMENTS`] segments at its pace if that is longer.
+#[inline]
+pub fn lease_ns(cfg: &D3LinkConfig, granted: u64) -> u64 {
+    let rate = if granted > cfg.base_rate {
+        granted
+    } else {
+        cfg.base_rate
+    };
+    let per_segments = if rate == 0 {
+        u64::MAX
+    } else {
+        (LEASE_SEGMENTS * LEASE_SEGMENT_BYTES).saturating_mul(NS_PER_S) / rate
+    };
+    if per_segments > LEASE_NS {
+        per_segments
+    } else {
+        LEASE_NS
+    }
+}
+
+/// What the flows a router has heard from within their lease ([`lease_ns`]) hold at one link: the N, D and
 /// A the link's counters should have. Built from the router's record of each flow's last
 /// request (`PL_D3_SEEN`, as the router rewrote it) with [`LeaseTotals::add`].
 #[derive(Clone, Copy, Default, PartialEq, Eq)]
@@ -104,27 +136,27 @@ pub struct LeaseTotals {
 
 impl LeaseTotals {
     /// Counts the flow whose last request this router rewrote into `rewritten` at `at_ns`,
-    /// unless that was a FIN (it returned everything) or is [`LEASE_NS`] or more before
-    /// `now_ns` (the lease lapsed). The flow holds its desired rate (clamped as
+    /// unless that was a FIN (it returned everything) or its lease ([`lease_ns`] of its grant)
+    /// lapsed before `now_ns`. The flow holds its desired rate (clamped as
     /// [`process_request`](super::process_request) clamps it) in D and this hop's grant in A.
     pub fn add(&mut self, cfg: &D3LinkConfig, rewritten: &[u8; REQ_LEN], at_ns: u64, now_ns: u64) {
-        if now_ns.saturating_sub(at_ns) >= LEASE_NS {
-            return;
-        }
         let Ok(r) = D3Request::decode(rewritten) else {
             return;
         };
         if r.flags & FLAG_FIN != 0 || r.hop == 0 {
             return;
         }
-        let granted = r.alloc.get(r.hop as usize - 1).copied().unwrap_or(0);
+        let granted = units_to_rate(r.alloc.get(r.hop as usize - 1).copied().unwrap_or(0), r.scale);
+        if now_ns.saturating_sub(at_ns) >= lease_ns(cfg, granted) {
+            return;
+        }
         let desired = units_to_rate(r.desired, r.scale);
         let cap = cfg.request_cap();
         self.flows = self.flows.saturating_add(1);
         self.demand = self
             .demand
             .saturating_add(if desired > cap { cap } else { desired });
-        self.allocated = self.allocated.saturating_add(units_to_rate(granted, r.scale));
+        self.allocated = self.allocated.saturating_add(granted);
     }
 }
 
@@ -405,8 +437,8 @@ mod tests {
     /// The leak scenario on the configuration the agent deploys (C bounded by the line rate,
     /// not twice it): the controller alone cannot absorb two leaked line-rate allocations
     /// (measured before the leases: 3 of 39 units after 1000 intervals). The router's record
-    /// of each flow's last request renews the leases every [`LEASE_NS`]: the dead flows' hold
-    /// lapses and the deadline flow gets its rate at the first renewal after the lease.
+    /// of each flow's last request renews the leases every [`LEASE_RENEW_NS`]: the dead flows'
+    /// hold lapses and the deadline flow gets its rate at the first renewal after the lease.
     #[test]
     fn leaked_allocations_on_the_deployed_ceiling_lapse_with_their_lease() {
         let cfg = agent_link_config(GBPS, GBPS / 1000, 0, T_NS);
@@ -443,11 +475,11 @@ mod tests {
         let mut last_renewal = 0;
         let mut renewed_at = None;
         let mut rounds = 0;
-        while g.units < 39 && rounds < 1000 {
+        while g.units < 39 && rounds < 2000 {
             now += T_NS;
             st.requests = st.requests.max(1);
             capacity_tick(&mut st, &cfg, g.rate * T_NS / 1_000_000_000, 0, T_NS);
-            if now - last_renewal >= LEASE_NS {
+            if now - last_renewal >= LEASE_RENEW_NS {
                 last_renewal = now;
                 let mut live = LeaseTotals::default();
                 for (at, b) in &records {
@@ -473,7 +505,7 @@ mod tests {
         );
         let at = renewed_at.expect("the renewal released the leak");
         assert!(
-            at <= LEASE_NS + T_NS,
+            at >= LEASE_NS && at <= LEASE_NS + LEASE_RENEW_NS,
             "released at the first renewal after the lease: {at} ns"
         );
         assert_eq!(
@@ -492,6 +524,11 @@ mod tests {
         let mut live = LeaseTotals::default();
         live.add(&cfg, &b, 1_000, 1_000 + LEASE_NS - 1);
         assert_eq!(
+            lease_ns(&cfg, g.rate),
+            LEASE_NS,
+            "a fast flow's lease is the shortest"
+        );
+        assert_eq!(
             live,
             LeaseTotals {
                 flows: 1,
@@ -509,6 +546,18 @@ mod tests {
         none.add(&cfg, &fin, 0, 0);
         none.add(&cfg, &[0u8; REQ_LEN], 0, 0);
         assert_eq!(none, LeaseTotals::default());
+        // A slow flow asks less often: its lease covers four segments at its pace (the base
+        // rate's, for a flow granted less, or 0).
+        let mut slow = cfg;
+        slow.base_rate = 7_000;
+        assert_eq!(lease_ns(&slow, 0), 4 * 18_028 * 1_000_000_000 / 7_000);
+        assert_eq!(lease_ns(&slow, 14_000), 4 * 18_028 * 1_000_000_000 / 14_000);
+        slow.base_rate = 0;
+        assert_eq!(
+            lease_ns(&slow, 0),
+            u64::MAX,
+            "a flow paused with no base rate never lapses"
+        );
         // A desired rate above the flow cap counts as the cap, as the router clamps it.
         let mut capped = cfg;
         capped.flow_cap = unit_rate(5) * 10;
