@@ -111,11 +111,10 @@ pub fn lease_ns(cfg: &D3LinkConfig, granted: u64) -> u64 {
     } else {
         cfg.base_rate
     };
-    let per_segments = if rate == 0 {
-        u64::MAX
-    } else {
-        (LEASE_SEGMENTS * LEASE_SEGMENT_BYTES).saturating_mul(NS_PER_S) / rate
-    };
+    let per_segments = (LEASE_SEGMENTS * LEASE_SEGMENT_BYTES)
+        .saturating_mul(NS_PER_S)
+        .checked_div(rate)
+        .unwrap_or(u64::MAX);
     if per_segments > LEASE_NS {
         per_segments
     } else {
@@ -505,7 +504,7 @@ mod tests {
         );
         let at = renewed_at.expect("the renewal released the leak");
         assert!(
-            at >= LEASE_NS && at <= LEASE_NS + LEASE_RENEW_NS,
+            (LEASE_NS..=LEASE_NS + LEASE_RENEW_NS).contains(&at),
             "released at the first renewal after the lease: {at} ns"
         );
         assert_eq!(
