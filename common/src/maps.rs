@@ -599,6 +599,10 @@ pub const D3S_DEADLINE: u32 = 1 << 4;
 pub const D3S_FIN_DUE: u32 = 1 << 5;
 /// The current transfer missed its deadline (counted once).
 pub const D3S_MISSED: u32 = 1 << 6;
+/// The flow returned its allocation (FIN request) and asks nothing until the application
+/// starts another transfer: a segment sent after it (the TCP FIN, a retransmission) would
+/// otherwise register a new flow at every router, which the closing connection never returns.
+pub const D3S_RETURNED: u32 = 1 << 7;
 
 /// The kernel's per-socket D3 state (value of [`names::D3_SOCK`]).
 #[repr(C)]

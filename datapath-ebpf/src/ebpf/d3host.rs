@@ -24,8 +24,8 @@ use paceline_common::{
     edt::tcp_frame_overhead,
     maps::{
         CLASS_D3, ClassConfig, D3App, D3ClassStats, D3S_DEADLINE, D3S_DONE, D3S_FB_PENDING, D3S_FIN_DUE,
-        D3S_MISSED, D3S_REQ_DUE, D3S_SENDER, D3Sock, MAX_CLASSES, PolicyTable, TABLE_D3_RECEIVER,
-        d3_hist_bucket,
+        D3S_MISSED, D3S_REQ_DUE, D3S_RETURNED, D3S_SENDER, D3Sock, MAX_CLASSES, PolicyTable,
+        TABLE_D3_RECEIVER, d3_hist_bucket,
     },
 };
 
@@ -142,7 +142,7 @@ fn start_transfer(st: &mut D3Sock, base: u64, size: u64, deadline_ns: u64) {
     st.size = size;
     st.deadline_ns = deadline_ns;
     st.base_acked = base;
-    st.flags &= !(D3S_DONE | D3S_MISSED | D3S_DEADLINE);
+    st.flags &= !(D3S_DONE | D3S_MISSED | D3S_DEADLINE | D3S_RETURNED);
     if let Some(s) = stats(st.class) {
         s.flows += 1;
         if size != 0 && deadline_ns != 0 {
@@ -260,7 +260,7 @@ pub fn on_hdr_opt_len(ctx: &SockOpsContext, table: &PolicyTable) {
             // Routers return what they recorded for the flow, so the FIN need not wait for
             // the outstanding feedback.
             st.flow.state & d3::FLOW_STARTED != 0
-        } else if st.flags & D3S_DONE != 0 {
+        } else if st.flags & (D3S_DONE | D3S_RETURNED) != 0 {
             false
         } else if st.flow.awaiting_feedback() {
             // The feedback was lost (or the receiver does not speak D3): ask again. Not before
@@ -339,7 +339,7 @@ pub fn on_write_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
         if st.flags & D3S_FIN_DUE != 0 {
             // The allocation is returned: the connection's next transfer starts a new flow, at
             // the first-RTT rate until its first grant.
-            st.flags &= !D3S_FIN_DUE;
+            st.flags = (st.flags & !D3S_FIN_DUE) | D3S_RETURNED;
             st.flow = D3FlowState::new(table.d3_first_rate);
             pace(ctx, st, table.d3_first_rate);
         }
