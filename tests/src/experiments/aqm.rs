@@ -7,8 +7,8 @@
 //! # Setup
 //! Two namespaces on a veth pair; the sender runs the agent with `enforcement: fq` and a class
 //! `paced` (`class_rate` [`Config::rate_bps`]) for the receiver's port; the receiver runs one
-//! `plload serve`. Per (queue, congestion control): the sender's `tcp_congestion_control` and
-//! both ends' `tcp_ecn` set, the policy switched, [`Config::flows`] bulk flows for
+//! `plload serve`. Per (queue, congestion control): both ends' `tcp_congestion_control` and
+//! `tcp_ecn` set (the server restarted after), the policy switched, [`Config::flows`] bulk flows for
 //! [`Config::warmup_s`] + [`Config::duration_s`], measured over the last `duration_s` from
 //! the agent's counters and `/metrics`. Needs sch_fq (the VM): the horizon and CoDel act on the
 //! departures fq holds.
@@ -196,12 +196,6 @@ pub fn run(c: &Common) -> Result<()> {
     let p = scratch.path("policy.yaml");
     std::fs::write(&p, policy(&cfg, &ifname, Queue::Horizon))?;
     let agent = Agent::start(&a, &p, &scratch.path("state"));
-    let server = b.in_netns(|| {
-        serve::Server::start_plain(&serve::ServeOpts {
-            port: PORT,
-            ..Default::default()
-        })
-    })??;
     let kernel = super::kernel_release();
     let mut env = json!({
         "kernel": kernel,
@@ -218,7 +212,15 @@ pub fn run(c: &Common) -> Result<()> {
     let mut points = Vec::new();
     for cc in Cc::ALL {
         allow_in_namespaces(cc.algorithm());
-        if let Err(e) = a.sysctl("net.ipv4.tcp_congestion_control", cc.algorithm()) {
+        // Both ends: Linux negotiates ECN with a SYN that is itself ECN-capable (DCTCP sets ECT
+        // on its SYN) only when the listener's congestion control needs ECN too
+        // (`tcp_ecn_create_request`); a cubic receiver refuses, and DCTCP falls back to Reno
+        // without ECT (`dctcp_init`). Until 2026-12-01 only the sender ran DCTCP, and CoDel
+        // dropped its packets instead of marking them.
+        if let Err(e) = a
+            .sysctl("net.ipv4.tcp_congestion_control", cc.algorithm())
+            .and_then(|_| b.sysctl("net.ipv4.tcp_congestion_control", cc.algorithm()))
+        {
             eprintln!("{NAME}: {} unavailable: {e:#}", cc.name());
             env["unavailable"][cc.name()] = json!(format!("{e:#}"));
             continue;
@@ -226,6 +228,14 @@ pub fn run(c: &Common) -> Result<()> {
         let ecn = if cc.ecn() { "1" } else { "0" };
         a.sysctl("net.ipv4.tcp_ecn", ecn)?;
         b.sysctl("net.ipv4.tcp_ecn", ecn)?;
+        // A listening socket takes the congestion control of its creation, and accepted ones
+        // inherit it: the server starts after the switch.
+        let _server = b.in_netns(|| {
+            serve::Server::start_plain(&serve::ServeOpts {
+                port: PORT,
+                ..Default::default()
+            })
+        })??;
         for q in Queue::ALL {
             super::pacing::switch_policy(
                 &agent,
@@ -256,7 +266,6 @@ pub fn run(c: &Common) -> Result<()> {
             write_outputs(&c.out, &cfg, c, &env, &points, t_begin.elapsed().as_secs_f64())?;
         }
     }
-    drop(server);
     agent.stop();
     env["load_at_end"] = json!(loadavg());
     write_outputs(&c.out, &cfg, c, &env, &points, t_begin.elapsed().as_secs_f64())?;
