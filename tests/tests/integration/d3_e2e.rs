@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use paceline_tests::{
     agent::{Agent, Scratch},
-    testbed::{BottleneckSpec, StarSpec, Testbed},
+    testbed::{BottleneckSpec, Star, StarSpec, Testbed},
 };
 use serde_json::Value;
 
@@ -138,6 +138,30 @@ spec:
     )
 }
 
+/// Starts the star's router (with `router_policy` of its interface toward the receiver) and
+/// the receiver, each running the agent.
+fn router_and_receiver<'a>(
+    star: &'a Star,
+    scratch: &Scratch,
+    router_policy: impl Fn(&str) -> String,
+) -> (Agent<'a>, Agent<'a>) {
+    let to_rx = star.bottleneck_iface().ifname.clone();
+    let rx_if = star.receiver.iface_to(&star.router).expect("rx iface").ifname;
+    std::fs::write(scratch.path("router.yaml"), router_policy(&to_rx)).unwrap();
+    std::fs::write(scratch.path("rx.yaml"), receiver_policy(&rx_if)).unwrap();
+    let router = Agent::start(
+        &star.router,
+        &scratch.path("router.yaml"),
+        &scratch.path("router-state"),
+    );
+    let receiver = Agent::start(
+        &star.receiver,
+        &scratch.path("rx.yaml"),
+        &scratch.path("rx-state"),
+    );
+    (router, receiver)
+}
+
 /// A histogram's cumulative count at bucket `le` (as printed, e.g. "4194304" or "+Inf").
 fn bucket(metrics: &str, name: &str, le: &str) -> u64 {
     let key = format!("le=\"{le}\"}}");
@@ -175,20 +199,7 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
         })
         .expect("star");
     let scratch = Scratch::new("d3e2e");
-    let to_rx = star.bottleneck_iface().ifname.clone();
-    let rx_if = star.receiver.iface_to(&star.router).expect("rx iface").ifname;
-    std::fs::write(scratch.path("router.yaml"), router_policy(&to_rx, k)).unwrap();
-    std::fs::write(scratch.path("rx.yaml"), receiver_policy(&rx_if)).unwrap();
-    let router = Agent::start(
-        &star.router,
-        &scratch.path("router.yaml"),
-        &scratch.path("router-state"),
-    );
-    let receiver = Agent::start(
-        &star.receiver,
-        &scratch.path("rx.yaml"),
-        &scratch.path("rx-state"),
-    );
+    let (router, receiver) = router_and_receiver(&star, &scratch, |to_rx| router_policy(to_rx, k));
     let mut senders = Vec::new();
     for (i, s) in star.senders.iter().enumerate() {
         let ifname = s.iface_to(&star.router).expect("sender iface").ifname;
@@ -367,26 +378,10 @@ spec:
         })
         .expect("star");
     let scratch = Scratch::new("d3pause");
-    let to_rx = star.bottleneck_iface().ifname.clone();
-    let rx_if = star.receiver.iface_to(&star.router).expect("rx iface").ifname;
+    let (router, receiver) =
+        router_and_receiver(&star, &scratch, |to_rx| router_policy_at(to_rx, 2_000_000, 1));
     let tx_if = star.senders[0].iface_to(&star.router).expect("tx iface").ifname;
-    std::fs::write(
-        scratch.path("router.yaml"),
-        router_policy_at(&to_rx, 2_000_000, 1),
-    )
-    .unwrap();
-    std::fs::write(scratch.path("rx.yaml"), receiver_policy(&rx_if)).unwrap();
     std::fs::write(scratch.path("tx.yaml"), sender(&tx_if)).unwrap();
-    let router = Agent::start(
-        &star.router,
-        &scratch.path("router.yaml"),
-        &scratch.path("router-state"),
-    );
-    let receiver = Agent::start(
-        &star.receiver,
-        &scratch.path("rx.yaml"),
-        &scratch.path("rx-state"),
-    );
     let tx = Agent::start(
         &star.senders[0],
         &scratch.path("tx.yaml"),
