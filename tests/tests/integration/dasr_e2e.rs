@@ -504,14 +504,26 @@ fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_othe
             "both senders took {join_rtts:.1} RTTs to settle at line / 2"
         );
     }
+    // Each sender's goodput near line / 2: within 10% on the host. Under TCG the count's
+    // dropped samples (about 12%, above) lift one sender to the line rate for that share of
+    // the time, so its goodput can run about a quarter over (measured on 6.12 in CI: 11.22 and
+    // 9.08 Mbit/s of 9.09, with 10% of the first sender's caps at the line); there each stays
+    // within 30% and together they stay within the line.
+    let split = if tcg { 0.7..=1.3 } else { 0.9..=1.1 };
     for (who, g) in [("first", g_a), ("second", g_b)] {
         let r = g / payload(line / 2);
         assert!(
-            (0.9..=1.1).contains(&r),
-            "the {who} sender's goodput is {:.3} of line / 2",
+            split.contains(&r),
+            "the {who} sender's goodput is {:.3} of line / 2 (allowed {split:?})",
             r
         );
     }
+    assert!(
+        g_a + g_b <= payload(line) * 1.05,
+        "together the senders' goodput {:.2} Mbit/s exceeds the line's payload {:.2}",
+        (g_a + g_b) * 8e-6,
+        payload(line) * 8e-6
+    );
     // The stopped flow leaves the count two epochs after its last segment at most; then the
     // next ACK carries N = 1.
     let leave_rtts = leave_rtts.expect("the first sender never returned to the line rate");
