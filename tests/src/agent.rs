@@ -68,6 +68,7 @@ impl Drop for Scratch {
 /// A running agent inside a host's namespace; stopped with SIGTERM on drop.
 pub struct Agent<'a> {
     host: &'a Host,
+    policy: PathBuf,
     state_dir: PathBuf,
     child: Option<ChildGuard>,
 }
@@ -92,6 +93,7 @@ impl<'a> Agent<'a> {
         let child = host.spawn_cmd(cmd).expect("spawn the agent");
         let mut agent = Agent {
             host,
+            policy: policy.to_path_buf(),
             state_dir: state_dir.to_path_buf(),
             child: Some(child),
         };
@@ -282,6 +284,84 @@ impl<'a> Agent<'a> {
             out.stderr
         );
         out.stderr
+    }
+
+    /// The agent's status, retried for 3 s (the agent may be busy under emulation).
+    pub fn status_retry(&self) -> anyhow::Result<Value> {
+        for _ in 0..10 {
+            if let Some(s) = self.status() {
+                return Ok(s);
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        anyhow::bail!("{}: the agent does not answer status queries", self.host.name())
+    }
+
+    /// Replaces the agent's policy file with `text` (by rename, as an editor does) and waits
+    /// until the agent runs it: its file watch, else SIGHUP after `hup_after`; an error if the
+    /// agent rejects the policy or has not loaded it after 30 s.
+    pub fn apply_policy(&self, text: &str, hup_after: Duration) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        let who = self.host.name();
+        let want = paceline::policy::hash(text.as_bytes());
+        if self.status_retry()?["policy"]["hash"] == want.as_str() {
+            return Ok(());
+        }
+        let tmp = self.policy.with_extension("yaml.new");
+        std::fs::write(&tmp, text).context("write policy")?;
+        std::fs::rename(&tmp, &self.policy).context("rename policy")?;
+        let start = Instant::now();
+        let mut hupped = false;
+        loop {
+            let st = self.status_retry()?;
+            if st["policy"]["hash"] == want.as_str() {
+                return Ok(());
+            }
+            if st["reloads"]["last"]["applied"] == false
+                && let Some(errs) = st["reloads"]["last"]["errors"].as_array()
+                && !errs.is_empty()
+            {
+                anyhow::bail!("{who}: the agent rejected the policy: {errs:?}");
+            }
+            if !hupped && start.elapsed() > hup_after {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.pid() as i32),
+                    nix::sys::signal::Signal::SIGHUP,
+                );
+                hupped = true;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                anyhow::bail!("{who}: the agent did not load the new policy");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops the agent patiently: SIGTERM, then up to a minute for it to exit by itself. Under
+    /// TCG the agent needs several seconds to remove its qdiscs and programs, more than the 2 s
+    /// [`Agent::stop`] grants before SIGKILL, and a killed agent leaves its qdiscs behind.
+    /// Returns whether it exited in time (the guard reaps it either way).
+    pub fn stop_patiently(self) -> bool {
+        let pid = self.pid();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let end = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < end {
+            // Exited but not reaped yet: a zombie (state Z), or gone.
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|st| {
+                    st.rsplit_once(')')
+                        .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
+                });
+            if state.as_deref().is_none_or(|s| s == "Z") {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
     }
 
     pub fn kill9(mut self) {

@@ -22,7 +22,7 @@
 //! `aqm.md`.
 
 use super::Common;
-use super::d3::{loadavg, sum_tcp};
+use super::harness::{loadavg, sum_tcp};
 use crate::agent::{Agent, Scratch};
 use crate::testbed::{self, Host};
 use crate::workload::{self, Tags, bulk, serve};
@@ -135,10 +135,10 @@ fn policy(cfg: &Config, ifname: &str, q: Queue) -> String {
     )
 }
 
-/// The class's counters from the agent's status ([`super::pacing::agent_counters`]).
+/// The class's counters from the agent's status ([`super::harness::agent_counters`]).
 fn class_counters(agent: &Agent) -> Result<Value> {
     let s = agent.status().context("agent status")?;
-    let c = super::pacing::agent_counters(&s, "classes", CLASS);
+    let c = super::harness::agent_counters(&s, "classes", CLASS);
     anyhow::ensure!(!c.is_null(), "no class {CLASS} in the status");
     Ok(c)
 }
@@ -196,7 +196,7 @@ pub fn run(c: &Common) -> Result<()> {
     let p = scratch.path("policy.yaml");
     std::fs::write(&p, policy(&cfg, &ifname, Queue::Horizon))?;
     let agent = Agent::start(&a, &p, &scratch.path("state"));
-    let kernel = super::kernel_release();
+    let kernel = super::harness::kernel_release();
     let mut env = json!({
         "kernel": kernel,
         "in_vm": std::env::var_os("PACELINE_IN_VM").is_some(),
@@ -237,13 +237,7 @@ pub fn run(c: &Common) -> Result<()> {
             })
         })??;
         for q in Queue::ALL {
-            super::pacing::switch_policy(
-                &agent,
-                a.name(),
-                &p,
-                &policy(&cfg, &ifname, q),
-                Duration::from_secs(2),
-            )?;
+            agent.apply_policy(&policy(&cfg, &ifname, q), Duration::from_secs(2))?;
             let pt = run_point(&cfg, &agent, &a, &b, q, cc).unwrap_or_else(
                 |e| json!({"tags": {"queue": q.name(), "cc": cc.name()}, "error": format!("{e:#}")}),
             );

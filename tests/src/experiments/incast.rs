@@ -60,7 +60,7 @@
 //! `PLEXP_INCAST_BUFFER=65536` (bytes).
 
 use super::Common;
-use super::d3::{loadavg, sum_tcp};
+use super::harness::{loadavg, sum_tcp};
 use crate::agent::{Agent, Scratch};
 use crate::report::{self, PlotOpts, XySeries};
 use crate::testbed::{Bottleneck, BottleneckSpec, Host, Star, StarSpec, Testbed};
@@ -247,9 +247,9 @@ pub fn run(c: &Common) -> Result<()> {
         .receiver_link
         .bottleneck_a_to_b(&BottleneckSpec::htb(cfg.rate_bps, cfg.buffer_bytes))?;
     let rx_ip = IpAddr::V4(star.receiver.ipv4());
-    let rtts = super::ping_rtts_ms(&star.senders[0], rx_ip, 9, "client")?;
+    let rtts = super::harness::ping_rtts_ms(&star.senders[0], rx_ip, 9, "client")?;
     let fq = paceline::features::Features::probe().sch_fq;
-    let kernel = super::kernel_release();
+    let kernel = super::harness::kernel_release();
     let mut env = json!({
         "kernel": kernel,
         "in_vm": in_vm,
@@ -510,9 +510,9 @@ fn dasr_unavailable(a: &Agent) -> Option<String> {
 
 /// The paced mode's flow rate for `share` concurrent flows.
 fn set_share(cfg: &Config, agents: &Agents, fq: bool, share: usize) -> Result<()> {
-    for (h, p, ifname, a) in &agents.servers {
+    for (_h, _p, ifname, a) in &agents.servers {
         let text = policy(cfg, Mode::Paced, false, ifname, fq, share).expect("a paced policy");
-        super::pacing::switch_policy(a, h.name(), p, &text, Duration::from_secs(2))?;
+        a.apply_policy(&text, Duration::from_secs(2))?;
     }
     Ok(())
 }

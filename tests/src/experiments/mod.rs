@@ -14,6 +14,7 @@
 
 pub mod aqm;
 pub mod d3;
+pub mod harness;
 pub mod incast;
 pub mod pacing;
 pub mod qjump;
@@ -33,29 +34,4 @@ pub struct Common {
     /// Seed for every random draw.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-}
-
-/// The kernel release (`uname -r`).
-pub(crate) fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-/// `n` pings from `from` to `to` without load, in ms, sorted; an error naming `what` when none
-/// is answered.
-pub(crate) fn ping_rtts_ms(
-    from: &crate::testbed::Host,
-    to: std::net::IpAddr,
-    n: usize,
-    what: &str,
-) -> anyhow::Result<Vec<f64>> {
-    let mut rtts = Vec::new();
-    for _ in 0..n {
-        if let Ok(d) = from.ping(to, std::time::Duration::from_secs(1)) {
-            rtts.push(d.as_secs_f64() * 1e3);
-        }
-    }
-    anyhow::ensure!(!rtts.is_empty(), "no ping reply from the {what}");
-    Ok(crate::workload::stats::sorted(rtts))
 }

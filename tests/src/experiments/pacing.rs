@@ -42,13 +42,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use paceline_common::edt::TCP_FRAME_OVERHEAD_V4;
 use serde_json::{Value, json};
 
 use super::Common;
+use super::harness::{Heartbeat, Stalls, agent_counters, counter_delta, read_snmp, selected, write_out};
 use crate::agent::{Agent, Scratch};
 use crate::report::{self, PlotOpts, XySeries};
 use crate::testbed::{DevCounters, Host, LinkOpts, Testbed, read_dev};
@@ -330,165 +331,11 @@ fn policy(ifaces: &[&str], points: &[Point], level_rate: Option<u64>) -> String 
     s
 }
 
-/// A counter of `/proc/thread-self/net/snmp` (e.g. `Udp`, `RcvbufErrors`) in the calling
-/// thread's namespace.
-pub(crate) fn read_snmp(group: &str, field: &str) -> Result<u64> {
-    let text =
-        std::fs::read_to_string("/proc/thread-self/net/snmp").context("read /proc/thread-self/net/snmp")?;
-    let prefix = format!("{group}:");
-    let mut lines = text.lines().filter(|l| l.starts_with(&prefix));
-    let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
-        bail!("no {group} in /proc/net/snmp");
-    };
-    let i = names
-        .split_whitespace()
-        .position(|n| n == field)
-        .with_context(|| format!("no {group} {field} in /proc/net/snmp"))?;
-    values
-        .split_whitespace()
-        .nth(i)
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("bad {group} {field} in /proc/net/snmp"))
-}
-
-/// Live counters of one class or level from the agent's status (`counters.classes[]` or
-/// `counters.levels[]`), as a JSON object; zeros when absent.
-pub(crate) fn agent_counters(status: &Value, section: &str, name: &str) -> Value {
-    status["counters"][section]
-        .as_array()
-        .and_then(|a| a.iter().find(|c| c["name"] == name))
-        .cloned()
-        .unwrap_or(Value::Null)
-}
-
-/// `after - before` for the numeric counters of [`agent_counters`].
-pub(crate) fn counter_delta(before: &Value, after: &Value) -> BTreeMap<String, f64> {
-    let mut m = BTreeMap::new();
-    for k in [
-        "packets",
-        "bytes",
-        "delayed_packets",
-        "added_delay_seconds",
-        "dropped_horizon",
-        "tagged_packets",
-        "tcp_sockets_configured",
-        "tcp_sockopt_errors",
-    ] {
-        let a = after[k].as_f64().unwrap_or(0.0);
-        let b = before[k].as_f64().unwrap_or(0.0);
-        m.insert(k.to_string(), a - b);
-    }
-    m
-}
-
 /// Sums counter maps.
 fn add_counters(a: &mut BTreeMap<String, f64>, b: &BTreeMap<String, f64>) {
     for (k, v) in b {
         *a.entry(k.clone()).or_default() += v;
     }
-}
-
-/// The agent's status, retried a few times (the agent may be busy under emulation).
-pub(crate) fn status_of(agent: &Agent) -> Result<Value> {
-    for _ in 0..10 {
-        if let Some(s) = agent.status() {
-            return Ok(s);
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    bail!("the agent does not answer status queries")
-}
-
-/// Replaces the agent's policy file with `text` (by rename, as an editor does) and waits until
-/// the agent runs it: its file watch, else SIGHUP after `hup_after`; an error if the agent
-/// rejects the policy or has not loaded it after 30 s.
-pub(crate) fn switch_policy(
-    agent: &Agent,
-    who: &str,
-    path: &Path,
-    text: &str,
-    hup_after: Duration,
-) -> Result<()> {
-    let want = paceline::policy::hash(text.as_bytes());
-    if status_of(agent)?["policy"]["hash"] == want.as_str() {
-        return Ok(());
-    }
-    let tmp = path.with_extension("yaml.new");
-    std::fs::write(&tmp, text).context("write policy")?;
-    std::fs::rename(&tmp, path).context("rename policy")?;
-    let start = Instant::now();
-    let mut hupped = false;
-    loop {
-        let st = status_of(agent)?;
-        if st["policy"]["hash"] == want.as_str() {
-            return Ok(());
-        }
-        if st["reloads"]["last"]["applied"] == false
-            && let Some(errs) = st["reloads"]["last"]["errors"].as_array()
-            && !errs.is_empty()
-        {
-            bail!("{who}: the agent rejected the policy: {errs:?}");
-        }
-        if !hupped && start.elapsed() > hup_after {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(agent.pid() as i32),
-                nix::sys::signal::Signal::SIGHUP,
-            );
-            hupped = true;
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!("{who}: the agent did not load the new policy");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Stops an agent: SIGTERM, then waits up to a minute for it to exit by itself. Under TCG
-/// the agent needs several seconds to remove its qdiscs and programs, more than the 2 s
-/// [`Agent::stop`] grants before SIGKILL; a killed agent leaves its qdiscs behind. Returns
-/// whether it exited in time (the guard reaps it when dropped).
-pub(crate) fn stop_agent(agent: Agent) -> bool {
-    let pid = agent.pid();
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let end = std::time::Instant::now() + Duration::from_secs(60);
-    let mut exited = false;
-    while std::time::Instant::now() < end {
-        // Exited but not reaped yet: a zombie (state Z), or gone.
-        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Ok(st) => {
-                let state = st.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next());
-                if state == Some("Z") {
-                    exited = true;
-                    break;
-                }
-            }
-            Err(_) => {
-                exited = true;
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    drop(agent);
-    exited
-}
-
-/// The points to run, from `PACELINE_PLEXP_POINTS` (comma-separated substrings of point or
-/// condition names; unset: all). For debugging runs only; never set by `cargo xtask bench`.
-pub(crate) fn selected(name: &str) -> bool {
-    match std::env::var("PACELINE_PLEXP_POINTS") {
-        Ok(v) if !v.trim().is_empty() => v.split(',').any(|p| name.contains(p.trim())),
-        _ => true,
-    }
-}
-
-/// Writes `text` to `dir/name`.
-pub(crate) fn write_out(dir: &Path, name: &str, text: &str) -> Result<()> {
-    let p = dir.join(name);
-    std::fs::write(&p, text).with_context(|| format!("write {}", p.display()))
 }
 
 /// Bytes received so far per flow of a server's report: `(kind, peer, flow id) -> bytes`.
@@ -501,92 +348,6 @@ fn flow_bytes(r: &ServeReport, tag: usize) -> BTreeMap<(usize, String, u32), u64
         m.insert((tag, f.peer.clone(), f.flow_id), f.bytes);
     }
     m
-}
-
-/// A probe of the machine's timeliness: a thread that sleeps `PERIOD` at a time (absolute
-/// deadlines, 1 ns timer slack) and records how late it wakes. Under emulation a late wake-up
-/// means the guest's CPUs were busy or the emulator was not scheduled on the host; either way
-/// the pacer's timers and the senders were late by as much. A thread wake-up costs little, so
-/// the probe itself loads the machine by well under 1%.
-pub(crate) struct Heartbeat {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    handle: std::thread::JoinHandle<Vec<(u64, u64)>>,
-}
-
-/// What a [`Heartbeat`] saw.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub(crate) struct Stalls {
-    /// Wake-ups.
-    pub wakeups: u64,
-    /// Median lateness (us).
-    pub p50_late_us: f64,
-    /// 99th percentile lateness (us).
-    pub p99_late_us: f64,
-    /// Largest lateness (ms).
-    pub max_late_ms: f64,
-    /// Sum of the lateness of wake-ups more than 10 ms late (ms): time the machine stood still.
-    pub stalled_ms: f64,
-    /// Wake-ups more than [`Heartbeat::STALL_NS`] late, as `(start, end)` in `CLOCK_MONOTONIC`
-    /// ns: the stretches during which the machine did not run this thread.
-    #[serde(skip)]
-    pub events: Vec<(u64, u64)>,
-}
-
-impl Stalls {
-    /// Does `[a, b]` (ns) overlap a stall?
-    pub(crate) fn overlaps(&self, a: u64, b: u64) -> bool {
-        self.events.iter().any(|&(s, e)| s <= b && e >= a)
-    }
-}
-
-impl Heartbeat {
-    const PERIOD_NS: u64 = 5_000_000;
-    /// A wake-up this late counts as a stall.
-    pub(crate) const STALL_NS: u64 = 2_000_000;
-
-    pub(crate) fn start() -> Heartbeat {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let st = stop.clone();
-        let handle = std::thread::spawn(move || {
-            workload::precise_timers();
-            let mut late = Vec::new();
-            let mut next = mono_ns() + Self::PERIOD_NS;
-            while !st.load(std::sync::atomic::Ordering::Relaxed) {
-                sleep_until_ns(next);
-                let now = mono_ns();
-                late.push((now, now.saturating_sub(next)));
-                // After a stall, resume from now: one sample per stall, not one per period.
-                next = now.max(next) + Self::PERIOD_NS;
-            }
-            late
-        });
-        Heartbeat { stop, handle }
-    }
-
-    pub(crate) fn stop(self) -> Stalls {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let late = self.handle.join().unwrap_or_default();
-        let us: Vec<f64> = late.iter().map(|&(_, n)| n as f64 / 1e3).collect();
-        let sorted = workload::stats::sorted(us);
-        Stalls {
-            wakeups: late.len() as u64,
-            p50_late_us: workload::stats::percentile_sorted(&sorted, 50.0),
-            p99_late_us: workload::stats::percentile_sorted(&sorted, 99.0),
-            max_late_ms: sorted.last().copied().unwrap_or(0.0) / 1e3,
-            // (+ 0.0: an empty float sum is -0.0.)
-            stalled_ms: late
-                .iter()
-                .filter(|&&(_, n)| n > 10_000_000)
-                .map(|&(_, n)| n as f64 / 1e6)
-                .sum::<f64>()
-                + 0.0,
-            events: late
-                .iter()
-                .filter(|&&(_, n)| n > Self::STALL_NS)
-                .map(|&(w, n)| (w - n, w))
-                .collect(),
-        }
-    }
 }
 
 /// Packets the sender's leaf qdiscs (fq) dropped so far.
@@ -743,7 +504,7 @@ fn run_point(bed: &Bed, agent: &Agent, p: &Point, t: Timing, seed: u64) -> Resul
         servers.push(bed.rx.in_netns(|| Server::start_plain(&opts))??);
     }
     let rcvbuf0 = bed.rx.in_netns(|| read_snmp("Udp", "RcvbufErrors"))??;
-    let st0 = status_of(agent)?;
+    let st0 = agent.status_retry()?;
     let whole0 = bed.tx.in_netns(|| read_dev(&ifname))??;
     let qdrops0 = qdisc_drops(&bed.tx, &ifname)?;
     let start_ns = mono_ns();
@@ -782,7 +543,7 @@ fn run_point(bed: &Bed, agent: &Agent, p: &Point, t: Timing, seed: u64) -> Resul
     let rcvbuf1 = bed.rx.in_netns(|| read_snmp("Udp", "RcvbufErrors"))??;
     let whole1 = bed.tx.in_netns(|| read_dev(&ifname))??;
     let qdrops1 = qdisc_drops(&bed.tx, &ifname)?;
-    let st1 = status_of(agent)?;
+    let st1 = agent.status_retry()?;
     let s = sampled?;
 
     // Wire rate and its spread.
@@ -947,10 +708,10 @@ pub fn run(c: &Common) -> Result<()> {
         "pacing: {} points x {reps} reps, {:.0} s each; kernel {}",
         points.len(),
         timing.duration_s(),
-        super::kernel_release()
+        super::harness::kernel_release()
     );
     let agent = Agent::start(&bed.tx, &policy_path, &scratch.path("state"));
-    let status = status_of(&agent)?;
+    let status = agent.status_retry()?;
     let enforcement = status["enforcement"].clone();
     let qdiscs: Vec<Value> = status["interfaces"].as_array().cloned().unwrap_or_default();
     eprintln!("pacing: agent enforcement {enforcement}");
@@ -983,7 +744,7 @@ pub fn run(c: &Common) -> Result<()> {
             records[i].push(r);
         }
     }
-    if !stop_agent(agent) {
+    if !agent.stop_patiently() {
         eprintln!("pacing: the agent did not exit within a minute of SIGTERM");
     }
     let elapsed = started.elapsed().as_secs_f64();
@@ -1092,7 +853,7 @@ pub fn run(c: &Common) -> Result<()> {
         "kind": "pacing",
         "version": workload::SCHEMA_VERSION,
         "tags": {
-            "kernel": super::kernel_release(),
+            "kernel": super::harness::kernel_release(),
             "in_vm": std::env::var_os("PACELINE_IN_VM").is_some(),
             "enforcement": enforcement["mode"],
             "quick": c.quick,

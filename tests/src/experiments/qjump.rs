@@ -50,14 +50,14 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use super::Common;
-use super::pacing::{Heartbeat, agent_counters, counter_delta, selected, status_of, stop_agent, write_out};
+use super::harness::{Heartbeat, agent_counters, counter_delta, selected, write_out};
 use crate::agent::{Agent, Scratch};
 use crate::report::{self, PlotOpts, Series, XySeries};
 use crate::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Testbed};
@@ -186,7 +186,6 @@ fn policy_text(p: Policy, ifname: &str, rate_bps: u64) -> String {
 struct Sender<'a> {
     host: &'a Host,
     ifname: String,
-    policy_path: PathBuf,
     agent: Agent<'a>,
 }
 
@@ -195,13 +194,7 @@ struct Sender<'a> {
 fn switch_policy(senders: &[Sender], p: Policy, rate_bps: u64) -> Result<()> {
     for s in senders {
         let text = policy_text(p, &s.ifname, rate_bps);
-        super::pacing::switch_policy(
-            &s.agent,
-            s.host.name(),
-            &s.policy_path,
-            &text,
-            Duration::from_secs(3),
-        )?;
+        s.agent.apply_policy(&text, Duration::from_secs(3))?;
     }
     Ok(())
 }
@@ -260,7 +253,7 @@ fn run_cond(
     })??;
     let statuses0: Vec<Value> = senders
         .iter()
-        .map(|s| status_of(&s.agent))
+        .map(|s| s.agent.status_retry())
         .collect::<Result<_>>()?;
     // Bulk flows, round robin over s1..: (host index, flows).
     let mut per_host = vec![0u32; senders.len()];
@@ -322,7 +315,7 @@ fn run_cond(
     drop(bulk_server);
     let statuses1: Vec<Value> = senders
         .iter()
-        .map(|s| status_of(&s.agent))
+        .map(|s| s.agent.status_retry())
         .collect::<Result<_>>()?;
     let rpc_report = rpc_report?;
     let samples = rpc_report.samples_us.clone().unwrap_or_default();
@@ -416,7 +409,7 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
         "qjump: {} conditions x {reps} reps, RPCs for {} s each; kernel {}",
         conds.len(),
         t.rpc_s,
-        super::kernel_release()
+        super::harness::kernel_release()
     );
 
     // Topology.
@@ -454,7 +447,6 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
         senders.push(Sender {
             host: h,
             ifname,
-            policy_path,
             agent,
         });
     }
@@ -468,7 +460,7 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
             &policy_text(p, "<sender interface>", rate_bps),
         )?;
     }
-    let enforcement = status_of(&senders[0].agent)?["enforcement"].clone();
+    let enforcement = senders[0].agent.status_retry()?["enforcement"].clone();
     eprintln!("qjump: agent enforcement {enforcement}");
 
     // The RPC server stays up for the whole run.
@@ -496,7 +488,7 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
                 switch_policy(&senders, cond.policy, rate_bps)?;
                 current = cond.policy;
                 if current == Policy::QJump && levels_status.is_null() {
-                    levels_status = status_of(&senders[0].agent)?["policy"]["levels"].clone();
+                    levels_status = senders[0].agent.status_retry()?["policy"]["levels"].clone();
                 }
             }
             let seed = c.seed + rep as u64;
@@ -535,7 +527,7 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
     }
     drop(rpc_server);
     for s in senders {
-        if !stop_agent(s.agent) {
+        if !s.agent.stop_patiently() {
             eprintln!(
                 "qjump: the agent of {} did not exit within a minute of SIGTERM",
                 s.host.name()
@@ -682,7 +674,7 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
         "kind": "qjump",
         "version": workload::SCHEMA_VERSION,
         "tags": {
-            "kernel": super::kernel_release(),
+            "kernel": super::harness::kernel_release(),
             "in_vm": std::env::var_os("PACELINE_IN_VM").is_some(),
             "enforcement": enforcement["mode"],
             "quick": c.quick,

@@ -268,7 +268,7 @@ pub fn run(c: &Common) -> Result<()> {
     let to = SocketAddr::new(IpAddr::V4(rx_ip), PORT);
 
     // RTT without load, from the first sender.
-    let rtts = super::ping_rtts_ms(&star.senders[0], IpAddr::V4(rx_ip), 7, "receiver")?;
+    let rtts = super::harness::ping_rtts_ms(&star.senders[0], IpAddr::V4(rx_ip), 7, "receiver")?;
     let rtt_ms = stats::percentile_sorted(&rtts, 50.0);
     let bdp_bytes = cfg.rate_bps as f64 / 8.0 * rtt_ms / 1e3;
     let unpaced_qdisc = star.senders[cfg.senders]
@@ -280,7 +280,7 @@ pub fn run(c: &Common) -> Result<()> {
             &star.sender_iface(cfg.senders).ifname,
         ])
         .unwrap_or_default();
-    let kernel = super::kernel_release();
+    let kernel = super::harness::kernel_release();
     eprintln!(
         "{NAME}: kernel {kernel}, bottleneck {} Mbit/s ({}), RTT {rtt_ms:.2} ms (median of {} pings), BDP {:.0} bytes = {:.1} frames",
         cfg.rate_bps as f64 / 1e6,
@@ -656,13 +656,7 @@ impl<'a> Agents<'a> {
         if self.texts[j] == text {
             return Ok(());
         }
-        super::pacing::switch_policy(
-            &self.list[j],
-            &format!("s{j}"),
-            &self.paths[j],
-            &text,
-            Duration::from_secs(5),
-        )?;
+        self.list[j].apply_policy(&text, Duration::from_secs(5))?;
         self.texts[j] = text;
         Ok(())
     }
