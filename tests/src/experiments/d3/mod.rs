@@ -88,6 +88,6 @@ mod report;
 mod run;
 
 pub use plan::*;
-pub(crate) use policy::*;
-pub(crate) use report::*;
+use policy::*;
+use report::*;
 pub use run::run;

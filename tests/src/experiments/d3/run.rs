@@ -273,10 +273,7 @@ pub(crate) fn start_agents<'a>(ctx: &Ctx<'a>, mode: &ModeSpec) -> Result<Agents<
         let p = ctx.scratch.path(&format!("{}-s{i}.yaml", mode.name));
         std::fs::write(&p, sender_policy(ctx.cfg, mode, first_n, &ifname))?;
         let agent = Agent::start(h, &p, &dir(&format!("s{i}-state")));
-        agents.senders.push(SenderAgent {
-            host: h,
-            agent,
-        });
+        agents.senders.push(SenderAgent { host: h, agent });
     }
     Ok(agents)
 }

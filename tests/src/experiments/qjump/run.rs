@@ -1,197 +1,31 @@
-//! `plexp qjump`: seed 004 (QJump, "Queues don't matter when you can JUMP them!"). A
-//! latency-sensitive RPC flow at the top QJump level shares a switch port with bulk flows at the
-//! lowest level: its latency idle, next to bulk traffic without levels, and with levels.
-//!
-//! # Setup
-//! ```text
-//!   s0 (RPC client) ─┐
-//!   s1 (bulk)      ──┤                  ┌── rx   (RPC server, bulk sink)   <- the bottleneck
-//!   s2 (bulk)      ──┼── sw (switch) ───┤
-//!   s3 (bulk)      ──┘                  └── rx2  (bulk sink of the control run)
-//! ```
-//! `sw` is a router namespace whose ports toward `rx` and `rx2` are strict-priority switch ports
-//! ([`crate::testbed::Shaper::StrictPriority`]): 20 Mbit/s (`--rate-mbit`), 8 queues of `BUFFER` bytes each,
-//! a packet's queue chosen by its DSCP class selector (`DSCP >> 3`). Every sender runs the
-//! agent. Two policies, switched by reloading the agents:
-//!
-//! - `flat`: one level, no rates, no DSCP rewrite: everything best effort, in queue 0;
-//! - `qjump`: the RPC class (TCP to port 5001) at the top level (factor 1, DSCP 46 = EF, so
-//!   queue 5 of the switch), everything else at the lowest level (factor `unlimited`, DSCP 0,
-//!   queue 0). QJump parameters: n = 4 senders, P = 1514 B (one full frame), R = the port's
-//!   rate, eps = 10 us; the agent computes the epoch `2nP/R + eps` and the top level's
-//!   per-host rate `P / epoch` from them.
-//!
-//! The RPC client sends 64-byte requests for 64-byte responses over one TCP connection,
-//! open loop at a fixed `RPC_RATE` per second (latency from the intended send time, so a
-//! stalled connection shows up as latency). Bulk flows are long-lived TCP (cubic) uploads from
-//! s1..s3 (round robin), started two seconds before the RPCs so the switch queue is full when
-//! they begin.
-//!
-//! # Conditions
-//! - `idle`: RPCs alone, `flat` policy: (a) of the issue, the reference.
-//! - `no-levels`: RPCs and `k` bulk flows, `flat` policy: (b).
-//! - `levels`: RPCs and `k` bulk flows, `qjump` policy: (c).
-//! - `idle-levels`: RPCs alone with the `qjump` policy: what the top level's rate limit alone
-//!   costs.
-//! - `levels-bulk-elsewhere`: `qjump` policy, the same `k` bulk flows sent to `rx2` through the
-//!   switch's other port, so they load the (emulated) CPUs exactly as in `levels` but share no
-//!   queue with the RPCs. Comparing it with `idle` separates what the machine adds to RPC
-//!   latency under load (CPU contention, softirq work of the bulk packets) from what queueing
-//!   at the switch adds.
-//!
-//! # Output
-//! `qjump.json` (per condition: latency summary over all repetitions, per-repetition p99, bulk
-//! goodput over the RPC window, switch queue counters, the agents' counters), `qjump-samples.json`
-//! (every latency sample, compact), `qjump.md` (the table, the p99 ratio levels / idle and
-//! whether the aim, within 1.5x, holds), `qjump.svg` (latency CDFs of idle, no-levels and
-//! levels at the largest bulk load, log x), `qjump-controls.svg` (the CDFs of the controls) and
-//! `qjump-p99.svg` (p99 against the number of bulk flows).
+//! Running the conditions on the testbed: the senders' agents, RPCs and bulk flows.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::net::SocketAddr;
-use std::path::Path;
-use std::time::{Duration, Instant};
-
-use anyhow::{Context, Result};
-use serde_json::{Value, json};
-
-use super::Common;
-use super::harness::{Heartbeat, agent_counters, counter_delta, selected, write_out};
 use crate::agent::{Agent, Scratch};
-use crate::report::{self, PlotOpts, Series, XySeries};
+use crate::experiments::Common;
+use crate::experiments::harness::{Heartbeat, agent_counters, counter_delta, selected, write_out};
 use crate::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Testbed};
 use crate::workload::bulk::{self, BulkOpts, BulkReport};
 use crate::workload::rpc::{self, RpcOpts, RpcReport};
 use crate::workload::serve::{ServeOpts, ServeReport, Server};
 use crate::workload::stats::{self, LatencySummary};
 use crate::workload::{self, Tags};
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
-/// The switch port's default rate (bit/s; `--rate-mbit` sets another): well below what the
-/// emulated VM forwards through two hops with everything else running (a 50 Mbit/s port ran at
-/// a third of its rate under TCG, the CPUs being the bottleneck), so that the port, not the
-/// CPU, is the bottleneck and its queue fills. The price: a full frame occupies the port for
-/// 606 us, and a strict-priority port cannot preempt the frame it is sending, so an RPC
-/// behind one waits up to that long whatever its level.
-pub const DEFAULT_RATE_MBIT: u64 = 20;
-/// Each switch queue's buffer (bytes): a shallow switch-like buffer of 33 full frames, 20 ms
-/// at 20 Mbit/s.
-const BUFFER: u32 = 50_000;
-/// RPCs per second (open loop, fixed interval): light enough to leave the emulated CPUs idle
-/// most of the time.
-const RPC_RATE: f64 = 200.0;
-/// Request and response sizes (bytes).
-const RPC_SIZE: u32 = 64;
-/// Sender hosts (s0 runs the RPC client, the others bulk flows): QJump's n.
-const SENDERS: usize = 4;
-/// QJump's P: one full frame (paceline's rates count whole frames).
-const MAX_PACKET: &str = "1514B";
-/// QJump's eps: one software switch hop.
-const SWITCH_DELAY: &str = "10us";
-const RPC_PORT: u16 = 5001;
-const BULK_PORT: u16 = 5002;
-/// The aim: p99 with levels within this factor of p99 idle.
-const AIM: f64 = 1.5;
+use super::*;
 
-/// Which policy the senders run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Policy {
-    Flat,
-    QJump,
-}
-
-/// One experimental condition.
-#[derive(Clone, Debug)]
-struct Cond {
-    name: &'static str,
-    policy: Policy,
-    /// Bulk flows.
-    bulk: u32,
-    /// Bulk flows go to `rx2` (another switch port) instead of `rx`.
-    elsewhere: bool,
-}
-
-impl Cond {
-    fn key(&self) -> String {
-        format!("{}/{}", self.name, self.bulk)
-    }
-}
-
-fn conditions(bulk_counts: &[u32]) -> Vec<Cond> {
-    let mut v = vec![Cond {
-        name: "idle",
-        policy: Policy::Flat,
-        bulk: 0,
-        elsewhere: false,
-    }];
-    for &k in bulk_counts {
-        v.push(Cond {
-            name: "no-levels",
-            policy: Policy::Flat,
-            bulk: k,
-            elsewhere: false,
-        });
-    }
-    v.push(Cond {
-        name: "idle-levels",
-        policy: Policy::QJump,
-        bulk: 0,
-        elsewhere: false,
-    });
-    for &k in bulk_counts {
-        v.push(Cond {
-            name: "levels",
-            policy: Policy::QJump,
-            bulk: k,
-            elsewhere: false,
-        });
-        v.push(Cond {
-            name: "levels-bulk-elsewhere",
-            policy: Policy::QJump,
-            bulk: k,
-            elsewhere: true,
-        });
-    }
-    v
-}
-
-/// The policy text for one sender.
-fn policy_text(p: Policy, ifname: &str, rate_bps: u64) -> String {
-    let head = format!(
-        "apiVersion: paceline/v1\nkind: Policy\nmetadata:\n  name: plexp-qjump-{}\nspec:\n  \
-         interfaces: [{ifname}]\n  enforcement: auto\n  link_rate: 10Gbit\n",
-        match p {
-            Policy::Flat => "flat",
-            Policy::QJump => "levels",
-        }
-    );
-    let body = match p {
-        Policy::Flat => "  levels:\n    - name: best-effort\n      priority: 0\n  classes:\n    \
-             - name: rpc\n      level: best-effort\n    - name: bulk\n      level: best-effort\n"
-            .to_string(),
-        Policy::QJump => format!(
-            "  qjump:\n    hosts: {SENDERS}\n    max_packet: {MAX_PACKET}\n    link_rate: {rate_bps}bit\n    \
-             switch_delay: {SWITCH_DELAY}\n  levels:\n    - name: latency\n      priority: 5\n      \
-             factor: 1\n      dscp: 46\n    - name: bulk\n      priority: 0\n      factor: unlimited\n      \
-             dscp: 0\n  classes:\n    - name: rpc\n      level: latency\n    - name: bulk\n      \
-             level: bulk\n"
-        ),
-    };
-    format!(
-        "{head}{body}  rules:\n    - class: rpc\n      protocol: tcp\n      dst_port: {RPC_PORT}\n  \
-         default_class: bulk\n"
-    )
-}
-
-struct Sender<'a> {
-    host: &'a Host,
-    ifname: String,
-    agent: Agent<'a>,
+pub(crate) struct Sender<'a> {
+    pub(crate) host: &'a Host,
+    pub(crate) ifname: String,
+    pub(crate) agent: Agent<'a>,
 }
 
 /// Writes `p` for every sender (by rename) and waits until each agent runs it (file watch;
 /// SIGHUP when the watch is slow).
-fn switch_policy(senders: &[Sender], p: Policy, rate_bps: u64) -> Result<()> {
+pub(crate) fn switch_policy(senders: &[Sender], p: Policy, rate_bps: u64) -> Result<()> {
     for s in senders {
         let text = policy_text(p, &s.ifname, rate_bps);
         s.agent.apply_policy(&text, Duration::from_secs(3))?;
@@ -199,20 +33,8 @@ fn switch_policy(senders: &[Sender], p: Policy, rate_bps: u64) -> Result<()> {
     Ok(())
 }
 
-/// Durations of one condition.
-#[derive(Clone, Copy, Debug)]
-struct Timing {
-    /// Bulk flows start this long before the RPCs.
-    lead_s: f64,
-    /// RPC run (its first `warmup_s` not sampled).
-    rpc_s: f64,
-    warmup_s: f64,
-    /// Bulk flows go on this long after the RPCs end.
-    tail_s: f64,
-}
-
 /// Sum of the counters of a list of qdisc stats.
-fn queue_delta(a: &[QdiscStats], b: &[QdiscStats]) -> Vec<Value> {
+pub(crate) fn queue_delta(a: &[QdiscStats], b: &[QdiscStats]) -> Vec<Value> {
     a.iter()
         .zip(b)
         .enumerate()
@@ -227,13 +49,13 @@ fn queue_delta(a: &[QdiscStats], b: &[QdiscStats]) -> Vec<Value> {
         .collect()
 }
 
-fn bulk_bytes(r: &ServeReport) -> u64 {
+pub(crate) fn bulk_bytes(r: &ServeReport) -> u64 {
     r.tcp_flows.iter().map(|f| f.bytes).sum()
 }
 
 /// Runs one condition once.
 #[allow(clippy::too_many_arguments)]
-fn run_cond(
+pub(crate) fn run_cond(
     senders: &[Sender],
     rx: &Host,
     rx2: &Host,
@@ -409,7 +231,7 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
         "qjump: {} conditions x {reps} reps, RPCs for {} s each; kernel {}",
         conds.len(),
         t.rpc_s,
-        super::harness::kernel_release()
+        crate::experiments::harness::kernel_release()
     );
 
     // Topology.
@@ -674,7 +496,7 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
         "kind": "qjump",
         "version": workload::SCHEMA_VERSION,
         "tags": {
-            "kernel": super::harness::kernel_release(),
+            "kernel": crate::experiments::harness::kernel_release(),
             "in_vm": std::env::var_os("PACELINE_IN_VM").is_some(),
             "enforcement": enforcement["mode"],
             "quick": c.quick,
@@ -716,322 +538,5 @@ pub fn run(c: &Common, rate_mbit: u64) -> Result<()> {
     write_out(&c.out, "qjump.md", &md)?;
     plots(&c.out, &samples, &clean_samples, bulk_counts, &out_conds)?;
     print!("{md}");
-    Ok(())
-}
-
-fn us(v: &Value) -> String {
-    v.as_f64()
-        .map(|x| format!("{x:.0}"))
-        .unwrap_or_else(|| "-".into())
-}
-
-fn markdown(doc: &Value) -> String {
-    let headers: Vec<String> = [
-        "condition",
-        "bulk flows",
-        "RPCs",
-        "p50 us",
-        "p90 us",
-        "p99 us",
-        "p99.9 us",
-        "max us",
-        "p99 / idle",
-        "p99 per rep us",
-        "lost",
-        "bulk Mbit/s",
-        "port util.",
-        "port drops",
-        "RPC pkts delayed by pacer",
-        "stalls ms",
-        "timer p99 late us",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut rows = Vec::new();
-    for v in doc["conditions"].as_array().into_iter().flatten() {
-        let s = &v["summary"];
-        let pkts = s["rpc_agent_packets"].as_f64().unwrap_or(0.0);
-        rows.push(vec![
-            v["tags"]["condition"].as_str().unwrap_or("").to_string(),
-            v["tags"]["bulk_flows"].as_str().unwrap_or("").to_string(),
-            s["count"].to_string(),
-            us(&s["p50_us"]),
-            us(&s["p90_us"]),
-            us(&s["p99_us"]),
-            us(&s["p999_us"]),
-            us(&s["max_us"]),
-            s["p99_vs_idle"]
-                .as_f64()
-                .map(|x| format!("{x:.2}"))
-                .unwrap_or_default(),
-            format!("{}-{}", us(&s["p99_rep_min_us"]), us(&s["p99_rep_max_us"])),
-            format!("{:.0}", s["rpc_lost"].as_f64().unwrap_or(0.0)),
-            format!("{:.2}", s["bulk_goodput_bps"].as_f64().unwrap_or(0.0) / 1e6),
-            format!("{:.0}%", s["port_utilisation"].as_f64().unwrap_or(0.0) * 100.0),
-            format!("{:.0}", s["port_drops"].as_f64().unwrap_or(0.0)),
-            if pkts > 0.0 {
-                format!(
-                    "{:.1}% (mean {:.0} us)",
-                    s["rpc_delayed_packets"].as_f64().unwrap_or(0.0) / pkts * 100.0,
-                    s["rpc_added_delay_us"].as_f64().unwrap_or(0.0)
-                )
-            } else {
-                "-".into()
-            },
-            format!(
-                "{:.0} (max {:.0})",
-                s["stalled_ms"].as_f64().unwrap_or(0.0),
-                s["max_stall_ms"].as_f64().unwrap_or(0.0)
-            ),
-            format!("{:.0}", s["p99_timer_late_us"].as_f64().unwrap_or(0.0)),
-        ]);
-    }
-    let t = &doc["tags"];
-    let p = &doc["params"];
-    let mut md = String::new();
-    let _ = writeln!(md, "# QJump: RPC latency next to bulk traffic\n");
-    let top = p["levels"]
-        .as_array()
-        .and_then(|l| l.first())
-        .cloned()
-        .unwrap_or(Value::Null);
-    let _ = writeln!(
-        md,
-        "Kernel {} ({}), enforcement `{}`. Switch port: {:.0} Mbit/s, strict priority over 8 queues by DSCP \
-         class selector, {} bytes per queue. RPCs: {} B requests/responses, TCP, open loop at {}/s from s0; \
-         bulk: TCP uploads from s1-s3. QJump policy: n = {}, P = {}, R = {:.0} Mbit/s, eps = {}; top level \
-         epoch {}, rate {} Mbit/s per host. {} repetition(s), {} s of RPCs each; percentiles over all repetitions.\n",
-        t["kernel"].as_str().unwrap_or("?"),
-        if t["in_vm"] == true { "VM" } else { "host" },
-        t["enforcement"].as_str().unwrap_or("?"),
-        p["rate_bps"].as_f64().unwrap_or(0.0) / 1e6,
-        p["buffer_bytes_per_queue"],
-        p["rpc_bytes"],
-        p["rpc_rate"],
-        p["senders"],
-        p["max_packet"].as_str().unwrap_or(""),
-        p["rate_bps"].as_f64().unwrap_or(0.0) / 1e6,
-        p["switch_delay"].as_str().unwrap_or(""),
-        top["epoch_seconds"]
-            .as_f64()
-            .map(|e| format!("{:.0} us", e * 1e6))
-            .unwrap_or_else(|| "?".into()),
-        top["rate_bytes_per_second"]
-            .as_f64()
-            .map(|r| format!("{:.2}", r * 8.0 / 1e6))
-            .unwrap_or_else(|| "?".into()),
-        p["reps"],
-        p["rpc_s"],
-    );
-    md.push_str(&report::markdown_table(&headers, &rows));
-    let _ = writeln!(md, "\n## The aim: p99 with levels within {AIM}x of idle\n");
-    let ah: Vec<String> = [
-        "bulk flows",
-        "idle p99 us",
-        "no levels p99 us",
-        "levels p99 us",
-        "levels / idle",
-        "no levels / idle",
-        "levels, bulk elsewhere p99 us",
-        "levels / bulk elsewhere",
-        "aim holds",
-        "stall-free: idle p99 us",
-        "stall-free: levels p99 us",
-        "stall-free: levels / idle",
-        "stall-free: aim holds",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let arows: Vec<Vec<String>> = doc["summary"]["aims"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|a| {
-            vec![
-                a["bulk_flows"].to_string(),
-                us(&a["idle_p99_us"]),
-                us(&a["no_levels_p99_us"]),
-                us(&a["levels_p99_us"]),
-                format!("{:.2}", a["levels_vs_idle"].as_f64().unwrap_or(0.0)),
-                format!("{:.1}", a["no_levels_vs_idle"].as_f64().unwrap_or(0.0)),
-                us(&a["bulk_elsewhere_p99_us"]),
-                format!("{:.2}", a["levels_vs_bulk_elsewhere"].as_f64().unwrap_or(0.0)),
-                if a["aim_holds"] == true {
-                    "yes".into()
-                } else {
-                    "**no**".into()
-                },
-                us(&a["idle_stall_free_p99_us"]),
-                us(&a["levels_stall_free_p99_us"]),
-                format!("{:.2}", a["levels_vs_idle_stall_free"].as_f64().unwrap_or(0.0)),
-                if a["aim_holds_stall_free"] == true {
-                    "yes".into()
-                } else {
-                    "**no**".into()
-                },
-            ]
-        })
-        .collect();
-    md.push_str(&report::markdown_table(&ah, &arows));
-    let _ = writeln!(
-        md,
-        "\n## Stall-free view\n\nThe same RPCs without those during which the machine stalled (the probe \
-         thread woke more than 2 ms late at some point between the request's send and its response, with \
-         1 ms of slack on both sides): what the network did while the emulator ran.\n"
-    );
-    let sh: Vec<String> = [
-        "condition",
-        "bulk flows",
-        "RPCs kept",
-        "p50 us",
-        "p90 us",
-        "p99 us",
-        "p99.9 us",
-        "max us",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let srows: Vec<Vec<String>> = doc["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|v| {
-            let s = &v["summary"];
-            vec![
-                v["tags"]["condition"].as_str().unwrap_or("").to_string(),
-                v["tags"]["bulk_flows"].as_str().unwrap_or("").to_string(),
-                format!(
-                    "{} ({:.0}%)",
-                    s["stall_free_count"],
-                    s["stall_free_share"].as_f64().unwrap_or(0.0) * 100.0
-                ),
-                us(&s["stall_free_p50_us"]),
-                us(&s["stall_free_p90_us"]),
-                us(&s["stall_free_p99_us"]),
-                us(&s["stall_free_p999_us"]),
-                us(&s["stall_free_max_us"]),
-            ]
-        })
-        .collect();
-    md.push_str(&report::markdown_table(&sh, &srows));
-    let _ = writeln!(
-        md,
-        "\n`levels, bulk elsewhere`: the same bulk flows through the switch's other port (same CPU load, \
-         no shared queue). `RPC pkts delayed by pacer`: share of s0's RPC-class packets the top level's \
-         rate limit gave a later departure. `stalls`: how long the machine stood still during the RPC \
-         windows (a probe thread sleeping 5 ms at a time; wake-ups more than 10 ms late, summed over the \
-         repetitions) and the longest stall; `timer p99 late`: the probe's 99th percentile wake-up \
-         lateness, a measure of how late any thread (the RPC client and server included) runs. Run time {:.0} s.",
-        doc["summary"]["elapsed_s"].as_f64().unwrap_or(0.0)
-    );
-    md
-}
-
-fn plots(
-    out: &Path,
-    samples: &BTreeMap<String, Vec<f64>>,
-    clean_samples: &BTreeMap<String, Vec<f64>>,
-    bulk_counts: &[u32],
-    conds: &[Value],
-) -> Result<()> {
-    let k = *bulk_counts.iter().max().unwrap_or(&0);
-    let series_of = |samples: &BTreeMap<String, Vec<f64>>, names: &[(&str, u32)]| -> Vec<Series> {
-        names
-            .iter()
-            .filter_map(|(n, b)| {
-                samples.get(&format!("{n}/{b}")).map(|v| Series {
-                    name: if *b == 0 {
-                        n.to_string()
-                    } else {
-                        format!("{n} ({b} bulk flows)")
-                    },
-                    values: v.clone(),
-                })
-            })
-            .collect()
-    };
-    let series = |names: &[(&str, u32)]| series_of(samples, names);
-    report::cdf_plot(
-        &out.join("qjump-stall-free.svg"),
-        &PlotOpts::new(
-            "RPC latency without the RPCs the emulator stalled",
-            "RPC latency (us, log)",
-            "CDF",
-        )
-        .log_x(true),
-        &series_of(clean_samples, &[("idle", 0), ("no-levels", k), ("levels", k)]),
-    )?;
-    report::cdf_plot(
-        &out.join("qjump.svg"),
-        &PlotOpts::new(
-            "RPC latency: idle, next to bulk without levels, with QJump levels",
-            "RPC latency (us, log)",
-            "CDF",
-        )
-        .log_x(true),
-        &series(&[("idle", 0), ("no-levels", k), ("levels", k)]),
-    )?;
-    report::cdf_plot(
-        &out.join("qjump-controls.svg"),
-        &PlotOpts::new(
-            "RPC latency: controls (rate limit alone, CPU load alone)",
-            "RPC latency (us, log)",
-            "CDF",
-        )
-        .log_x(true),
-        &series(&[
-            ("idle", 0),
-            ("idle-levels", 0),
-            ("levels", k),
-            ("levels-bulk-elsewhere", k),
-        ]),
-    )?;
-    let mut xy: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for v in conds {
-        let name = v["tags"]["condition"].as_str().unwrap_or("").to_string();
-        let b: f64 = v["tags"]["bulk_flows"]
-            .as_str()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0.0);
-        if b == 0.0 {
-            continue;
-        }
-        if let Some(p) = v["summary"]["p99_us"].as_f64() {
-            xy.entry(name).or_default().push((b, p));
-        }
-    }
-    let idle = conds
-        .iter()
-        .find(|v| v["tags"]["condition"] == "idle")
-        .and_then(|v| v["summary"]["p99_us"].as_f64());
-    let mut s: Vec<XySeries> = xy
-        .into_iter()
-        .map(|(name, mut points)| {
-            points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            XySeries { name, points }
-        })
-        .collect();
-    if let (Some(i), Some(lo), Some(hi)) = (idle, bulk_counts.iter().min(), bulk_counts.iter().max()) {
-        s.push(XySeries {
-            name: "idle".into(),
-            points: vec![(*lo as f64, i), (*hi as f64, i)],
-        });
-        s.push(XySeries {
-            name: format!("{AIM} x idle (the aim)"),
-            points: vec![(*lo as f64, i * AIM), (*hi as f64, i * AIM)],
-        });
-    }
-    report::xy_plot(
-        &out.join("qjump-p99.svg"),
-        &PlotOpts::new(
-            "RPC p99 latency against bulk load",
-            "bulk flows",
-            "p99 latency (us)",
-        ),
-        &s,
-    )?;
     Ok(())
 }

@@ -1,57 +1,7 @@
-//! Seed 001 (TCP pacing in data center networks, Ghobadi and Ganjali): N long-lived TCP flows
-//! through a small-buffer bottleneck, unpaced, paced per flow, and paced per host plus per
-//! flow; bottleneck utilisation, drop rate, mean / p99 / worst flow completion time against N,
-//! and the point of inflection N* past which pacing stops helping.
-//!
-//! # Setup
-//! A star (dumbbell): `S` sender hosts -> router -> receiver. The bottleneck is the router's
-//! egress toward the receiver: HTB at [`Config::rate_bps`] with a bfifo leaf of
-//! `buffer_pkts` full frames (1514 bytes each). The ACK path (receiver egress) carries a netem
-//! delay, which sets the RTT and so the bandwidth-delay product. Offloads are off (one packet
-//! per skb), congestion control is cubic everywhere.
-//!
-//! A point is (buffer, mode, N). Its N flows are spread round-robin over `min(S, N)` senders;
-//! they start together (each after a seeded random offset in `[0, start_jitter_ms)`), each
-//! uploads [`Config::flow_bytes`] to one server on the receiver, and the round ends when the
-//! last one completes. Rounds repeat until the point has at least [`Config::samples`] flows.
-//! The modes:
-//! - `unpaced`: no agent; the senders' veths keep their `noqueue` root, so TCP is not paced at
-//!   all (no fq, no SO_MAX_PACING_RATE): windows leave back to back.
-//! - `per-flow`: an agent on every sender with a class for the study's port whose `flow_rate`
-//!   is the fair share `rate / N` (rounded down to whole bytes/s).
-//! - `per-host`: the same plus a `rate` on the class's level: the host's share of the
-//!   bottleneck, `rate * n_h / N` for a host with `n_h` of the N flows (`rate / S` when S
-//!   divides N).
-//!
-//! Each agent runs in its sender's namespace with its own state directory and enforces with
-//! what the kernel offers (`enforcement: auto`): fq + EDT in the VM, HTB + TCP's own pacing on
-//! a kernel without sch_fq.
-//!
-//! # Measurements (per point)
-//! - FCT: the client's view, from `connect()` to the receiver's one-byte acknowledgement of
-//!   the whole flow (so it includes the handshake and half an RTT for the acknowledgement).
-//!   Mean, nearest-rank p50/p99 and max over all flows of all rounds.
-//! - Utilisation: bytes the bottleneck qdisc dequeued during the point (frames, retransmissions
-//!   included) / (rate x active time), active time being the sum over rounds of first flow
-//!   start to last flow completion.
-//! - Drop rate: drops of the bottleneck's bfifo / packets offered to it (sent + dropped).
-//! - Also: TCP retransmissions (TCP_INFO), drops at the senders' own qdiscs and the agents'
-//!   horizon drops (pacing must not simply move the losses to the host).
-//!
-//! # N*
-//! For each buffer and paced mode: the smallest measured N at which pacing is no longer better
-//! than no pacing by more than [`TOLERANCE`] (5%): `p99_unpaced < (1 + 0.05) * p99_paced`
-//! (also computed for the mean FCT). `None` ("> max N") when pacing helps at every N measured.
-//!
-//! # Outputs (in `--out`)
-//! `pacing-study.json` (config, environment, one workload-shaped result per point, N*),
-//! `pacing-study.md` (tables), and per buffer `pacing-study-{p99-fct,mean-fct,utilisation,
-//! drops}-b<pkts>.svg`. The JSON is rewritten after every point, so an aborted run keeps what
-//! it measured.
+//! Running the rounds on the testbed: the bottleneck, the agents and the flows.
 
-use super::Common;
 use crate::agent::{Agent, Scratch};
-use crate::report::{self, PlotOpts, XySeries};
+use crate::experiments::Common;
 use crate::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Star, StarSpec, Testbed};
 use crate::workload::{self, Tags, bulk, serve, stats};
 use anyhow::{Context, Result, anyhow, ensure};
@@ -61,184 +11,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use std::net::{IpAddr, SocketAddr};
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-const NAME: &str = "pacing-study";
-/// The study's TCP port (the agents' class rule matches it).
-const PORT: u16 = 5301;
-/// A full frame on the wire of the veths (MTU 1500 + Ethernet header): what HTB, bfifo and the
-/// agent's rates count.
-const FRAME: u32 = 1514;
-/// TCP payload per full frame (MSS 1448 with timestamps).
-const PAYLOAD: f64 = 1448.0;
-/// Relative margin by which paced must beat unpaced to count as "helping" (N*).
-pub const TOLERANCE: f64 = 0.05;
-
-/// How the senders pace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    Unpaced,
-    PerFlow,
-    PerHost,
-}
-
-impl Mode {
-    const ALL: [Mode; 3] = [Mode::Unpaced, Mode::PerFlow, Mode::PerHost];
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Unpaced => "unpaced",
-            Mode::PerFlow => "per-flow",
-            Mode::PerHost => "per-host+per-flow",
-        }
-    }
-}
-
-/// The experiment's knobs (all of them end up in the JSON).
-#[derive(Clone, Debug, Serialize)]
-pub struct Config {
-    /// Bottleneck rate, bit/s.
-    pub rate_bps: u64,
-    /// netem delay on the ACK path, ms (the base RTT is this plus the testbed's own).
-    pub delay_ms: f64,
-    /// Sender hosts.
-    pub senders: usize,
-    /// Bytes per flow.
-    pub flow_bytes: u64,
-    /// Flows per point at least (rounds of N flows until reached).
-    pub samples: usize,
-    /// The N axis.
-    pub flows: Vec<usize>,
-    /// Bottleneck buffers, in full frames.
-    pub buffers_pkts: Vec<u32>,
-    /// Each flow starts after a seeded uniform offset in [0, this) ms.
-    pub start_jitter_ms: f64,
-    /// Pause between rounds, ms (lets the queue drain and the sockets close).
-    pub round_gap_ms: u64,
-    /// Paced rates as a fraction of the fair share (1.0: exactly rate / N and the host's
-    /// share).
-    pub pace_fraction: f64,
-    /// The bottleneck qdisc: `netem` (`rate` + `limit` in packets) or `htb` (HTB + bfifo,
-    /// the testbed's); netem falls back to HTB where the kernel has no sch_netem.
-    pub shaper: String,
-    /// HTB `burst`/`cburst` of the bottleneck class in bytes (None: tc's default, about one
-    /// MTU with high-resolution timers).
-    pub htb_burst_bytes: Option<u32>,
-}
-
-impl Config {
-    /// The full run (VM budget ~15 minutes) or the quick smoke test.
-    pub fn new(quick: bool) -> Config {
-        // 10 Mbit/s: under TCG a late timer (typically 0.2 ms, at times several ms) is small
-        // against a frame's 1.2 ms; at 20-50 Mbit/s the bottleneck forwarded well below its rate
-        // in calibration runs. 40 ms of RTT make the BDP 50 KB (33 frames).
-        if quick {
-            Config {
-                rate_bps: 10_000_000,
-                delay_ms: 40.0,
-                senders: 2,
-                flow_bytes: 250_000,
-                samples: 8,
-                flows: vec![1, 8],
-                buffers_pkts: vec![4],
-                start_jitter_ms: 10.0,
-                round_gap_ms: 50,
-                pace_fraction: 1.0,
-                shaper: "netem".into(),
-                htb_burst_bytes: None,
-            }
-        } else {
-            Config {
-                rate_bps: 10_000_000,
-                delay_ms: 40.0,
-                senders: 4,
-                flow_bytes: 500_000,
-                samples: 24,
-                flows: vec![1, 4, 8, 16, 32],
-                buffers_pkts: vec![4, 16],
-                start_jitter_ms: 10.0,
-                round_gap_ms: 100,
-                pace_fraction: 1.0,
-                shaper: "netem".into(),
-                htb_burst_bytes: None,
-            }
-        }
-    }
-
-    /// Overrides from `PACELINE_STUDY_*` variables (they reach the VM), for exploring the
-    /// parameter space without editing code; the JSON records what ran.
-    pub fn with_env(mut self) -> Result<Config> {
-        fn var<T: std::str::FromStr>(k: &str) -> Result<Option<T>> {
-            match std::env::var(format!("PACELINE_STUDY_{k}")) {
-                Ok(v) => v
-                    .trim()
-                    .parse()
-                    .map(Some)
-                    .map_err(|_| anyhow!("PACELINE_STUDY_{k}={v:?} does not parse")),
-                Err(_) => Ok(None),
-            }
-        }
-        fn list<T: std::str::FromStr>(k: &str) -> Result<Option<Vec<T>>> {
-            match std::env::var(format!("PACELINE_STUDY_{k}")) {
-                Ok(v) => v
-                    .split(',')
-                    .map(|x| {
-                        x.trim()
-                            .parse()
-                            .map_err(|_| anyhow!("PACELINE_STUDY_{k}={v:?} does not parse"))
-                    })
-                    .collect::<Result<Vec<T>>>()
-                    .map(Some),
-                Err(_) => Ok(None),
-            }
-        }
-        if let Some(m) = var::<f64>("RATE_MBIT")? {
-            self.rate_bps = (m * 1e6) as u64;
-        }
-        if let Some(v) = var("DELAY_MS")? {
-            self.delay_ms = v;
-        }
-        if let Some(v) = var("SENDERS")? {
-            self.senders = v;
-        }
-        if let Some(v) = var("FLOW_BYTES")? {
-            self.flow_bytes = v;
-        }
-        if let Some(v) = var("SAMPLES")? {
-            self.samples = v;
-        }
-        if let Some(v) = list("FLOWS")? {
-            self.flows = v;
-        }
-        if let Some(v) = list("BUFFERS")? {
-            self.buffers_pkts = v;
-        }
-        if let Some(v) = var("JITTER_MS")? {
-            self.start_jitter_ms = v;
-        }
-        if let Some(v) = var("PACE")? {
-            self.pace_fraction = v;
-        }
-        if let Some(v) = var::<String>("SHAPER")? {
-            ensure!(
-                v == "netem" || v == "htb",
-                "PACELINE_STUDY_SHAPER must be netem or htb"
-            );
-            self.shaper = v;
-        }
-        if let Some(v) = var("HTB_BURST")? {
-            self.htb_burst_bytes = Some(v);
-        }
-        ensure!(
-            self.senders >= 1 && !self.flows.is_empty() && !self.buffers_pkts.is_empty() && self.samples >= 1
-        );
-        ensure!(
-            self.pace_fraction > 0.0 && self.pace_fraction <= 2.0,
-            "PACELINE_STUDY_PACE must be in (0, 2]"
-        );
-        Ok(self)
-    }
-}
+use super::*;
 
 /// Runs the experiment.
 pub fn run(c: &Common) -> Result<()> {
@@ -268,7 +44,7 @@ pub fn run(c: &Common) -> Result<()> {
     let to = SocketAddr::new(IpAddr::V4(rx_ip), PORT);
 
     // RTT without load, from the first sender.
-    let rtts = super::harness::ping_rtts_ms(&star.senders[0], IpAddr::V4(rx_ip), 7, "receiver")?;
+    let rtts = crate::experiments::harness::ping_rtts_ms(&star.senders[0], IpAddr::V4(rx_ip), 7, "receiver")?;
     let rtt_ms = stats::percentile_sorted(&rtts, 50.0);
     let bdp_bytes = cfg.rate_bps as f64 / 8.0 * rtt_ms / 1e3;
     let unpaced_qdisc = star.senders[cfg.senders]
@@ -280,7 +56,7 @@ pub fn run(c: &Common) -> Result<()> {
             &star.sender_iface(cfg.senders).ifname,
         ])
         .unwrap_or_default();
-    let kernel = super::harness::kernel_release();
+    let kernel = crate::experiments::harness::kernel_release();
     eprintln!(
         "{NAME}: kernel {kernel}, bottleneck {} Mbit/s ({}), RTT {rtt_ms:.2} ms (median of {} pings), BDP {:.0} bytes = {:.1} frames",
         cfg.rate_bps as f64 / 1e6,
@@ -423,7 +199,7 @@ pub fn run(c: &Common) -> Result<()> {
 }
 
 /// The bottleneck qdisc on the router's egress toward the receiver.
-enum Shaper {
+pub(crate) enum Shaper {
     /// The testbed's HTB + bfifo.
     Htb(Bottleneck),
     /// netem `rate R limit <packets>` as the root.
@@ -432,7 +208,7 @@ enum Shaper {
 
 impl Shaper {
     /// Counters of the qdisc that queues and drops.
-    fn stats(&self) -> Result<QdiscStats> {
+    pub(crate) fn stats(&self) -> Result<QdiscStats> {
         match self {
             Shaper::Htb(b) => b.stats(),
             Shaper::Netem { host, ifname } => host
@@ -448,7 +224,7 @@ impl Shaper {
 /// (each packet leaves `len / rate` after the previous one's departure time), so a late timer
 /// delays packets but costs no capacity; HTB loses the time a late timer costs beyond its
 /// burst, which under TCG makes it forward well below its rate (see [`calibrate`]).
-fn install_bottleneck(star: &Star, cfg: &Config, buf: u32) -> Result<Shaper> {
+pub(crate) fn install_bottleneck(star: &Star, cfg: &Config, buf: u32) -> Result<Shaper> {
     let ifname = star.bottleneck_iface().ifname.clone();
     let rate = format!("{}bit", cfg.rate_bps);
     if cfg.shaper == "netem" {
@@ -494,7 +270,7 @@ fn install_bottleneck(star: &Star, cfg: &Config, buf: u32) -> Result<Shaper> {
 
 /// What the bottleneck really forwards here: one UDP flow (from an unpaced sender) offered at
 /// 1.2x its rate for 3 s, and the rate at which the bottleneck qdisc dequeued.
-fn calibrate(star: &Star, bn: &Shaper, to: SocketAddr, cfg: &Config) -> Result<Value> {
+pub(crate) fn calibrate(star: &Star, bn: &Shaper, to: SocketAddr, cfg: &Config) -> Result<Value> {
     let q0 = bn.stats()?;
     let mut o = bulk::BulkOpts::tcp(to, 1, 3.0);
     o.udp = true;
@@ -517,67 +293,25 @@ fn calibrate(star: &Star, bn: &Shaper, to: SocketAddr, cfg: &Config) -> Result<V
 
 /// One flow's outcome.
 #[derive(Clone, Debug, Serialize)]
-struct FlowRec {
-    round: usize,
-    flow_id: u32,
-    sender: usize,
+pub(crate) struct FlowRec {
+    pub(crate) round: usize,
+    pub(crate) flow_id: u32,
+    pub(crate) sender: usize,
     /// Start offset within the round, s.
-    start_s: f64,
+    pub(crate) start_s: f64,
     /// None when the flow failed (see `error`).
-    fct_s: Option<f64>,
-    bytes_sent: u64,
-    retrans: u32,
-    rtt_us: u32,
-    cwnd: u32,
+    pub(crate) fct_s: Option<f64>,
+    pub(crate) bytes_sent: u64,
+    pub(crate) retrans: u32,
+    pub(crate) rtt_us: u32,
+    pub(crate) cwnd: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
-}
-
-/// The paced modes' policy for one sender.
-fn policy_yaml(mode: Mode, ifname: &str, flow_rate: u64, host_rate: Option<u64>) -> String {
-    let level_rate = host_rate
-        .map(|r| format!("      rate: {r}B/s\n"))
-        .unwrap_or_default();
-    let name = match mode {
-        Mode::PerHost => "study-per-host",
-        _ => "study-per-flow",
-    };
-    format!(
-        r#"apiVersion: paceline/v1
-kind: Policy
-metadata:
-  name: {name}
-  description: pacing study (seed 001), {mode}
-spec:
-  interfaces: [{ifname}]
-  enforcement: auto
-  # veths report no speed
-  link_rate: 10Gbit
-  # a flow paced at 10 Mbit/s / 32 sends a frame every 39 ms: the default 100ms would drop
-  # its third queued frame at the host
-  horizon: 1s
-  levels:
-    - name: host
-      priority: 0
-{level_rate}  classes:
-    - name: study
-      level: host
-      flow_rate: {flow_rate}B/s
-    - name: other
-      level: host
-  rules:
-    - class: study
-      protocol: tcp
-      dst_port: {PORT}
-  default_class: other
-"#,
-        mode = mode.name()
-    )
+    pub(crate) error: Option<String>,
 }
 
 /// Drops at a sender's egress qdiscs: the root's counter (fq, or mq which sums its fq
 /// children), or the leaves' for HTB (whose root does not see leaf drops).
-fn sender_drops(host: &Host, ifname: &str) -> u64 {
+pub(crate) fn sender_drops(host: &Host, ifname: &str) -> u64 {
     let Ok(qs) = host.qdisc_stats(ifname) else {
         return 0;
     };
@@ -597,25 +331,25 @@ fn sender_drops(host: &Host, ifname: &str) -> u64 {
 
 /// The agents of every sender, kept running through the paced points; a point changes their
 /// policies by reload.
-struct Agents<'a> {
-    list: Vec<Agent<'a>>,
-    paths: Vec<PathBuf>,
-    texts: Vec<String>,
+pub(crate) struct Agents<'a> {
+    pub(crate) list: Vec<Agent<'a>>,
+    pub(crate) paths: Vec<PathBuf>,
+    pub(crate) texts: Vec<String>,
 }
 
 /// Counters of the study class summed over the agents.
 #[derive(Clone, Copy, Debug, Default)]
-struct AgentCounters {
-    sockets: u64,
-    sockopt_errors: u64,
-    delayed: u64,
-    horizon_drops: u64,
+pub(crate) struct AgentCounters {
+    pub(crate) sockets: u64,
+    pub(crate) sockopt_errors: u64,
+    pub(crate) delayed: u64,
+    pub(crate) horizon_drops: u64,
 }
 
 impl<'a> Agents<'a> {
     /// Starts them one after the other (in parallel they outlast `Agent::start`'s deadline
     /// under TCG), each with a per-flow policy; one retry each.
-    fn start(star: &'a Star, scratch: &Scratch, cfg: &Config) -> Result<Agents<'a>> {
+    pub(crate) fn start(star: &'a Star, scratch: &Scratch, cfg: &Config) -> Result<Agents<'a>> {
         let mut ag = Agents {
             list: Vec::new(),
             paths: Vec::new(),
@@ -652,7 +386,7 @@ impl<'a> Agents<'a> {
 
     /// Makes `text` sender j's policy and waits until its agent applied it (a SIGHUP after 5 s
     /// if the file watch missed it).
-    fn apply(&mut self, j: usize, text: String) -> Result<()> {
+    pub(crate) fn apply(&mut self, j: usize, text: String) -> Result<()> {
         if self.texts[j] == text {
             return Ok(());
         }
@@ -662,12 +396,12 @@ impl<'a> Agents<'a> {
     }
 
     /// The enforcement mode the (first) agent uses.
-    fn mode(&self) -> Option<String> {
+    pub(crate) fn mode(&self) -> Option<String> {
         let st = self.list.first()?.status()?;
         st["enforcement"]["mode"].as_str().map(str::to_string)
     }
 
-    fn counters(&self) -> AgentCounters {
+    pub(crate) fn counters(&self) -> AgentCounters {
         let mut c = AgentCounters::default();
         for a in &self.list {
             let Some(st) = a.status() else { continue };
@@ -688,7 +422,7 @@ impl<'a> Agents<'a> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run_point(
+pub(crate) fn run_point(
     cfg: &Config,
     star: &Star,
     bn: &Shaper,
@@ -856,7 +590,7 @@ fn run_point(
 
 /// One round: every flow of `assign[j]` from sender j, all starting at a common instant plus
 /// their offsets; returns when all completed (or failed).
-fn run_round(
+pub(crate) fn run_round(
     senders: &[Host],
     assign: &[Vec<(u32, f64)>],
     to: SocketAddr,
@@ -898,7 +632,7 @@ fn run_round(
     Ok(out)
 }
 
-fn one_flow(
+pub(crate) fn one_flow(
     to: SocketAddr,
     bytes: u64,
     id: u32,
@@ -943,324 +677,4 @@ fn one_flow(
         Err(e) => rec.error = Some(format!("{e:#}")),
     }
     rec
-}
-
-/// N* of one paced mode against unpaced for `metric` (lower is better), with the ratios
-/// unpaced/paced at every N. Pacing "helps" at N when `unpaced >= (1 + TOLERANCE) * paced`;
-/// N* is the smallest N at which it no longer does, after it helped at some smaller N.
-fn n_star(points: &[Value], buf: u32, mode: Mode, metric: &str) -> (NStar, Vec<(u64, f64)>) {
-    let get = |m: Mode, n: u64| {
-        points.iter().find_map(|p| {
-            (p["tags"]["mode"] == m.name()
-                && p["tags"]["buffer_pkts"] == *buf.to_string()
-                && p["tags"]["flows"] == *n.to_string())
-            .then(|| p["summary"][metric].as_f64())
-            .flatten()
-        })
-    };
-    let mut ns: Vec<u64> = points
-        .iter()
-        .filter(|p| p["tags"]["buffer_pkts"] == *buf.to_string())
-        .filter_map(|p| p["tags"]["flows"].as_str().and_then(|s| s.parse().ok()))
-        .collect();
-    ns.sort_unstable();
-    ns.dedup();
-    let mut ratios = Vec::new();
-    for n in ns {
-        if let (Some(u), Some(p)) = (get(Mode::Unpaced, n), get(mode, n))
-            && p > 0.0
-        {
-            ratios.push((n, u / p));
-        }
-    }
-    let helps = |r: f64| r >= 1.0 + TOLERANCE;
-    let star = match ratios.iter().position(|&(_, r)| helps(r)) {
-        None => NStar::NeverHelped,
-        Some(i) => match ratios[i + 1..].iter().find(|&&(_, r)| !helps(r)) {
-            Some(&(n, _)) => NStar::At(n),
-            None => NStar::Beyond,
-        },
-    };
-    (star, ratios)
-}
-
-/// Where pacing stopped helping.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum NStar {
-    /// At this N (after helping at a smaller one).
-    At(u64),
-    /// Helped at every N from the first one where it helped up to the largest measured.
-    Beyond,
-    /// Never better by more than the tolerance.
-    NeverHelped,
-}
-
-impl NStar {
-    fn json(self) -> Value {
-        match self {
-            NStar::At(n) => json!(n),
-            NStar::Beyond => json!("beyond"),
-            NStar::NeverHelped => json!("never-helped"),
-        }
-    }
-    fn text(self, max_n: usize) -> String {
-        match self {
-            NStar::At(n) => n.to_string(),
-            NStar::Beyond => format!("> {max_n}"),
-            NStar::NeverHelped => "never helped".into(),
-        }
-    }
-}
-
-fn write_outputs(
-    out: &Path,
-    cfg: &Config,
-    c: &Common,
-    env: &Value,
-    points: &[Value],
-    complete: bool,
-    elapsed_s: f64,
-) -> Result<()> {
-    let max_n = cfg.flows.iter().max().copied().unwrap_or(0);
-    let mut stars = Vec::new();
-    for &buf in &cfg.buffers_pkts {
-        for mode in [Mode::PerFlow, Mode::PerHost] {
-            for metric in ["p99_fct_s", "mean_fct_s"] {
-                let (s, ratios) = n_star(points, buf, mode, metric);
-                stars.push(json!({
-                    "buffer_pkts": buf,
-                    "mode": mode.name(),
-                    "metric": metric,
-                    "n_star": s.json(),
-                    "n_star_text": s.text(max_n),
-                    "unpaced_over_paced": ratios,
-                }));
-            }
-        }
-    }
-    let doc = json!({
-        "kind": NAME,
-        "version": workload::SCHEMA_VERSION,
-        "complete": complete,
-        "elapsed_s": elapsed_s,
-        "seed": c.seed,
-        "quick": c.quick,
-        "config": cfg,
-        "environment": env,
-        "n_star_definition": format!(
-            "pacing helps at N when the unpaced value >= (1 + {TOLERANCE}) x the paced value (FCT: lower is better); N* is the smallest measured N at which pacing no longer helps, after it helped at a smaller N; \"beyond\": it helped from then on up to N = {max_n}; \"never-helped\": it helped at no N"
-        ),
-        "n_star": stars,
-        "results": points,
-    });
-    workload::write_json(&doc, Some(&out.join(format!("{NAME}.json"))))?;
-    std::fs::write(
-        out.join(format!("{NAME}.md")),
-        markdown(cfg, env, points, &stars, complete, elapsed_s),
-    )?;
-    for &buf in &cfg.buffers_pkts {
-        let sel: Vec<(String, Value)> = points
-            .iter()
-            .filter(|p| p["tags"]["buffer_pkts"] == *buf.to_string())
-            .map(|p| (String::new(), p.clone()))
-            .collect();
-        if sel.is_empty() {
-            continue;
-        }
-        let series = |path: &str, scale: f64| -> Vec<XySeries> {
-            let mut v = report::xy_series(&sel, "/tags/flows", path, Some("/tags/mode"));
-            for s in &mut v {
-                for p in &mut s.points {
-                    p.1 *= scale;
-                }
-            }
-            v
-        };
-        let bdp = env["bdp_frames"].as_f64().unwrap_or(0.0);
-        let sub = format!(
-            "buffer {buf} pkts ({:.0}% BDP), {} Mbit/s",
-            buf as f64 / bdp.max(1e-9) * 100.0,
-            cfg.rate_bps / 1_000_000
-        );
-        for (file, title, y, path, scale) in [
-            (
-                "p99-fct",
-                "99th-percentile FCT",
-                "p99 FCT (s)",
-                "/summary/p99_fct_s",
-                1.0,
-            ),
-            ("mean-fct", "mean FCT", "mean FCT (s)", "/summary/mean_fct_s", 1.0),
-            (
-                "utilisation",
-                "bottleneck utilisation",
-                "utilisation (%)",
-                "/summary/utilisation",
-                100.0,
-            ),
-            (
-                "drops",
-                "bottleneck drop rate",
-                "drops (% of packets)",
-                "/summary/drop_rate",
-                100.0,
-            ),
-        ] {
-            let opts =
-                PlotOpts::new(&format!("{title} vs N, {sub}"), "concurrent flows N (log)", y).log_x(true);
-            report::xy_plot(
-                &out.join(format!("{NAME}-{file}-b{buf}.svg")),
-                &opts,
-                &series(path, scale),
-            )?;
-        }
-    }
-    Ok(())
-}
-
-fn markdown(
-    cfg: &Config,
-    env: &Value,
-    points: &[Value],
-    stars: &[Value],
-    complete: bool,
-    elapsed_s: f64,
-) -> String {
-    use report::fmt_num;
-    let f = |v: &Value| v.as_f64().map(fmt_num).unwrap_or_default();
-    let pct = |v: &Value| {
-        v.as_f64()
-            .map(|x| format!("{:.1}", x * 100.0))
-            .unwrap_or_default()
-    };
-    let pct2 = |v: &Value| {
-        v.as_f64()
-            .map(|x| format!("{:.2}", x * 100.0))
-            .unwrap_or_default()
-    };
-    let s3 = |v: &Value| v.as_f64().map(|x| format!("{x:.3}")).unwrap_or_default();
-    let mut md = String::new();
-    md.push_str(&format!(
-        "# Pacing study (seed 001)\n\n{}Kernel {} ({}), agent enforcement `{}`. Bottleneck {} Mbit/s ({}) on the router; \
-         RTT {:.2} ms (netem delay on the ACK path: {} ms), BDP {:.0} frames; {} senders per mode; flows of {} bytes; \
-         at least {} flows per point; pacing at {}x the fair share. Calibration: the bottleneck dequeued {:.1}% of its rate \
-         under a UDP overload. Run took {:.0} s.\n\n",
-        if complete { "" } else { "**Incomplete run (partial results).** " },
-        env["kernel"].as_str().unwrap_or("?"),
-        if env["in_vm"].as_bool().unwrap_or(false) { "VM" } else { "host" },
-        env["agent_enforcement"].as_str().unwrap_or("?"),
-        cfg.rate_bps as f64 / 1e6,
-        match cfg.shaper.as_str() {
-            "netem" => "netem rate, buffer = netem limit in packets".to_string(),
-            _ => format!(
-                "HTB + bfifo, buffer = bfifo limit of N x 1514 bytes, burst {}",
-                cfg.htb_burst_bytes.map(|b| format!("{b} B")).unwrap_or_else(|| "tc default".into())
-            ),
-        },
-        env["rtt_ms_median"].as_f64().unwrap_or(0.0),
-        env["netem_delay_ms"].as_f64().map(|d| d.to_string()).unwrap_or_else(|| "none".into()),
-        env["bdp_frames"].as_f64().unwrap_or(0.0),
-        cfg.senders,
-        cfg.flow_bytes,
-        cfg.samples,
-        cfg.pace_fraction,
-        env["calibration"]["dequeued_over_rate"].as_f64().unwrap_or(f64::NAN) * 100.0,
-        elapsed_s,
-    ));
-    let headers: Vec<String> = [
-        "buffer (pkts)",
-        "N",
-        "mode",
-        "util %",
-        "drop %",
-        "mean FCT s",
-        "p99 FCT s",
-        "max FCT s",
-        "ideal s",
-        "p99/ideal",
-        "retrans/flow",
-        "host drops",
-        "flows",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let rows: Vec<Vec<String>> = points
-        .iter()
-        .map(|p| {
-            let s = &p["summary"];
-            vec![
-                p["tags"]["buffer_pkts"].as_str().unwrap_or("").to_string(),
-                p["tags"]["flows"].as_str().unwrap_or("").to_string(),
-                p["tags"]["mode"].as_str().unwrap_or("").to_string(),
-                pct(&s["utilisation"]),
-                pct2(&s["drop_rate"]),
-                s3(&s["mean_fct_s"]),
-                s3(&s["p99_fct_s"]),
-                s3(&s["max_fct_s"]),
-                s3(&s["ideal_fct_s"]),
-                f(&s["p99_slowdown"]),
-                f(&s["retrans_per_flow"]),
-                format!(
-                    "{}",
-                    s["host_qdisc_drops"].as_u64().unwrap_or(0)
-                        + s["agent"]["dropped_horizon"].as_u64().unwrap_or(0)
-                ),
-                format!(
-                    "{}{}",
-                    s["flows_completed"],
-                    match s["flows_failed"].as_u64() {
-                        Some(0) | None => String::new(),
-                        Some(k) => format!(" ({k} failed)"),
-                    }
-                ),
-            ]
-        })
-        .collect();
-    md.push_str(&report::markdown_table(&headers, &rows));
-    md.push_str(
-        "\nutil: bytes dequeued by the bottleneck / (rate x active time); drop: bottleneck drops / packets offered; \
-         FCT: connect to the receiver's acknowledgement of the last byte; ideal: N flows' payload at the full rate; \
-         host drops: drops at the senders' qdiscs plus the agents' horizon drops.\n\n## Point of inflection N*\n\n",
-    );
-    let headers: Vec<String> = [
-        "buffer (pkts)",
-        "paced mode",
-        "metric",
-        "N*",
-        "unpaced/paced at each N",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let max_n = cfg.flows.iter().max().copied().unwrap_or(0);
-    let rows: Vec<Vec<String>> = stars
-        .iter()
-        .map(|s| {
-            let ratios = s["unpaced_over_paced"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|x| format!("{}: {:.2}", x[0], x[1].as_f64().unwrap_or(0.0)))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                })
-                .unwrap_or_default();
-            vec![
-                s["buffer_pkts"].to_string(),
-                s["mode"].as_str().unwrap_or("").to_string(),
-                s["metric"].as_str().unwrap_or("").to_string(),
-                s["n_star_text"].as_str().unwrap_or("").to_string(),
-                ratios,
-            ]
-        })
-        .collect();
-    md.push_str(&report::markdown_table(&headers, &rows));
-    md.push_str(&format!(
-        "\nPacing helps at N when unpaced >= (1 + {TOLERANCE}) x paced (ratios above {:.2} in the last column). \
-         N*: the smallest measured N at which it no longer helps, after it helped at a smaller N \
-         (\"> {max_n}\": it helped up to the largest N measured).\n",
-        1.0 + TOLERANCE
-    ));
-    md
 }
