@@ -261,3 +261,28 @@ pub(crate) fn ping_rtts_ms(
     anyhow::ensure!(!rtts.is_empty(), "no ping reply from the {what}");
     Ok(crate::workload::stats::sorted(rtts))
 }
+
+/// For the experiments' unit tests: `text` parsed by the agent's own validator (offline: the
+/// interfaces are the testbed's) and compiled as the agent would; panics, naming the policy and
+/// printing it, if it is rejected or draws a warning.
+#[cfg(test)]
+pub(crate) fn compile_offline(name: &str, text: &str) -> paceline::policy::Compiled {
+    use paceline::policy::{self, CompileContext, EnforcementMode, OfflineHost};
+    let v = policy::parse_str(text, name, &OfflineHost).unwrap_or_else(|errors| {
+        panic!(
+            "{name}: rejected:\n{}\n{text}",
+            errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
+    assert!(v.warnings.is_empty(), "{name}: warnings {:?}\n{text}", v.warnings);
+    let ctx = CompileContext {
+        mode: v.enforcement().fixed().unwrap_or(EnforcementMode::Fq),
+        previous: None,
+        all_routes_managed: false,
+    };
+    policy::compile(&v, &ctx).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"))
+}

@@ -1,9 +1,8 @@
 //! Delay quantiles from the agent's histogram, and the table.
 
-use crate::experiments::Common;
-use crate::workload::{self};
+use crate::experiments::{Common, Document};
 use anyhow::Result;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::path::Path;
 
 use super::*;
@@ -56,18 +55,10 @@ pub(crate) fn write_outputs(
     c: &Common,
     env: &Value,
     points: &[Value],
+    complete: bool,
     elapsed_s: f64,
 ) -> Result<()> {
-    let doc = json!({
-        "kind": NAME,
-        "version": workload::SCHEMA_VERSION,
-        "elapsed_s": elapsed_s,
-        "quick": c.quick,
-        "config": cfg,
-        "environment": env,
-        "results": points,
-    });
-    workload::write_json(&doc, Some(&out.join(format!("{NAME}.json"))))?;
+    Document::new(NAME, c, cfg, env, points, complete, elapsed_s).write(out)?;
     let mut s = format!(
         "# AQM: horizon only vs CoDel + ECN on a paced class\n\nKernel {}, class at {} Mbit/s, {} TCP flows, {} s measured after {} s; CoDel target {} ms, interval {} ms. Delay quantiles are the upper bounds of the histogram's log2 buckets.\n\n| cc | queue | throughput / R | delay p50 | delay p99 | delay mean (ms) | horizon drops | CoDel drops | CE marks | retransmissions |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         env["kernel"].as_str().unwrap_or("?"),

@@ -96,12 +96,28 @@ pub fn run(c: &Common) -> Result<()> {
                 pt.get("error").map(|e| format!(" ERROR {e}")).unwrap_or_default(),
             );
             points.push(pt);
-            write_outputs(&c.out, &cfg, c, &env, &points, t_begin.elapsed().as_secs_f64())?;
+            write_outputs(
+                &c.out,
+                &cfg,
+                c,
+                &env,
+                &points,
+                false,
+                t_begin.elapsed().as_secs_f64(),
+            )?;
         }
     }
     agent.stop();
     env["load_at_end"] = json!(loadavg());
-    write_outputs(&c.out, &cfg, c, &env, &points, t_begin.elapsed().as_secs_f64())?;
+    write_outputs(
+        &c.out,
+        &cfg,
+        c,
+        &env,
+        &points,
+        true,
+        t_begin.elapsed().as_secs_f64(),
+    )?;
     eprintln!(
         "{NAME}: done in {:.0} s; results in {}",
         t_begin.elapsed().as_secs_f64(),

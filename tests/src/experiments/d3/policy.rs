@@ -70,25 +70,7 @@ mod tests {
     /// the interfaces are the testbed's), and the senders' first rule selects the responses.
     #[test]
     fn policies_validate_and_compile() {
-        use paceline::policy::{self, CompileContext, EnforcementMode, OfflineHost};
-        let compiled = |name: &str, text: &str| {
-            let v = policy::parse_str(text, name, &OfflineHost).unwrap_or_else(|errors| {
-                panic!(
-                    "{name}: rejected:\n{}\n{text}",
-                    errors
-                        .iter()
-                        .map(|e| e.to_string())
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                )
-            });
-            let ctx = CompileContext {
-                mode: v.enforcement().fixed().unwrap_or(EnforcementMode::Fq),
-                previous: None,
-                all_routes_managed: false,
-            };
-            policy::compile(&v, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"))
-        };
+        let compiled = crate::experiments::harness::compile_offline;
         let cfg = Config::new(false);
         for m in cfg.modes.iter().filter(|m| m.kind != Kind::Tcp) {
             let c = compiled(&m.name, &sender_policy(&cfg, m, 10, "eth0"));

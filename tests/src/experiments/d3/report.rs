@@ -1,8 +1,7 @@
 //! The results as tables, supported N and plots, from the points in their JSON shape.
 
-use crate::experiments::Common;
+use crate::experiments::{Common, Document};
 use crate::report::{self, PlotOpts, XySeries};
-use crate::workload::{self};
 use anyhow::Result;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -118,21 +117,11 @@ pub(crate) fn write_outputs(
             support.push(row);
         }
     }
-    let doc = json!({
-        "kind": NAME,
-        "version": workload::SCHEMA_VERSION,
-        "complete": complete,
-        "elapsed_s": elapsed_s,
-        "seed": c.seed,
-        "quick": c.quick,
-        "config": cfg,
-        "environment": env,
-        "supported_definition": "n_at_99 / n_at_95: the largest measured N such that app throughput >= 99% / 95% at every measured N up to it (0: not at the smallest N); interpolated: linear crossing between that N and the next measured one",
-        "supported": support,
-        "results": points,
-        "measurements": measurements,
-    });
-    workload::write_json(&doc, Some(&out.join(format!("{NAME}.json"))))?;
+    Document::new(NAME, c, cfg, env, points, complete, elapsed_s)
+        .with("supported_definition", "n_at_99 / n_at_95: the largest measured N such that app throughput >= 99% / 95% at every measured N up to it (0: not at the smallest N); interpolated: linear crossing between that N and the next measured one")
+        .with("supported", &support)
+        .with("measurements", measurements)
+        .write(out)?;
     std::fs::write(
         out.join(format!("{NAME}.md")),
         markdown(cfg, env, points, &support, complete, elapsed_s),

@@ -63,10 +63,10 @@ mod tests {
                     assert!(mode == Mode::Tcp || (mode == Mode::Paced && client));
                     continue;
                 };
-                match paceline::policy::parse_str(&text, "incast.yaml", &paceline::policy::OfflineHost) {
-                    Err(e) => panic!("{} client={client}: {e:?}\n{text}", mode.name()),
-                    Ok(v) => assert!(v.warnings.is_empty(), "{}: {:?}", mode.name(), v.warnings),
-                }
+                crate::experiments::harness::compile_offline(
+                    &format!("{} client={client}", mode.name()),
+                    &text,
+                );
                 match mode {
                     Mode::TcpTuned => assert!(text.contains("rto_min: 5ms")),
                     Mode::Paced => assert!(text.contains(&format!("flow_rate: {}B/s", 50_000_000 / 16))),

@@ -1,10 +1,9 @@
 //! The table and the plots, from the points in their JSON shape.
 
-use crate::experiments::Common;
+use crate::experiments::{Common, Document};
 use crate::report::{self, PlotOpts, XySeries};
-use crate::workload::{self};
 use anyhow::Result;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::path::Path;
 
 use super::*;
@@ -33,19 +32,9 @@ pub(crate) fn write_outputs(
     complete: bool,
     elapsed_s: f64,
 ) -> Result<()> {
-    let doc = json!({
-        "kind": NAME,
-        "version": workload::SCHEMA_VERSION,
-        "complete": complete,
-        "elapsed_s": elapsed_s,
-        "seed": c.seed,
-        "quick": c.quick,
-        "config": cfg,
-        "environment": env,
-        "results": points,
-        "micro": micro,
-    });
-    workload::write_json(&doc, Some(&out.join(format!("{NAME}.json"))))?;
+    Document::new(NAME, c, cfg, env, points, complete, elapsed_s)
+        .with("micro", micro)
+        .write(out)?;
     std::fs::write(out.join(format!("{NAME}.md")), markdown(cfg, env, points, micro))?;
     for (file, key, title, ylabel, scale) in [
         (

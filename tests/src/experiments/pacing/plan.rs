@@ -234,3 +234,38 @@ pub(crate) fn plan(quick: bool) -> (Vec<Point>, Option<u64>) {
     let level_rate = points.iter().any(|p| p.kind == Kind::Level).then_some(agg);
     (points, level_rate)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every point has its own classes and ports (the policy tells points apart by port), paced
+    /// points a rate, controls none, and UDP offers 1.5x the paced rate on the wire.
+    #[test]
+    fn points_are_distinct_and_rated() {
+        for quick in [false, true] {
+            let (points, level_rate) = plan(quick);
+            let mut ports = std::collections::BTreeSet::new();
+            let mut classes = std::collections::BTreeSet::new();
+            for p in &points {
+                for g in &p.groups {
+                    assert!(ports.insert(g.port), "port {} twice", g.port);
+                    assert!(classes.insert(g.class.clone()), "class {} twice", g.class);
+                }
+                assert_eq!(p.rate_bps.is_none(), p.kind == Kind::Unpaced, "{}", p.name);
+                if p.proto == Proto::Udp
+                    && let Some(r) = p.rate_bps
+                {
+                    let offered = p.udp_offered_wire_bps();
+                    assert!(
+                        (offered / r as f64 - UDP_OVERLOAD).abs() < 0.01,
+                        "{}: offers {offered} for {r}",
+                        p.name
+                    );
+                }
+            }
+            assert_eq!(level_rate.is_some(), points.iter().any(|p| p.kind == Kind::Level));
+            assert!(points.iter().any(|p| p.kind == Kind::Unpaced), "a control");
+        }
+    }
+}

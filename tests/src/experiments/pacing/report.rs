@@ -292,3 +292,21 @@ pub(crate) fn plots(out: &Path, doc: &Value) -> Result<()> {
     report::xy_plot(&out.join("pacing-ratio.svg"), &o, &r)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Within the aim is "yes" whatever else happened; a shortfall is blamed on drops first,
+    /// then on the machine's stalls when they cover half the missing time, else on the pacer.
+    #[test]
+    fn verdicts() {
+        assert_eq!(verdict(1.0 + AIM / 2.0, 5.0, 1e6, 10.0), "yes");
+        assert_eq!(verdict(1.0 - AIM / 2.0, 0.0, 0.0, 10.0), "yes");
+        assert_eq!(verdict(1.1, 0.0, 0.0, 10.0), "no: over");
+        assert_eq!(verdict(0.9, 3.0, 0.0, 10.0), "no: drops");
+        // 10% of a 10 s window is 1 s missing: 500 ms of stalls explain it, 400 ms do not.
+        assert_eq!(verdict(0.9, 0.0, 500.0, 10.0), "no: stalls");
+        assert_eq!(verdict(0.9, 0.0, 400.0, 10.0), "no: short");
+    }
+}

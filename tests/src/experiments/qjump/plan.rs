@@ -1,6 +1,5 @@
 //! The conditions to run: policies (flat or QJump levels) and numbers of bulk flows.
 
-
 /// The switch port's default rate (bit/s; `--rate-mbit` sets another): well below what the
 /// emulated VM forwards through two hops with everything else running (a 50 Mbit/s port ran at
 /// a third of its rate under TCG, the CPUs being the bottleneck), so that the port, not the
@@ -108,4 +107,29 @@ pub(crate) struct Timing {
     pub(crate) warmup_s: f64,
     /// Bulk flows go on this long after the RPCs end.
     pub(crate) tail_s: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference (idle), then every bulk count without and with levels, each condition
+    /// under its own key.
+    #[test]
+    fn conditions_cover_every_bulk_count_with_and_without_levels() {
+        let c = conditions(&[1, 4]);
+        assert_eq!((c[0].name, c[0].bulk, c[0].policy), ("idle", 0, Policy::Flat));
+        for k in [1, 4] {
+            for (name, policy) in [("no-levels", Policy::Flat), ("levels", Policy::QJump)] {
+                assert!(
+                    c.iter()
+                        .any(|x| x.name == name && x.bulk == k && x.policy == policy),
+                    "{name} with {k} bulk flows"
+                );
+            }
+        }
+        let keys: std::collections::BTreeSet<String> = c.iter().map(Cond::key).collect();
+        assert_eq!(keys.len(), c.len(), "keys are unique");
+        assert!(c.iter().filter(|x| x.elsewhere).all(|x| x.bulk > 0));
+    }
 }

@@ -29,3 +29,34 @@ pub(crate) fn policy_text(p: Policy, ifname: &str, rate_bps: u64) -> String {
          default_class: bulk\n"
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both policies pass the agent's validator; with levels, the RPCs' level is limited to
+    /// QJump's per-host rate (factor 1: one packet per network epoch, below the port's rate)
+    /// and the bulk's is not; RPCs are selected by their port.
+    #[test]
+    fn both_policies_validate_and_levels_limit_the_rpcs() {
+        let rate = DEFAULT_RATE_MBIT * 1_000_000;
+        let flat =
+            crate::experiments::harness::compile_offline("flat", &policy_text(Policy::Flat, "veth0", rate));
+        assert!(flat.levels.iter().all(|l| l.rate.is_none()));
+        let q =
+            crate::experiments::harness::compile_offline("qjump", &policy_text(Policy::QJump, "veth0", rate));
+        let level = |class: &str| {
+            let c = q.classes.iter().find(|c| c.name == class).unwrap();
+            &q.levels[c.level]
+        };
+        let rpc = level("rpc").rate.expect("the latency level is limited");
+        assert!(rpc > 0 && rpc < rate / 8, "{rpc} B/s");
+        assert_eq!(level("rpc").dscp, Some(46));
+        assert_eq!(level("bulk").rate, None);
+        assert!(
+            q.rules[0].matches.contains(&format!("tcp dst_port {RPC_PORT}")),
+            "{:?}",
+            q.rules
+        );
+    }
+}

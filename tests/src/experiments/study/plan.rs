@@ -182,3 +182,26 @@ impl Config {
         Ok(self)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The full and the quick plan are runnable as they stand: flows and buffers to measure,
+    /// samples to collect, and buffers below the bandwidth-delay product (the seed's regime).
+    #[test]
+    fn both_plans_run_below_the_bdp() {
+        for quick in [false, true] {
+            let c = Config::new(quick);
+            assert!(!c.flows.is_empty() && c.flows.windows(2).all(|w| w[0] < w[1]));
+            assert!(c.samples >= 1 && c.senders >= 1 && c.flow_bytes > 0);
+            let bdp_frames = c.rate_bps as f64 / 8.0 * c.delay_ms / 1e3 / FRAME as f64;
+            for &b in &c.buffers_pkts {
+                assert!(
+                    (b as f64) < bdp_frames,
+                    "buffer {b} frames against a BDP of {bdp_frames:.1}"
+                );
+            }
+        }
+    }
+}

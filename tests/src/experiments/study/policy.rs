@@ -43,3 +43,32 @@ spec:
         mode = mode.name()
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both paced modes' policies pass the agent's validator and carry the flow's rate, and the
+    /// per-host mode the host's share on the level.
+    #[test]
+    fn paced_policies_validate_and_carry_their_rates() {
+        let c = crate::experiments::harness::compile_offline(
+            "per-flow",
+            &policy_yaml(Mode::PerFlow, "veth0", 39_062, None),
+        );
+        let study = c.classes.iter().find(|k| k.name == "study").unwrap();
+        assert_eq!(study.flow_rate, Some(39_062));
+        assert_eq!(c.levels[study.level].rate, None);
+        assert!(
+            c.rules[0].matches.contains(&format!("tcp dst_port {PORT}")),
+            "{:?}",
+            c.rules
+        );
+        let c = crate::experiments::harness::compile_offline(
+            "per-host",
+            &policy_yaml(Mode::PerHost, "veth0", 39_062, Some(312_500)),
+        );
+        let study = c.classes.iter().find(|k| k.name == "study").unwrap();
+        assert_eq!(c.levels[study.level].rate, Some(312_500));
+    }
+}

@@ -1,8 +1,7 @@
 //! N* (where pacing stops helping), the table and the plots, from the points.
 
-use crate::experiments::Common;
+use crate::experiments::{Common, Document};
 use crate::report::{self, PlotOpts, XySeries};
-use crate::workload::{self};
 use anyhow::Result;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -102,22 +101,12 @@ pub(crate) fn write_outputs(
             }
         }
     }
-    let doc = json!({
-        "kind": NAME,
-        "version": workload::SCHEMA_VERSION,
-        "complete": complete,
-        "elapsed_s": elapsed_s,
-        "seed": c.seed,
-        "quick": c.quick,
-        "config": cfg,
-        "environment": env,
-        "n_star_definition": format!(
+    Document::new(NAME, c, cfg, env, points, complete, elapsed_s)
+        .with("n_star_definition", format!(
             "pacing helps at N when the unpaced value >= (1 + {TOLERANCE}) x the paced value (FCT: lower is better); N* is the smallest measured N at which pacing no longer helps, after it helped at a smaller N; \"beyond\": it helped from then on up to N = {max_n}; \"never-helped\": it helped at no N"
-        ),
-        "n_star": stars,
-        "results": points,
-    });
-    workload::write_json(&doc, Some(&out.join(format!("{NAME}.json"))))?;
+        ))
+        .with("n_star", &stars)
+        .write(out)?;
     std::fs::write(
         out.join(format!("{NAME}.md")),
         markdown(cfg, env, points, &stars, complete, elapsed_s),
@@ -327,4 +316,47 @@ pub(crate) fn markdown(
         1.0 + TOLERANCE
     ));
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Points of one buffer: the metric of each mode at each N.
+    fn points(buf: u32, rows: &[(u64, f64, f64)]) -> Vec<Value> {
+        let mut v = Vec::new();
+        for &(n, unpaced, paced) in rows {
+            for (mode, x) in [(Mode::Unpaced, unpaced), (Mode::PerFlow, paced)] {
+                v.push(json!({
+                    "tags": {"mode": mode.name(), "flows": n.to_string(), "buffer_pkts": buf.to_string()},
+                    "summary": {"p99_fct_s": x},
+                }));
+            }
+        }
+        v
+    }
+
+    /// N* is the first N at which pacing stops beating unpaced by the tolerance, after it did
+    /// at a smaller N; other buffers' points do not count.
+    #[test]
+    fn n_star_is_where_pacing_stops_helping() {
+        let mut p = points(4, &[(1, 3.0, 1.0), (4, 2.0, 1.0), (8, 1.02, 1.0), (16, 2.0, 1.0)]);
+        p.extend(points(16, &[(8, 5.0, 1.0)]));
+        let (star, ratios) = n_star(&p, 4, Mode::PerFlow, "p99_fct_s");
+        assert_eq!(star, NStar::At(8));
+        assert_eq!(ratios.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 4, 8, 16]);
+        assert!((ratios[0].1 - 3.0).abs() < 1e-12);
+        // Helping from the second N on, up to the last: beyond the range.
+        let p = points(4, &[(1, 1.0, 1.0), (4, 1.5, 1.0), (8, 1.2, 1.0)]);
+        assert_eq!(n_star(&p, 4, Mode::PerFlow, "p99_fct_s").0, NStar::Beyond);
+        assert_eq!(NStar::Beyond.text(8), "> 8");
+        // Within the tolerance everywhere (or worse): never helped.
+        let p = points(4, &[(1, 1.0 + TOLERANCE / 2.0, 1.0), (4, 0.5, 1.0)]);
+        assert_eq!(n_star(&p, 4, Mode::PerFlow, "p99_fct_s").0, NStar::NeverHelped);
+        // No paced point of that mode: nothing to compare.
+        assert_eq!(
+            n_star(&p, 4, Mode::PerHost, "p99_fct_s"),
+            (NStar::NeverHelped, vec![])
+        );
+    }
 }

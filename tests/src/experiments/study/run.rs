@@ -11,7 +11,6 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use std::net::{IpAddr, SocketAddr};
 use std::panic::AssertUnwindSafe;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -333,7 +332,6 @@ pub(crate) fn sender_drops(host: &Host, ifname: &str) -> u64 {
 /// policies by reload.
 pub(crate) struct Agents<'a> {
     pub(crate) list: Vec<Agent<'a>>,
-    pub(crate) paths: Vec<PathBuf>,
     pub(crate) texts: Vec<String>,
 }
 
@@ -352,7 +350,6 @@ impl<'a> Agents<'a> {
     pub(crate) fn start(star: &'a Star, scratch: &Scratch, cfg: &Config) -> Result<Agents<'a>> {
         let mut ag = Agents {
             list: Vec::new(),
-            paths: Vec::new(),
             texts: Vec::new(),
         };
         for j in 0..cfg.senders {
@@ -378,7 +375,6 @@ impl<'a> Agents<'a> {
             }
             ag.list
                 .push(agent.with_context(|| format!("starting the agent on s{j}"))?);
-            ag.paths.push(p);
             ag.texts.push(text);
         }
         Ok(ag)
