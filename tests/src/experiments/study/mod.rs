@@ -10,7 +10,9 @@
 //! delay, which sets the RTT and so the bandwidth-delay product. Offloads are off (one packet
 //! per skb), congestion control is cubic everywhere.
 //!
-//! A point is (buffer, mode, N). Its N flows are spread round-robin over `min(S, N)` senders;
+//! The buffers are fractions of the bandwidth-delay product measured at the start
+//! ([`Config::buffers_bdp`], the seed's 2-7%), in whole frames. A point is (repetition,
+//! buffer, mode, N); the repetitions are the outermost loop. Its N flows are spread round-robin over `min(S, N)` senders;
 //! they start together (each after a seeded random offset in `[0, start_jitter_ms)`), each
 //! uploads [`Config::flow_bytes`] to one server on the receiver, and the round ends when the
 //! last one completes. Rounds repeat until the point has at least [`Config::samples`] flows.
@@ -39,14 +41,17 @@
 //!   horizon drops (pacing must not simply move the losses to the host).
 //!
 //! # N*
-//! For each buffer and paced mode: the smallest measured N at which pacing is no longer better
-//! than no pacing by more than [`TOLERANCE`] (5%): `p99_unpaced < (1 + 0.05) * p99_paced`
-//! (also computed for the mean FCT). `None` ("> max N") when pacing helps at every N measured.
+//! For each buffer, paced mode and metric (p99 FCT, mean FCT, drop rate): the smallest
+//! measured N at which pacing is no longer better than no pacing by more than [`TOLERANCE`]
+//! (5%), e.g. `p99_unpaced < (1 + 0.05) * p99_paced`, after it was better at a smaller N;
+//! "> max N" when it helps up to the largest N. Located on the pooled results (FCTs of every
+//! repetition's flows, mean drop rate) and in each repetition, whose spread is its
+//! uncertainty; the report sets it next to the seed's 8 (Aggarwal) and 9 (Kulik).
 //!
 //! # Outputs (in `--out`)
-//! `pacing-study.json` (config, environment, one workload-shaped result per point, N*),
-//! `pacing-study.md` (tables), and per buffer `pacing-study-{p99-fct,mean-fct,utilisation,
-//! drops}-b<pkts>.svg`. The JSON is rewritten after every point, so an aborted run keeps what
+//! `pacing-study.json` (config, environment, one workload-shaped result per point, the pooled
+//! cells, N*), `pacing-study.md` (tables), and per buffer the seed's four panels
+//! `pacing-study-{utilisation,drops,mean-fct,p99-fct}-b<pkts>.svg`. The JSON is rewritten after every point, so an aborted run keeps what
 //! it measured.
 
 mod plan;

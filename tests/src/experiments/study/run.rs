@@ -56,6 +56,8 @@ pub fn run(c: &Common) -> Result<()> {
         ])
         .unwrap_or_default();
     let kernel = crate::experiments::harness::kernel_release();
+    let buffers = cfg.buffers(bdp_bytes / FRAME as f64);
+    let modes = cfg.modes();
     eprintln!(
         "{NAME}: kernel {kernel}, bottleneck {} Mbit/s ({}), RTT {rtt_ms:.2} ms (median of {} pings), BDP {:.0} bytes = {:.1} frames",
         cfg.rate_bps as f64 / 1e6,
@@ -81,6 +83,7 @@ pub fn run(c: &Common) -> Result<()> {
         "rtt_ms_samples": rtts,
         "bdp_bytes": bdp_bytes,
         "bdp_frames": bdp_bytes / FRAME as f64,
+        "buffers": buffers.iter().map(|&(b, r)| json!({"frames": b, "bytes": b * FRAME, "of_bdp": r})).collect::<Vec<_>>(),
         "unpaced_sender_qdisc": unpaced_qdisc.trim(),
         "netem_delay_ms": if netem.is_ok() { json!(cfg.delay_ms) } else { Value::Null },
         "shaper": cfg.shaper,
@@ -102,7 +105,7 @@ pub fn run(c: &Common) -> Result<()> {
             if let Ok(m) = rate.parse::<f64>() {
                 c2.rate_bps = (m * 1e6) as u64;
             }
-            let bn = install_bottleneck(&star, &c2, cfg.buffers_pkts[0])?;
+            let bn = install_bottleneck(&star, &c2, buffers[0].0)?;
             let r = calibrate(&star, &bn, to, &c2)?;
             eprintln!("{NAME}: calibration of {spec}: {r}");
             out.push(json!({"bottleneck": spec, "result": r}));
@@ -134,47 +137,55 @@ pub fn run(c: &Common) -> Result<()> {
     );
 
     let mut points: Vec<Value> = Vec::new();
-    let total = cfg.buffers_pkts.len() * cfg.flows.len() * Mode::ALL.len();
+    let total = cfg.reps * buffers.len() * cfg.flows.len() * modes.len();
     let mut done = 0;
-    for &buf in &cfg.buffers_pkts {
-        let bn = install_bottleneck(&star, &cfg, buf)?;
-        if env["calibration"].is_null() {
-            env["calibration"] = calibrate(&star, &bn, to, &cfg)?;
-            eprintln!("{NAME}: calibration: {}", env["calibration"]);
-        }
-        for &n in &cfg.flows {
-            let seed = c.seed ^ ((buf as u64) << 40) ^ ((n as u64) << 20);
-            for mode in Mode::ALL {
-                let t0 = Instant::now();
-                let ag = (mode != Mode::Unpaced).then_some(&mut agents);
-                let p = run_point(&cfg, &star, &bn, ag, to, buf, mode, n, seed, bdp_bytes)
-                    .with_context(|| format!("point buffer={buf} mode={} N={n}", mode.name()))?;
-                done += 1;
-                let s = &p["summary"];
-                eprintln!(
-                    "{NAME}: [{done}/{total}] buf {buf:>2} N {n:>2} {:<18} util {:.3} drops {:.4} mean {:.3}s p99 {:.3}s max {:.3}s retrans {} host drops {} ({:.0}s, total {:.0}s)",
-                    mode.name(),
-                    s["utilisation"].as_f64().unwrap_or(0.0),
-                    s["drop_rate"].as_f64().unwrap_or(0.0),
-                    s["mean_fct_s"].as_f64().unwrap_or(0.0),
-                    s["p99_fct_s"].as_f64().unwrap_or(0.0),
-                    s["max_fct_s"].as_f64().unwrap_or(0.0),
-                    s["total_retrans"],
-                    s["host_qdisc_drops"].as_u64().unwrap_or(0)
-                        + s["agent"]["dropped_horizon"].as_u64().unwrap_or(0),
-                    t0.elapsed().as_secs_f64(),
-                    t_begin.elapsed().as_secs_f64(),
-                );
-                points.push(p);
-                write_outputs(
-                    &c.out,
-                    &cfg,
-                    c,
-                    &env,
-                    &points,
-                    false,
-                    t_begin.elapsed().as_secs_f64(),
-                )?;
+    // Repetitions outermost: an aborted run keeps whole ones, and the machine's drift over
+    // the run spreads over every point alike.
+    for rep in 0..cfg.reps {
+        for &(buf, ratio) in &buffers {
+            let bn = install_bottleneck(&star, &cfg, buf)?;
+            if env["calibration"].is_null() {
+                env["calibration"] = calibrate(&star, &bn, to, &cfg)?;
+                eprintln!("{NAME}: calibration: {}", env["calibration"]);
+            }
+            for &n in &cfg.flows {
+                let seed = c.seed ^ ((rep as u64) << 52) ^ ((buf as u64) << 40) ^ ((n as u64) << 20);
+                for &mode in &modes {
+                    let t0 = Instant::now();
+                    let ag = (mode != Mode::Unpaced).then_some(&mut agents);
+                    let mut p = run_point(&cfg, &star, &bn, ag, to, buf, mode, n, seed, bdp_bytes)
+                        .with_context(|| {
+                            format!("point rep={rep} buffer={buf} mode={} N={n}", mode.name())
+                        })?;
+                    p["tags"]["rep"] = json!(rep.to_string());
+                    done += 1;
+                    let s = &p["summary"];
+                    eprintln!(
+                        "{NAME}: [{done}/{total}] rep {rep} buf {buf:>2} ({:.1}% BDP) N {n:>3} {:<18} util {:.3} drops {:.4} mean {:.3}s p99 {:.3}s max {:.3}s retrans {} host drops {} ({:.0}s, total {:.0}s)",
+                        ratio * 100.0,
+                        mode.name(),
+                        s["utilisation"].as_f64().unwrap_or(0.0),
+                        s["drop_rate"].as_f64().unwrap_or(0.0),
+                        s["mean_fct_s"].as_f64().unwrap_or(0.0),
+                        s["p99_fct_s"].as_f64().unwrap_or(0.0),
+                        s["max_fct_s"].as_f64().unwrap_or(0.0),
+                        s["total_retrans"],
+                        s["host_qdisc_drops"].as_u64().unwrap_or(0)
+                            + s["agent"]["dropped_horizon"].as_u64().unwrap_or(0),
+                        t0.elapsed().as_secs_f64(),
+                        t_begin.elapsed().as_secs_f64(),
+                    );
+                    points.push(p);
+                    write_outputs(
+                        &c.out,
+                        &cfg,
+                        c,
+                        &env,
+                        &points,
+                        false,
+                        t_begin.elapsed().as_secs_f64(),
+                    )?;
+                }
             }
         }
     }
