@@ -85,7 +85,7 @@ fn cell(v: Option<&Value>) -> String {
 
 /// A markdown table; columns whose cells are all numeric are right-aligned. `|` in cells is
 /// escaped.
-pub fn markdown_table(headers: &[String], rows: &[Vec<String>]) -> String {
+pub fn markdown_table<H: AsRef<str>>(headers: &[H], rows: &[Vec<String>]) -> String {
     let n = headers.len();
     let esc = |s: &str| s.replace('|', "\\|").replace('\n', " ");
     let numeric: Vec<bool> = (0..n)
@@ -101,7 +101,7 @@ pub fn markdown_table(headers: &[String], rows: &[Vec<String>]) -> String {
                     .all(|s| s.trim_end_matches(['k', 'M', 'G']).parse::<f64>().is_ok())
         })
         .collect();
-    let mut width: Vec<usize> = headers.iter().map(|h| esc(h).len().max(3)).collect();
+    let mut width: Vec<usize> = headers.iter().map(|h| esc(h.as_ref()).len().max(3)).collect();
     for r in rows {
         for (c, w) in width.iter_mut().enumerate() {
             *w = (*w).max(r.get(c).map(|s| esc(s).len()).unwrap_or(0));
@@ -120,7 +120,7 @@ pub fn markdown_table(headers: &[String], rows: &[Vec<String>]) -> String {
         l.push('\n');
         l
     };
-    out.push_str(&line(headers.iter().map(|h| esc(h)).collect()));
+    out.push_str(&line(headers.iter().map(|h| esc(h.as_ref())).collect()));
     let mut sep = String::from("|");
     for c in 0..n {
         if numeric[c] {
@@ -216,7 +216,7 @@ mod tests {
     #[test]
     fn renders_tables() {
         let t = markdown_table(
-            &["a".into(), "b|c".into()],
+            &["a", "b|c"],
             &[vec!["x".into(), "1.5".into()], vec!["yy".into(), "20".into()]],
         );
         let lines: Vec<&str> = t.lines().collect();

@@ -321,10 +321,7 @@ pub(crate) fn markdown(
     let _ = writeln!(md, "{}.", counts.join(", "));
 
     let _ = writeln!(md, "\n## Senders supported\n");
-    let headers: Vec<String> = ["mode", "deadline mean (ms)", "N at >= 99%", "N at >= 95%"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let headers = ["mode", "deadline mean (ms)", "N at >= 99%", "N at >= 95%"];
     let rows: Vec<Vec<String>> = support
         .iter()
         .map(|s| {
@@ -407,16 +404,13 @@ pub(crate) fn markdown(
     }
     if !rows.is_empty() {
         let _ = writeln!(md, "## Ratios (D3 / other)\n");
-        let headers: Vec<String> = [
+        let headers = [
             "ratio",
             "deadline mean (ms)",
             "senders at >= 99%",
             "senders at >= 95%",
             "app throughput ratio at each N",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        ];
         md.push_str(&report::markdown_table(&headers, &rows));
         let _ = writeln!(
             md,
@@ -426,7 +420,7 @@ pub(crate) fn markdown(
 
     // Details per point.
     let _ = writeln!(md, "\n## Details per point\n");
-    let headers: Vec<String> = [
+    let headers = [
         "mode",
         "mean ms",
         "N",
@@ -443,10 +437,7 @@ pub(crate) fn markdown(
         "router C/line mean (min)",
         "router N max",
         "load after",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ];
     let rows: Vec<Vec<String>> = points
         .iter()
         .filter(|p| p.get("error").is_none() && p["tags"]["mode"] != IDEAL)

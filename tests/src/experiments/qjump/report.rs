@@ -16,7 +16,7 @@ pub(crate) fn us(v: &Value) -> String {
 }
 
 pub(crate) fn markdown(doc: &Value) -> String {
-    let headers: Vec<String> = [
+    let headers = [
         "condition",
         "bulk flows",
         "RPCs",
@@ -34,10 +34,7 @@ pub(crate) fn markdown(doc: &Value) -> String {
         "RPC pkts delayed by pacer",
         "stalls ms",
         "timer p99 late us",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ];
     let mut rows = Vec::new();
     for v in doc["conditions"].as_array().into_iter().flatten() {
         let s = &v["summary"];
@@ -116,7 +113,7 @@ pub(crate) fn markdown(doc: &Value) -> String {
     );
     md.push_str(&report::markdown_table(&headers, &rows));
     let _ = writeln!(md, "\n## The aim: p99 with levels within {AIM}x of idle\n");
-    let ah: Vec<String> = [
+    let ah = [
         "bulk flows",
         "idle p99 us",
         "no levels p99 us",
@@ -130,10 +127,7 @@ pub(crate) fn markdown(doc: &Value) -> String {
         "stall-free: levels p99 us",
         "stall-free: levels / idle",
         "stall-free: aim holds",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ];
     let arows: Vec<Vec<String>> = doc["summary"]["aims"]
         .as_array()
         .into_iter()
@@ -171,7 +165,7 @@ pub(crate) fn markdown(doc: &Value) -> String {
          thread woke more than 2 ms late at some point between the request's send and its response, with \
          1 ms of slack on both sides): what the network did while the emulator ran.\n"
     );
-    let sh: Vec<String> = [
+    let sh = [
         "condition",
         "bulk flows",
         "RPCs kept",
@@ -180,10 +174,7 @@ pub(crate) fn markdown(doc: &Value) -> String {
         "p99 us",
         "p99.9 us",
         "max us",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ];
     let srows: Vec<Vec<String>> = doc["conditions"]
         .as_array()
         .into_iter()

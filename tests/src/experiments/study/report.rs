@@ -509,7 +509,7 @@ pub(crate) fn markdown(
         env["calibration"]["dequeued_over_rate"].as_f64().unwrap_or(f64::NAN) * 100.0,
         elapsed_s,
     ));
-    let headers: Vec<String> = [
+    let headers = [
         "buffer",
         "N",
         "mode",
@@ -524,10 +524,7 @@ pub(crate) fn markdown(
         "retrans/flow",
         "host drops",
         "flows",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ];
     let rows: Vec<Vec<String>> = cells
         .iter()
         .map(|c| {
@@ -565,17 +562,14 @@ pub(crate) fn markdown(
          where 100 flows or fewer make it the largest); ideal: N flows' payload at the full rate; host drops: drops at the \
          senders' qdiscs plus the agents' horizon drops.\n\n## Point of inflection N*\n\n",
     );
-    let headers: Vec<String> = [
+    let headers = [
         "buffer",
         "paced mode",
         "metric",
         "N* pooled",
         "N* by repetition",
         "unpaced/paced at each N (pooled)",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ];
     let rows: Vec<Vec<String>> = stars
         .iter()
         .map(|s| {
