@@ -6,8 +6,6 @@
 //! the definition of what that lookup must answer: the tests compile random rule lists and
 //! compare the two on random packets, and `paceline classify` names the rule that decided.
 
-use crate::maps::Rule;
-
 /// [`PacketInfo::unknown`]: the caller cannot see the packet's DSCP (sock_ops).
 pub const UNKNOWN_DSCP: u8 = 1 << 0;
 /// [`PacketInfo::unknown`]: the caller cannot see the socket's cgroup (sock_ops).
@@ -35,6 +33,153 @@ pub struct PacketInfo {
     pub _pad: [u8; 4],
 }
 const _: () = assert!(core::mem::size_of::<PacketInfo>() == 56);
+
+/// One classification rule, as the linear reference matcher reads it
+/// (`classify::rule_matches`): every condition is a masked compare; a zero mask or a full port
+/// span means "any". Build rules with the `with_*` methods, which keep the derived fields
+/// (`cgroup_mask`, `family_mask`, `needs`) consistent. The datapath never sees rules: the agent
+/// compiles them into the classifier of [`crate::ctab`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub src: [u32; 4],
+    pub src_mask: [u32; 4],
+    pub dst: [u32; 4],
+    pub dst_mask: [u32; 4],
+    /// cgroup v2 id (the inode number of the cgroup directory).
+    pub cgroup_id: u64,
+    /// All ones when the rule matches on cgroup, else 0.
+    pub cgroup_mask: u64,
+    pub mark: u32,
+    pub mark_mask: u32,
+    /// Port ranges in host byte order as `min` and `max - min`: a port matches when
+    /// `port.wrapping_sub(min) <= span`. `0` and `65535` match any port.
+    pub sport_min: u16,
+    pub sport_span: u16,
+    pub dport_min: u16,
+    pub dport_span: u16,
+    pub proto: u8,
+    /// `0xff` to match [`Rule::proto`], `0` for any protocol.
+    pub proto_mask: u8,
+    /// DSCP (6 bits) to match, with `dscp_mask` `0x3f`, or `0` for any.
+    pub dscp: u8,
+    pub dscp_mask: u8,
+    /// 0 for IPv4, 1 for IPv6; compared when `family_mask` is 1.
+    pub family: u8,
+    pub family_mask: u8,
+    /// The `classify::UNKNOWN_*` fields this rule needs: it cannot match a caller that does not
+    /// see them (sock_ops sees no DSCP, cgroup or mark).
+    pub needs: u8,
+    /// 1 when the rule has address, mark or cgroup conditions (the datapath checks those only
+    /// after the cheap protocol/port/DSCP conditions matched).
+    pub deep: u8,
+    /// Index into [`PolicyTable::classes`].
+    pub class: u16,
+    pub _pad1: [u8; 6],
+}
+const _: () = assert!(core::mem::size_of::<Rule>() == 112);
+
+impl Rule {
+    /// A rule that matches every packet and puts it in `class`.
+    pub const fn any(class: u16) -> Self {
+        Rule {
+            src: [0; 4],
+            src_mask: [0; 4],
+            dst: [0; 4],
+            dst_mask: [0; 4],
+            cgroup_id: 0,
+            cgroup_mask: 0,
+            mark: 0,
+            mark_mask: 0,
+            sport_min: 0,
+            sport_span: u16::MAX,
+            dport_min: 0,
+            dport_span: u16::MAX,
+            proto: 0,
+            proto_mask: 0,
+            dscp: 0,
+            dscp_mask: 0,
+            family: 0,
+            family_mask: 0,
+            needs: 0,
+            deep: 0,
+            class,
+            _pad1: [0; 6],
+        }
+    }
+
+    /// Source address/mask: 16 bytes each in network order (IPv4 mapped).
+    pub const fn with_src(mut self, addr: [u32; 4], mask: [u32; 4]) -> Self {
+        self.src = addr;
+        self.src_mask = mask;
+        self.deep = 1;
+        self
+    }
+
+    pub const fn with_dst(mut self, addr: [u32; 4], mask: [u32; 4]) -> Self {
+        self.dst = addr;
+        self.dst_mask = mask;
+        self.deep = 1;
+        self
+    }
+
+    /// Inclusive source port range (`lo <= hi`).
+    pub const fn with_sport(mut self, lo: u16, hi: u16) -> Self {
+        self.sport_min = lo;
+        self.sport_span = hi.wrapping_sub(lo);
+        self
+    }
+
+    /// Inclusive destination port range (`lo <= hi`).
+    pub const fn with_dport(mut self, lo: u16, hi: u16) -> Self {
+        self.dport_min = lo;
+        self.dport_span = hi.wrapping_sub(lo);
+        self
+    }
+
+    pub const fn with_proto(mut self, proto: u8) -> Self {
+        self.proto = proto;
+        self.proto_mask = 0xff;
+        self
+    }
+
+    pub const fn with_dscp(mut self, dscp: u8) -> Self {
+        self.dscp = dscp & 0x3f;
+        self.dscp_mask = 0x3f;
+        self.needs |= UNKNOWN_DSCP;
+        self
+    }
+
+    pub const fn with_mark(mut self, mark: u32, mask: u32) -> Self {
+        self.mark = mark & mask;
+        self.mark_mask = mask;
+        if mask != 0 {
+            self.needs |= UNKNOWN_MARK;
+            self.deep = 1;
+        }
+        self
+    }
+
+    pub const fn with_cgroup(mut self, id: u64) -> Self {
+        self.cgroup_id = id;
+        self.cgroup_mask = u64::MAX;
+        self.needs |= UNKNOWN_CGROUP;
+        self.deep = 1;
+        self
+    }
+
+    /// Restrict to one family: `false` = IPv4, `true` = IPv6.
+    pub const fn with_family(mut self, v6: bool) -> Self {
+        self.family = v6 as u8;
+        self.family_mask = 1;
+        self
+    }
+
+    /// Does this rule look at the cgroup id (the datapath then fetches it)?
+    pub const fn uses_cgroup(&self) -> bool {
+        self.cgroup_mask != 0
+    }
+}
 
 /// Does `r` match `p`? The cheap conditions (protocol, DSCP, family, ports: where the rules of
 /// a policy usually differ) come first; addresses, mark and cgroup only for rules that have

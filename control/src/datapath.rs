@@ -10,11 +10,12 @@ use aya::{
     programs::{SchedClassifier, SockOps},
 };
 use paceline_common::{
+    classify::Rule,
     dasr::{self, DasrAddr, DasrIface, DasrStats},
     maps::{
         AggClock, BenchEdt, CodelState, Counters, CpuState, D3_SEEN_ENTRIES, D3ClassStats, D3LinkCounters,
         D3LinkCtl, D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES,
-        MAX_LEVELS, PolicyTable, Rule, SockState, names,
+        MAX_LEVELS, PolicyTable, SockState, names,
     },
 };
 

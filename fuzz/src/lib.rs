@@ -18,7 +18,7 @@ use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use paceline::policy::{self, CompileContext, Compiled, EnforcementMode, FakeHost};
 use paceline_common::{
     classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, classify_linear},
-    maps::{MAX_CLASSES, MAX_LEVELS, Rule},
+    maps::{MAX_CLASSES, MAX_LEVELS}, classify::Rule,
     parse::{ETH_P_IPV6, Layout, SliceFrame, Unparsed, parse},
 };
 

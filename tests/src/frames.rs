@@ -8,10 +8,9 @@
 //! only, so a change of the policy table's type is a change here.
 
 use paceline_common::{
+    classify::Rule,
     classify::{PacketInfo, classify_linear},
-    maps::{
-        ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_LEVELS, PolicyTable, Rule, v4_mapped,
-    },
+    maps::{ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, MAX_LEVELS, PolicyTable, v4_mapped},
     parse::{Layout, SliceFrame, Unparsed, parse},
 };
 use rand::{RngExt, rngs::StdRng};

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use paceline_common::maps::{Rule, v4_mapped};
+use paceline_common::{classify::Rule, maps::v4_mapped};
 
 /// Host addresses of the generated rules: `10.(100 + i / 65536).(i / 256 % 256).(i % 256)`,
 /// away from the testbed's 10.0.x.x links.

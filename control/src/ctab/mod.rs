@@ -24,13 +24,13 @@ mod tests;
 use std::collections::HashMap;
 use std::fmt;
 
+use paceline_common::classify::Rule;
 use paceline_common::classify::{UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK};
 use paceline_common::ctab::{
     CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, MAX_MARK_CONDS, MAX_SEL_MATCH, NONE, RuleKey, SEL_ANY,
     SEL_BOTH, SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, SelList,
     TAG_CGROUP, Tables, rule_tag,
 };
-use paceline_common::maps::Rule;
 
 use addr::{AddrEcs, Prefix, prefix_len, words_to_u128};
 use fields::{FieldEcs, MarkCond, PCond, Ports, mark_values, p_ecs, port_ecs, port_set};

@@ -3,7 +3,7 @@
 //! (many of them on the rules' edges), compared packet by packet.
 
 use paceline_common::classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, first_match};
-use paceline_common::maps::{Rule, v4_mapped};
+use paceline_common::{classify::Rule, maps::v4_mapped};
 use rand::rngs::StdRng;
 use rand::{Rng, RngExt, SeedableRng};
 

@@ -23,12 +23,15 @@ use std::collections::{HashMap, HashSet};
 use ipnet::IpNet;
 use std::sync::Arc;
 
-use paceline_common::maps::{
-    CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, CodelParams, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig,
-    MAX_CLASSES, MAX_LEVELS, PolicyTable, Rule, TABLE_D3_RECEIVER, TABLE_DASR_RECEIVER, TABLE_DASR_SENDER,
-    TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, level_slot,
-};
 use paceline_common::qjump::Network;
+use paceline_common::{
+    classify::Rule,
+    maps::{
+        CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, CodelParams, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig,
+        MAX_CLASSES, MAX_LEVELS, PolicyTable, TABLE_D3_RECEIVER, TABLE_DASR_RECEIVER, TABLE_DASR_SENDER,
+        TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, level_slot,
+    },
+};
 
 use super::enforcement::{EnforcementMode, EnforcementRequest};
 use super::htb::{HTB_MAJOR, HtbPlan, htb_leaf, htb_plan};

@@ -6,9 +6,12 @@ use std::path::{Path, PathBuf};
 
 use paceline_common::classify::{UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK};
 use paceline_common::ctab::CT_CGROUP;
-use paceline_common::maps::{
-    CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, Rule,
-    TABLE_SOCK_TOS, level_slot,
+use paceline_common::{
+    classify::Rule,
+    maps::{
+        CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable,
+        TABLE_SOCK_TOS, level_slot,
+    },
 };
 
 use super::*;

@@ -20,8 +20,9 @@ use paceline::{
     ctab::{self, Image},
     datapath::{Datapath, LoadOptions},
 };
-use paceline_common::maps::{
-    BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, PolicyTable, Rule,
+use paceline_common::{
+    classify::Rule,
+    maps::{BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, PolicyTable},
 };
 use paceline_tests::{
     packet::{self, L4},

@@ -5,8 +5,9 @@
 use std::time::Instant;
 
 use paceline_common::{
+    classify::Rule,
     classify::{PacketInfo, first_match},
-    maps::{CLASS_SET_PRIORITY, ClassConfig, PolicyTable, Rule, v4_mapped},
+    maps::{CLASS_SET_PRIORITY, ClassConfig, PolicyTable, v4_mapped},
 };
 use paceline_tests::{
     packet::{self, L4},

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use aya::{TestRun, TestRunOptions};
 use paceline::datapath::{Datapath, Snapshot};
 use paceline_common::{
-    maps::{ClassConfig, GlobalCounters, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, Rule},
+    classify::Rule,
+    maps::{ClassConfig, GlobalCounters, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable},
     parse::{MAX_V6_EXT, Unparsed},
 };
 use paceline_tests::{

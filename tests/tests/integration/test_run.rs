@@ -5,10 +5,11 @@
 use aya::{TestRun, TestRunOptions};
 use paceline::datapath::{Datapath, LoadOptions};
 use paceline_common::{
+    classify::Rule,
     edt::tx_time_ns,
     maps::{
-        CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, Rule,
-        level_slot, v4_mapped,
+        CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, level_slot,
+        v4_mapped,
     },
 };
 use paceline_tests::{
