@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::install;
 use crate::{
-    policy::{Compiled, HostFacts, SystemHost},
+    policy::Compiled,
     shared::{Inner, Shared},
 };
 
@@ -132,50 +132,6 @@ pub fn watch_routes(tx: tokio::sync::mpsc::UnboundedSender<()>) -> std::io::Resu
             }
         })?;
     Ok(())
-}
-
-/// After route notifications settle: re-resolves `auto` and applies the policy in force for
-/// the new interfaces when they changed.
-pub fn on_route_change(shared: &Shared, host: &SystemHost) {
-    let (auto, current, text) = {
-        let g = shared.lock();
-        (
-            g.compiled.interfaces_auto,
-            g.compiled.interfaces.clone(),
-            g.policy_text.clone(),
-        )
-    };
-    if !auto {
-        return;
-    }
-    let now = host.default_route_interfaces();
-    if now == current {
-        return;
-    }
-    if now.is_empty() {
-        shared.events.warn(
-            "route_change",
-            format!(
-                "no default route any more; keeping the interfaces {} until one comes back",
-                current.join(", ")
-            ),
-            json!({"before": current, "after": now}),
-        );
-        return;
-    }
-    shared.events.info(
-        "route_change",
-        format!(
-            "the default routes now leave through {} (before: {})",
-            now.join(", "),
-            current.join(", ")
-        ),
-        json!({"before": current, "after": now}),
-    );
-    let outcome = super::reload::reload(shared, host, "route change", true, Some(text));
-    if !outcome.ok() {
-        log::error!("route change: the interfaces could not follow: {outcome:?}");
-    }
 }
 
 /// How long route notifications must be quiet before the agent re-resolves (a route change is

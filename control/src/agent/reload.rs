@@ -222,7 +222,7 @@ fn try_reload_inner(
     };
     if from_file {
         // What this reload saw of the file: the watcher compares the next change with it.
-        shared.lock().file_digest = Some(super::watch::digest(text.as_bytes()));
+        shared.lock().file_digest = Some(digest(text.as_bytes()));
     }
     let started = std::time::Instant::now();
     let mut g = shared.lock();
@@ -317,7 +317,7 @@ fn try_reload_inner(
 
 /// Recomputes what the policy asks for that this host does not enforce; a change is an event.
 fn update_degraded(g: &mut Inner, shared: &Shared, c: &policy::Compiled) {
-    let now = crate::features::degradations_for(&g.status.kernel, c, g.sock_ops);
+    let now = crate::policy::degradations_for(&g.status.kernel, c, g.sock_ops);
     for d in now.iter().filter(|d| !g.status.degraded.contains(d)) {
         shared.events.warn("degraded", d.clone(), json!(null));
     }
@@ -448,4 +448,12 @@ mod tests {
         assert_eq!((r.applied, r.rejected), (1, 1));
         assert!(!r.last.unwrap().applied);
     }
+}
+
+/// A digest of the policy file's bytes.
+pub(crate) fn digest(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
 }

@@ -8,8 +8,11 @@ use anyhow::{Context as _, Result};
 use serde_json::json;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use super::reload::reload;
-use crate::{policy::SystemHost, shared::Shared};
+use super::reload::{digest, reload};
+use crate::{
+    policy::{HostFacts as _, SystemHost},
+    shared::Shared,
+};
 
 /// The signals the agent handles, queued from [`Signals::new`] on (taken first thing at start,
 /// so a SIGTERM during the start waits for the event loop instead of killing the process half
@@ -98,7 +101,7 @@ pub async fn watch(shared: &Shared, host: &SystemHost, signals: Signals) -> Resu
                         _ = tokio::time::sleep(super::interfaces::SETTLE) => break,
                     }
                 }
-                super::interfaces::on_route_change(shared, host);
+                on_route_change(shared, host);
             }
             Some(()) = changes.recv() => {
                 // Editors write in several steps: wait for the file to settle.
@@ -253,14 +256,6 @@ impl Watchers {
     }
 }
 
-/// A digest of the policy file's bytes.
-pub(crate) fn digest(bytes: &[u8]) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
-}
-
 /// Watches the directory that holds the policy, and the directory its symlinks resolve to.
 ///
 /// Editors replace files by rename, and Kubernetes ConfigMap volumes swap a `..data` symlink
@@ -293,4 +288,48 @@ fn watch_file(path: &Path, tx: tokio::sync::mpsc::UnboundedSender<()>) -> Result
             .with_context(|| format!("watching {} for policy changes", dir.display()))?;
     }
     Ok(w)
+}
+
+/// After route notifications settle: re-resolves `auto` and applies the policy in force for
+/// the new interfaces when they changed.
+fn on_route_change(shared: &Shared, host: &SystemHost) {
+    let (auto, current, text) = {
+        let g = shared.lock();
+        (
+            g.compiled.interfaces_auto,
+            g.compiled.interfaces.clone(),
+            g.policy_text.clone(),
+        )
+    };
+    if !auto {
+        return;
+    }
+    let now = host.default_route_interfaces();
+    if now == current {
+        return;
+    }
+    if now.is_empty() {
+        shared.events.warn(
+            "route_change",
+            format!(
+                "no default route any more; keeping the interfaces {} until one comes back",
+                current.join(", ")
+            ),
+            json!({"before": current, "after": now}),
+        );
+        return;
+    }
+    shared.events.info(
+        "route_change",
+        format!(
+            "the default routes now leave through {} (before: {})",
+            now.join(", "),
+            current.join(", ")
+        ),
+        json!({"before": current, "after": now}),
+    );
+    let outcome = reload(shared, host, "route change", true, Some(text));
+    if !outcome.ok() {
+        log::error!("route change: the interfaces could not follow: {outcome:?}");
+    }
 }
