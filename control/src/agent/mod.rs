@@ -23,6 +23,7 @@
 //! - [`reload`]: applying a changed policy live, or refusing it.
 //! - [`watch`]: the event loop (file watcher, signals, D3 timer).
 
+pub mod http;
 pub mod install;
 pub mod interfaces;
 pub mod reload;
@@ -39,7 +40,6 @@ use crate::{
     datapath::{Datapath, EBPF_OBJECT, LoadOptions},
     events::Events,
     features::Features,
-    http,
     persist::{self, Pins},
     policy::{self, CompileContext, Compiled, Slots, SystemHost, Validated, decide_mode},
     shared::{Ctl, Inner, Shared},
@@ -134,7 +134,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut status = start_status(&opts, features.clone(), &compiled, generation, &installed);
     status.policy.apply_seconds = apply;
     status.policy.source = "start".into();
-    let degraded = crate::features::degradations_for(&features, &compiled, installed.sock_ops);
+    let degraded = crate::policy::degradations_for(&features, &compiled, installed.sock_ops);
     status.degraded = degraded.clone();
     let shared = Arc::new(Shared::new(
         Inner {
@@ -279,7 +279,7 @@ fn probe() -> Features {
             .unwrap_or_else(|| "none".into())
     );
     // What the kernel lacks is logged here; what that costs *this policy* is the `degraded`
-    // event after the policy is compiled (features::degradations_for).
+    // event after the policy is compiled (policy::degradations_for).
     for d in &features.degradations() {
         log::info!("kernel: {d}");
     }

@@ -105,9 +105,72 @@ pub fn decide_mode(req: EnforcementRequest, f: &Features) -> Result<EnforcementM
     })
 }
 
+/// What the policy `c` asks for that this host does not enforce, one line each: the meaning of
+/// `paceline_enforcement_degraded` and of `degraded` in `/status`. Nothing is degraded when the
+/// policy asks for nothing the kernel lacks: a policy with `enforcement: none` asks for no rate
+/// to be enforced, and a policy without rates needs no qdisc. `sock_ops`: whether the agent
+/// attached sock_ops (the TCP settings, TCP pacing and D3 need it).
+pub fn degradations_for(f: &Features, c: &super::Compiled, sock_ops: bool) -> Vec<String> {
+    let asked_none = c.enforcement == EnforcementRequest::None;
+    let flow = !asked_none && c.classes.iter().any(|k| k.flow_rate.is_some());
+    let aggregate = !asked_none
+        && (c.levels.iter().any(|l| l.rate.is_some()) || c.classes.iter().any(|k| k.class_rate.is_some()));
+    let tcp_settings = c.classes.iter().any(|k| {
+        k.tcp
+            .is_some_and(|t| t.rto_min_us.is_some() || t.delack_max_us.is_some())
+    });
+    let mut d = Vec::new();
+    match c.mode {
+        EnforcementMode::Fq => {}
+        EnforcementMode::Htb => {
+            if flow {
+                d.push(
+                    "no sch_fq: per-flow rates of UDP and other non-TCP flows are not enforced (TCP flows pace \
+                     themselves at their flow rate through sock_ops; class and level rates are enforced by HTB)"
+                        .to_string(),
+                );
+            }
+        }
+        EnforcementMode::SockopsOnly => {
+            if flow {
+                d.push(
+                    "no sch_fq: per-flow rates of UDP and other non-TCP flows are not enforced (TCP flows pace \
+                     themselves through sock_ops)"
+                        .to_string(),
+                );
+            }
+            if aggregate {
+                d.push("no sch_fq and no sch_htb: class and level rates are not enforced".to_string());
+            }
+        }
+        EnforcementMode::None => {
+            if flow || aggregate {
+                d.push(
+                    "no sch_fq, no sch_htb and no cgroup v2: the policy's rates are not enforced at all"
+                        .to_string(),
+                );
+            }
+        }
+    }
+    let needs_sock_ops = tcp_settings || c.d3.is_some() || (flow && c.mode != EnforcementMode::Fq);
+    if needs_sock_ops && !sock_ops {
+        d.push(if f.cgroup2.is_none() {
+            "no cgroup v2 mount: sock_ops is unavailable, so the classes' TCP settings (rto_min, delack_max), \
+             TCP pacing and D3 do not apply"
+                .to_string()
+        } else {
+            "sock_ops is not attached (enforcement: none): the classes' TCP settings (rto_min, delack_max) do not apply"
+                .to_string()
+        });
+    }
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::tests::{fake_host, ok};
+    use crate::policy::{CompileContext, compile};
 
     fn kernel(fq: bool, htb: bool, cgroup2: bool) -> Features {
         Features {
@@ -156,5 +219,77 @@ mod tests {
                 "{req:?}"
             );
         }
+    }
+
+    fn degraded(policy: &str, f: &Features) -> Vec<String> {
+        let v = ok(policy, &fake_host());
+        let mode = decide_mode(v.enforcement(), f).unwrap();
+        let c = compile(
+            &v,
+            &CompileContext {
+                mode,
+                previous: None,
+                all_routes_managed: false,
+            },
+        )
+        .unwrap();
+        let sock_ops = f.cgroup2.is_some() && (mode != EnforcementMode::None || c.d3.is_some());
+        degradations_for(f, &c, sock_ops)
+    }
+
+    /// The shipped default policy: `enforcement: none`, no rates. Nothing it asks for is missing
+    /// on a kernel without sch_fq (PacelineEnforcementDegraded fired there before).
+    #[test]
+    fn enforcement_none_is_never_degraded_by_missing_qdiscs() {
+        let default =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../policies/default.yaml"))
+                .unwrap()
+                .replace("[auto]", "[eth0]");
+        for f in [
+            kernel(false, true, true),
+            kernel(false, false, false),
+            kernel(true, true, true),
+        ] {
+            assert!(
+                degraded(&default, &f).is_empty(),
+                "{f:?}: {:?}",
+                degraded(&default, &f)
+            );
+        }
+    }
+
+    #[test]
+    fn degraded_against_what_the_policy_asks() {
+        let flows = r#"
+apiVersion: paceline/v1
+kind: Policy
+spec:
+  interfaces: [eth0]
+  link_rate: 1Gbit
+  levels: [{name: lo, priority: 0}]
+  classes: [{name: a, level: lo, flow_rate: 10Mbit}]
+  default_class: a
+"#;
+        assert!(
+            degraded(flows, &kernel(true, true, true)).is_empty(),
+            "fq enforces everything"
+        );
+        let d = degraded(flows, &kernel(false, true, true));
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(d[0].contains("UDP"));
+        let none = flows.replace("link_rate: 1Gbit", "link_rate: 1Gbit\n  enforcement: none");
+        assert!(
+            degraded(&none, &kernel(false, false, false)).is_empty(),
+            "rates not asked to be enforced"
+        );
+        let aggregate = flows.replace("flow_rate: 10Mbit", "class_rate: 10Mbit");
+        assert!(
+            degraded(&aggregate, &kernel(false, true, true)).is_empty(),
+            "HTB enforces aggregates"
+        );
+        assert_eq!(degraded(&aggregate, &kernel(false, false, true)).len(), 1);
+        let tcp = flows.replace("flow_rate: 10Mbit", "tcp: {rto_min: 5ms}");
+        let d = degraded(&tcp, &kernel(true, true, false));
+        assert!(d.len() == 1 && d[0].contains("cgroup v2"), "{d:?}");
     }
 }

@@ -70,7 +70,7 @@ use std::path::Path;
 use sha2::{Digest as _, Sha256};
 
 pub use compile::{ClassInfo, CompileContext, Compiled, LevelInfo, QJumpInfo, RuleInfo, Slots, compile};
-pub use enforcement::{EnforcementMode, EnforcementRequest, decide_mode};
+pub use enforcement::{EnforcementMode, EnforcementRequest, decide_mode, degradations_for};
 pub use error::PolicyError;
 pub use host::{FakeHost, HostFacts, OfflineHost, SystemHost};
 pub use htb::{HtbClass, HtbPlan};
