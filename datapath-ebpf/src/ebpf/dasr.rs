@@ -43,7 +43,7 @@ use paceline_common::{
     },
 };
 
-use super::{parse, sock, sockops, tcp};
+use super::{parse, sock, tcp};
 
 #[map(name = "PL_DASR_IFACES")]
 static IFACES: HashMap<u32, DasrIface> = HashMap::with_max_entries(64, 0);
@@ -497,8 +497,8 @@ fn flow_key(ctx: &SockOpsContext) -> DasrFlowKey {
         // SAFETY: fixed-offset reads of the program's own context.
         unsafe {
             (
-                sockops::ip6(core::ptr::addr_of!((*ctx.ops).local_ip6)),
-                sockops::ip6(core::ptr::addr_of!((*ctx.ops).remote_ip6)),
+                tcp::ip6(core::ptr::addr_of!((*ctx.ops).local_ip6)),
+                tcp::ip6(core::ptr::addr_of!((*ctx.ops).remote_ip6)),
             )
         }
     } else {
@@ -508,7 +508,7 @@ fn flow_key(ctx: &SockOpsContext) -> DasrFlowKey {
         local,
         remote,
         local_port: ctx.local_port() as u16,
-        remote_port: sockops::remote_port(ctx.remote_port()),
+        remote_port: tcp::remote_port(ctx.remote_port()),
     }
 }
 

@@ -92,7 +92,7 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable, bank: u32) {
     let mut pkt = PacketInfo {
         proto: 6,
         sport: ctx.local_port() as u16,
-        dport: remote_port(ctx.remote_port()),
+        dport: tcp::remote_port(ctx.remote_port()),
         unknown: UNKNOWN_DSCP | UNKNOWN_CGROUP | UNKNOWN_MARK,
         ..PacketInfo::default()
     };
@@ -105,8 +105,8 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable, bank: u32) {
     if ctx.family() == AF_INET6 {
         // SAFETY: reads of the program's own context.
         unsafe {
-            pkt.src = ip6(core::ptr::addr_of!((*ctx.ops).local_ip6));
-            pkt.dst = ip6(core::ptr::addr_of!((*ctx.ops).remote_ip6));
+            pkt.src = tcp::ip6(core::ptr::addr_of!((*ctx.ops).local_ip6));
+            pkt.dst = tcp::ip6(core::ptr::addr_of!((*ctx.ops).remote_ip6));
         }
         pkt.is_v6 = 1;
         tos_via = if is_v4_mapped(&pkt.dst) {
@@ -152,36 +152,6 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable, bank: u32) {
 #[inline(always)]
 fn is_v4_mapped(a: &[u32; 4]) -> bool {
     a[0] == 0 && a[1] == 0 && a[2] == u32::from_ne_bytes([0, 0, 0xff, 0xff])
-}
-
-/// `bpf_sock_ops.remote_port` holds the port in network byte order; little-endian kernels put
-/// it in the upper 16 bits of the 32-bit field (the context rewrite shifts it), so take
-/// whichever half is set.
-#[inline(always)]
-pub(super) fn remote_port(raw: u32) -> u16 {
-    let be = if raw >> 16 != 0 {
-        (raw >> 16) as u16
-    } else {
-        raw as u16
-    };
-    u16::from_be(be)
-}
-
-/// Reads an IPv6 address from the context one word at a time: the verifier only allows context
-/// loads at constant offsets from the context pointer, and a plain array copy may be compiled
-/// into loads through a derived pointer.
-#[inline(always)]
-pub(super) unsafe fn ip6(a: *const [u32; 4]) -> [u32; 4] {
-    let w = a.cast::<u32>();
-    // SAFETY: caller passes a pointer into the context; each read is a fixed-offset u32 load.
-    unsafe {
-        [
-            w.read_volatile(),
-            w.add(1).read_volatile(),
-            w.add(2).read_volatile(),
-            w.add(3).read_volatile(),
-        ]
-    }
 }
 
 /// Applies the class's settings (and the TOS byte, through `(level, name, value)`, unless name

@@ -1,5 +1,6 @@
 //! TCP socket helpers shared by the sock_ops callbacks: `sockops` sets a class's options when a
-//! connection is established, `d3host` paces a D3 sender at its grant. Socket option numbers, a
+//! connection is established, `d3host` paces a D3 sender at its grant, `dasr` keys its flows
+//! by their addresses and ports. Socket option numbers, a
 //! `bpf_setsockopt` wrapper for 4-byte options, and the conversion of paceline's wire rates
 //! into the payload rate TCP paces at.
 
@@ -56,5 +57,35 @@ pub fn payload_rate(wire_rate: u64, mss: u32, v6: bool) -> u64 {
         wire_rate
     } else {
         wire_rate * mss / (mss + hdr)
+    }
+}
+
+/// `bpf_sock_ops.remote_port` holds the port in network byte order; little-endian kernels put
+/// it in the upper 16 bits of the 32-bit field (the context rewrite shifts it), so take
+/// whichever half is set.
+#[inline(always)]
+pub fn remote_port(raw: u32) -> u16 {
+    let be = if raw >> 16 != 0 {
+        (raw >> 16) as u16
+    } else {
+        raw as u16
+    };
+    u16::from_be(be)
+}
+
+/// Reads an IPv6 address from the context one word at a time: the verifier only allows context
+/// loads at constant offsets from the context pointer, and a plain array copy may be compiled
+/// into loads through a derived pointer.
+#[inline(always)]
+pub unsafe fn ip6(a: *const [u32; 4]) -> [u32; 4] {
+    let w = a.cast::<u32>();
+    // SAFETY: caller passes a pointer into the context; each read is a fixed-offset u32 load.
+    unsafe {
+        [
+            w.read_volatile(),
+            w.add(1).read_volatile(),
+            w.add(2).read_volatile(),
+            w.add(3).read_volatile(),
+        ]
     }
 }
