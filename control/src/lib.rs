@@ -24,8 +24,8 @@
 //! - [`features`]: what the running kernel offers, probed at start.
 //! - [`state`]: the lock and the record of host changes that a start after `kill -9` undoes.
 //! - [`status`]: the typed status model (`/status`, `status.json`, `paceline status`, the tests).
-//! - [`metrics`], [`http`]: the Prometheus text and the HTTP endpoints (metrics and API
-//!   listeners).
+//! - [`metrics`]: the Prometheus text; the agent's `http` stage serves it with the API
+//!   ([`agent::http`]: metrics and API listeners).
 //! - [`shared`]: what the event loop, reloads and HTTP handlers share, behind one lock.
 //! - [`health`]: `/healthz` and `/readyz` from the kernel's real state; the systemd watchdog.
 //! - [`events`]: the structured event log (`/events`, `paceline events`).
@@ -50,7 +50,6 @@ pub mod fleet;
 pub mod flows;
 pub mod health;
 pub mod history;
-pub mod http;
 pub mod metrics;
 pub mod persist;
 pub mod policy;

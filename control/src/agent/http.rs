@@ -220,7 +220,7 @@ async fn history_text(State(shared): State<Arc<Shared>>, Path(generation): Path<
     }
 }
 
-fn outcome_response(o: crate::agent::reload::Outcome) -> Response {
+fn outcome_response(o: super::reload::Outcome) -> Response {
     let code = if o.ok() {
         StatusCode::OK
     } else {
@@ -234,8 +234,8 @@ fn outcome_response(o: crate::agent::reload::Outcome) -> Response {
 async fn reload(State(shared): State<Arc<Shared>>) -> Response {
     match blocking(move || {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Reloading]);
-        let o = crate::agent::reload::reload(&shared, &SystemHost::new(), "reload request", true, None);
-        crate::agent::watch::notify_ready(&shared);
+        let o = super::reload::reload(&shared, &SystemHost::new(), "reload request", true, None);
+        super::watch::notify_ready(&shared);
         o
     })
     .await
@@ -251,7 +251,7 @@ async fn rollback(State(shared): State<Arc<Shared>>, Query(q): Params) -> Respon
         Ok(v) => v,
         Err(e) => return bad_request(e),
     };
-    match blocking(move || crate::agent::reload::rollback(&shared, &SystemHost::new(), generation)).await {
+    match blocking(move || super::reload::rollback(&shared, &SystemHost::new(), generation)).await {
         Ok(o) => outcome_response(o),
         Err(e) => internal(e),
     }
