@@ -352,10 +352,26 @@ fn a_reload_soak_and_a_sighup_storm_leave_the_agent_as_it_was() {
         applied as f64 / start.elapsed().as_secs_f64()
     );
     assert!(applied >= 10, "reloads happened: {applied}");
+    // Maps and programs exactly as before; descriptors no more than before. A connection of
+    // the API or the metrics listener may be open at either measurement (a CI run on 6.1 had
+    // one fewer at the end than at the start, 55 against 56), so the count is read again for
+    // a few seconds until it is back; a leak of one per reload would be hundreds.
+    let mut end = end;
+    for _ in 0..5 {
+        if end.fds <= base.fds {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        end = footprint(pid);
+    }
     assert_eq!(
-        (end.fds, end.bpf_maps, end.bpf_progs),
-        (base.fds, base.bpf_maps, base.bpf_progs),
-        "no fd, map or program leaks"
+        (end.bpf_maps, end.bpf_progs),
+        (base.bpf_maps, base.bpf_progs),
+        "no map or program leaks: {base:?} before, {end:?} after"
+    );
+    assert!(
+        end.fds <= base.fds,
+        "no descriptor leaks: {base:?} before, {end:?} after"
     );
     // Memory: no growth over the second half of the soak beyond allocator noise.
     assert!(
