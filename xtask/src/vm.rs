@@ -98,6 +98,7 @@ mod initramfs;
 mod kernel;
 mod modules;
 mod qemu;
+pub use qemu::EmulatorFault;
 
 use anyhow::{Context, Result, bail};
 use std::fs;

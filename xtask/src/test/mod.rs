@@ -430,17 +430,38 @@ fn vm_part(
             modules: vec![],
             capture_stdout: true,
         };
-        let mut echo = LibtestEcho::new();
-        let sink: vm::StdoutSink = Box::new(move |data: &[u8]| {
-            let mut o = std::io::stdout().lock();
-            echo.feed(data, &mut |b| {
-                let _ = o.write_all(b);
-            });
-            let _ = o.flush();
-        });
         let t0 = Instant::now();
         let what = format!("cargo test --test {}", b.name);
-        match machine.run_with(&req, Some(sink)) {
+        // An emulator fault (a guest kernel killed by a stale breakpoint, see
+        // `vm::EmulatorFault`) is not the tests' doing: the run starts again in a new VM, once,
+        // and the summary says so. Any other failure, or a second fault, stands.
+        let mut retried: Option<String> = None;
+        let result = loop {
+            let mut echo = LibtestEcho::new();
+            let sink: vm::StdoutSink = Box::new(move |data: &[u8]| {
+                let mut o = std::io::stdout().lock();
+                echo.feed(data, &mut |b| {
+                    let _ = o.write_all(b);
+                });
+                let _ = o.flush();
+            });
+            match machine.run_with(&req, Some(sink)) {
+                Err(e) if retried.is_none() && e.downcast_ref::<vm::EmulatorFault>().is_some() => {
+                    eprintln!(
+                        "xtask test: {} in the VM: {e:#}; running it again in a new VM",
+                        b.name
+                    );
+                    retried = Some(format!("{e:#}"));
+                    stop_if_interrupted(rows)?;
+                }
+                r => break r,
+            }
+        };
+        let again = |note: String| match &retried {
+            Some(f) => format!("{note}; run again after: {f}"),
+            None => note,
+        };
+        match result {
             Ok(o) => {
                 let mut counts = Counts::default();
                 let stdout = String::from_utf8_lossy(&o.stdout);
@@ -456,11 +477,11 @@ fn vm_part(
                     what,
                     counts,
                     ok: o.status == 0,
-                    note: if o.status != 0 {
+                    note: again(if o.status != 0 {
                         format!("(boot {boot}) exit status {}", o.status)
                     } else {
                         format!("(boot {boot})")
-                    },
+                    }),
                     secs: Some(t0.elapsed().as_secs_f64()),
                 });
                 if i == 0 {
@@ -474,7 +495,7 @@ fn vm_part(
                     what,
                     counts: Counts::default(),
                     ok: false,
-                    note: format!("{e:#}"),
+                    note: again(format!("{e:#}")),
                     secs: Some(t0.elapsed().as_secs_f64()),
                 });
             }
