@@ -374,6 +374,14 @@ pub fn rollback(shared: &Shared, host: &SystemHost, generation: Option<u64>) -> 
     }
 }
 
+/// A digest of the policy file's bytes.
+pub(crate) fn digest(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,12 +456,4 @@ mod tests {
         assert_eq!((r.applied, r.rejected), (1, 1));
         assert!(!r.last.unwrap().applied);
     }
-}
-
-/// A digest of the policy file's bytes.
-pub(crate) fn digest(bytes: &[u8]) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    h.finish()
 }
