@@ -112,10 +112,10 @@ pub async fn watch(shared: &Shared, host: &SystemHost, signals: Signals) -> Resu
                 let last = shared.lock().file_digest;
                 if now != last {
                     shared.lock().file_digest = now;
-                    // The bytes just read are the policy to check (text that is not UTF-8 is
-                    // read again by the reload, which reports it).
-                    let text = bytes.and_then(|b| String::from_utf8(b).ok());
-                    reload(shared, host, "file change", false, text);
+                    // The reload reads the file again, and again while it does not validate
+                    // and keeps changing (`read_settled`): a writer that truncates and then
+                    // stalls must not make a torn read count as a bad policy.
+                    reload(shared, host, "file change", false, None);
                 }
             }
         }
