@@ -216,6 +216,9 @@ pub(crate) fn ratio(unpaced: f64, paced: f64) -> Option<f64> {
 pub(crate) fn n_star(rows: &[(u64, f64, f64)]) -> (NStar, Vec<(u64, Option<f64>)>) {
     let ratios: Vec<(u64, Option<f64>)> = rows.iter().map(|&(n, u, p)| (n, ratio(u, p))).collect();
     let helps = |r: Option<f64>| r.is_none_or(|r| r >= 1.0 + TOLERANCE);
+    if ratios.is_empty() {
+        return (NStar::NotMeasured, ratios);
+    }
     let star = match ratios.iter().position(|&(_, r)| helps(r)) {
         None => NStar::NeverHelped,
         Some(i) => match ratios[i + 1..].iter().find(|&&(_, r)| !helps(r)) {
@@ -235,6 +238,8 @@ pub(crate) enum NStar {
     Beyond,
     /// Never better by more than the tolerance.
     NeverHelped,
+    /// No N measured in both modes (a repetition that did not reach this buffer).
+    NotMeasured,
 }
 
 impl NStar {
@@ -243,6 +248,7 @@ impl NStar {
             NStar::At(n) => serde_json::json!(n),
             NStar::Beyond => serde_json::json!("beyond"),
             NStar::NeverHelped => serde_json::json!("never-helped"),
+            NStar::NotMeasured => Value::Null,
         }
     }
     pub(crate) fn text(self, max_n: u64) -> String {
@@ -250,6 +256,7 @@ impl NStar {
             NStar::At(n) => n.to_string(),
             NStar::Beyond => format!("> {max_n}"),
             NStar::NeverHelped => "never helped".into(),
+            NStar::NotMeasured => "-".into(),
         }
     }
 }
@@ -595,7 +602,7 @@ pub(crate) fn markdown(
     md.push_str(&format!(
         "\nPacing helps at N when unpaced >= (1 + {TOLERANCE}) x paced (ratios above {:.2}; \"paced 0\": paced had no \
          drops, unpaced some). N*: the smallest measured N at which it no longer helps, after it helped at a smaller N \
-         (\"> {max_n}\": it helped up to the largest N measured). The seed quotes N* = {} ({}) and {} ({}).\n",
+         (\"> {max_n}\": it helped up to the largest N measured; \"-\": a repetition that did not reach this buffer). The seed quotes N* = {} ({}) and {} ({}).\n",
         1.0 + TOLERANCE,
         SEED_N_STAR[0].1,
         SEED_N_STAR[0].0,
@@ -647,6 +654,9 @@ mod tests {
         assert_eq!(star, NStar::At(4));
         assert_eq!(ratios, vec![(1, None), (4, Some(1.0)), (8, Some(5.0))]);
         assert_eq!(ratio(0.0, 0.5), Some(0.0));
+        // Nothing measured in both modes (a repetition cut short): not "never helped".
+        assert_eq!(n_star(&[]).0, NStar::NotMeasured);
+        assert_eq!(NStar::NotMeasured.text(8), "-");
     }
 
     /// Cells pool the repetitions' flows for the FCTs (so the pooled p99 is not the maximum
