@@ -537,44 +537,34 @@ fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_othe
             "both senders took {join_rtts:.1} RTTs to settle at line / 2"
         );
     }
-    // Each sender's goodput near line / 2. On the host: within 10% of line / 2 each, and
-    // alone again within 10% of the line.
-    //
-    // Under TCG the emulator itself is close to the bottleneck at 20 Mbit/s and its speed
-    // follows the load on the machine: one CI run carried 12.9 Mbit/s for a single sender
-    // capped at 18.2, so absolute goodputs measure the machine, not DASR. There the goodputs
-    // are judged against the same run's reference, the first sender alone (capped at the
-    // line): each of the two holds 35-65% of what both carried (the count's dropped samples,
-    // about 12% under TCG, lift one sender to the line for that share of the time; measured
-    // 55-57% in CI), together they carry at least 75% of the reference, and alone again the
-    // first carries 75-125% of it. The caps themselves, which is what DASR sets, are judged
-    // above from the sockets.
+    // Each sender's goodput near line / 2, judged against the same run's reference: the first
+    // sender alone, capped at the line. Absolute goodputs measure the machine, not DASR: under
+    // TCG the emulator is close to the bottleneck and its speed follows the load (one CI run
+    // carried 12.9 Mbit/s for a single sender capped at 18.2), and on the host a loaded CI
+    // machine carried 34.9 + 39.5 Mbit/s for two senders capped at 45 each (0.77 of line / 2,
+    // which the old absolute bound of 10% refused) while the split was 47/53. So everywhere:
+    // each of the two holds its share of what both carried (40-60% on the host; 35-65% under
+    // TCG, where the count's dropped samples, about 12%, lift one sender to the line for that
+    // share of the time: measured 55-57% in CI), together they carry at least 75% of the
+    // reference, and alone again the first carries 75-125% of it. The caps themselves, which
+    // is what DASR sets, are judged above from the sockets.
     let both = g_a + g_b;
-    if tcg {
-        for (who, g) in [("first", g_a), ("second", g_b)] {
-            let share = g / both;
-            assert!(
-                (0.35..=0.65).contains(&share),
-                "the {who} sender carried {share:.3} of both senders' goodput ({:.2} + {:.2} Mbit/s)",
-                g_a * 8e-6,
-                g_b * 8e-6
-            );
-        }
-        let r = both / g_alone;
+    let shares = if tcg { 0.35..=0.65 } else { 0.40..=0.60 };
+    for (who, g) in [("first", g_a), ("second", g_b)] {
+        let share = g / both;
         assert!(
-            r >= 0.75,
-            "both senders together carried {r:.3} of what the first carried alone ({:.2} Mbit/s)",
-            g_alone * 8e-6
+            shares.contains(&share),
+            "the {who} sender carried {share:.3} of both senders' goodput ({:.2} + {:.2} Mbit/s; allowed {shares:?})",
+            g_a * 8e-6,
+            g_b * 8e-6
         );
-    } else {
-        for (who, g) in [("first", g_a), ("second", g_b)] {
-            let r = g / payload(line / 2);
-            assert!(
-                (0.9..=1.1).contains(&r),
-                "the {who} sender's goodput is {r:.3} of line / 2 (allowed 0.9..=1.1)"
-            );
-        }
     }
+    let r = both / g_alone;
+    assert!(
+        r >= 0.75,
+        "both senders together carried {r:.3} of what the first carried alone ({:.2} Mbit/s)",
+        g_alone * 8e-6
+    );
     assert!(
         both <= payload(line) * 1.05,
         "together the senders' goodput {:.2} Mbit/s exceeds the line's payload {:.2}",
@@ -589,20 +579,12 @@ fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_othe
         leave_rtts <= allowed,
         "the first sender took {leave_rtts:.1} RTTs to return to the line rate (two epochs and 8 RTTs: {allowed:.1})"
     );
-    if tcg {
-        let r = g_back / g_alone;
-        assert!(
-            (0.75..=1.25).contains(&r),
-            "alone again, goodput {r:.3} of what it carried alone before ({:.2} Mbit/s)",
-            g_alone * 8e-6
-        );
-    } else {
-        let r = g_back / payload(line);
-        assert!(
-            (0.9..=1.1).contains(&r),
-            "alone again, goodput {r:.3} of the line"
-        );
-    }
+    let r = g_back / g_alone;
+    assert!(
+        (0.75..=1.25).contains(&r),
+        "alone again, goodput {r:.3} of what it carried alone before ({:.2} Mbit/s)",
+        g_alone * 8e-6
+    );
 
     // What the agents report.
     let d = rx_status.counters.dasr.expect("the receiver reports DASR");
