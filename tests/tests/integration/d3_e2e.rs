@@ -37,7 +37,7 @@ const PLLOAD: &str = env!("CARGO_BIN_EXE_plload");
 /// Under TCG (Debian's 6.1 and 6.12, 2 vCPUs): k = 1 missed the deadline in two of three runs
 /// (process start-up and the emulated stack); k = 8 in 2 of 4; k = 16 (2.4 s) passed 8 of 8
 /// until 2026-12-01, then missed in 2 of 5 runs on 6.1 (2.7 s). k = 32 (4.8 s) with the
-/// router's interval at 4k ms ([`router_interval_ms`]) missed once in 8 runs (both transfers
+/// router's interval at 4k ms ([`router_interval_ms`]) missed once in 11 runs (both transfers
 /// done after 5.1 s); the test bounds such a miss under TCG where it asserts the deadlines.
 fn time_scale() -> u64 {
     if let Ok(v) = std::env::var("PACELINE_D3_E2E_SCALE") {
@@ -62,7 +62,7 @@ const TRANSFER_BYTES: u64 = 400_000;
 /// (384 ms at 3.125 Mbit/s) fills: the router reset 8 times in one 200 KB run on 6.12 (the
 /// leases restore N, D and A within 100 ms, docs/d3.md). T = 4k ms puts the reset at 512 ms:
 /// 2 resets in a run after the change, though the deadline misses did not measurably change
-/// (1 in 11 runs either way). In a datacenter the RTT is far below 100 ms; only the dilated
+/// (1 miss in 9 runs before, 1 in 11 after). In a datacenter the RTT is far below 100 ms; only the dilated
 /// testbed stretches it.
 fn router_interval_ms(k: u64) -> u64 {
     if tcg() { 4 * k } else { k }
@@ -308,7 +308,7 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
         assert_eq!(c["deadline_flows"], 1, "{c}");
         // Under TCG a flow may miss its deadline by a little: the emulator stalls, and its bursts
         // in the bottleneck queue cut the router's C and bring zero grants, which pause a flow
-        // (measured with k = 32: a miss in 3 of 26 runs, both transfers done 5.1-5.3 s after the
+        // (measured with k = 32: a miss in 3 of 27 runs, both transfers done 5.1-5.3 s after the
         // clients started against a 4.8 s deadline; with k = 16, 2.7 s against 2.4 s). There a
         // miss passes if both transfers were done within 1.25 deadlines of the clients' start,
         // their process start-up included; on the host every deadline must be met.
