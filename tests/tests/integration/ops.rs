@@ -147,16 +147,24 @@ fn healthz_sees_a_detached_interface_and_systemd_gets_ready_and_watchdog() {
         .stderr(Stdio::piped());
     let child = a.spawn_cmd(cmd).expect("agent");
     let mut got = Vec::new();
-    let recv_for = |secs: u64, got: &mut Vec<String>| {
-        let deadline = Instant::now() + Duration::from_secs(secs);
+    // Listens for at least `min_secs`, and on until `done` holds for what arrived or `max_secs`
+    // pass. Under TCG the agent's start took up to 7 s: READY=1 came inside a fixed 8 s window
+    // and the first WATCHDOG=1 (a second or two later) did not (CI, 2026-12-02).
+    let recv_until = |min_secs: u64, max_secs: u64, got: &mut Vec<String>, done: &dyn Fn(&str) -> bool| {
+        let start = Instant::now();
         let mut buf = [0u8; 4096];
-        while Instant::now() < deadline {
+        while start.elapsed() < Duration::from_secs(max_secs) {
+            if start.elapsed() >= Duration::from_secs(min_secs) && done(&got.join("\n")) {
+                break;
+            }
             if let Ok(n) = notify.recv(&mut buf) {
                 got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
             }
         }
     };
-    recv_for(8, &mut got);
+    recv_until(0, 60, &mut got, &|all| {
+        all.contains("READY=1") && all.contains("STATUS=policy ops") && all.contains("WATCHDOG=1")
+    });
     let all = got.join("\n");
     assert!(all.contains("READY=1"), "no READY=1 from the agent: {got:?}");
     assert!(
@@ -195,8 +203,11 @@ fn healthz_sees_a_detached_interface_and_systemd_gets_ready_and_watchdog() {
     let (code, _) = Agent::request(&a, "127.0.0.1:9978", "GET", "/readyz");
     assert_eq!(code, 503, "not ready either");
     // No more WATCHDOG=1 while unhealthy; STATUS= says why.
+    // At least 4 s, and until a STATUS= saying unhealthy arrived (at most 60 s).
     got.clear();
-    recv_for(4, &mut got);
+    recv_until(4, 60, &mut got, &|all| {
+        all.contains("STATUS=") && all.contains("unhealthy")
+    });
     assert!(!got.iter().any(|m| m.contains("WATCHDOG=1")), "{got:?}");
     assert!(
         got.iter()
