@@ -19,7 +19,7 @@ use paceline_tests::{
 };
 use serde_json::Value;
 
-use crate::privileged;
+use crate::{privileged, under_tcg as tcg};
 
 const PLLOAD: &str = env!("CARGO_BIN_EXE_plload");
 
@@ -49,10 +49,6 @@ fn time_scale() -> u64 {
     if tcg() { 32 } else { 2 }
 }
 
-fn tcg() -> bool {
-    std::env::var("PACELINE_VM_ACCEL").as_deref() == Ok("TCG")
-}
-
 /// Each transfer's size, bytes: two in 150 ms * k ask for 43% of the link.
 const TRANSFER_BYTES: u64 = 400_000;
 
@@ -76,10 +72,10 @@ fn rate(bits_per_s: u64) -> String {
 /// Each transfer's deadline at k = 1, ms.
 const DEADLINE_MS: u64 = 150;
 
-fn sender_policy(ifname: &str, k: u64, size: u64) -> String {
+fn sender_policy(ifname: &str, k: u64) -> String {
     let link_rate = rate(1_000_000_000 / k);
     let deadline = DEADLINE_MS * k;
-    let size_kb = size / 1000;
+    let size_kb = TRANSFER_BYTES / 1000;
     format!(
         r#"apiVersion: paceline/v1
 kind: Policy
@@ -207,9 +203,9 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
     if !privileged("deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines") {
         return;
     }
-    let (k, size) = (time_scale(), TRANSFER_BYTES);
+    let k = time_scale();
     eprintln!(
-        "time scale k = {k}: deadline {} ms, bottleneck and router capacity {} Mbit/s, transfers of {size} bytes",
+        "time scale k = {k}: deadline {} ms, bottleneck and router capacity {} Mbit/s, transfers of {TRANSFER_BYTES} bytes",
         DEADLINE_MS * k,
         100.0 / k as f64
     );
@@ -227,7 +223,7 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
     for (i, s) in star.senders.iter().enumerate() {
         let ifname = s.iface_to(&star.router).expect("sender iface").ifname;
         let p = scratch.path(&format!("s{i}.yaml"));
-        std::fs::write(&p, sender_policy(&ifname, k, size)).unwrap();
+        std::fs::write(&p, sender_policy(&ifname, k)).unwrap();
         senders.push(Agent::start(s, &p, &scratch.path(&format!("s{i}-state"))));
     }
 
@@ -250,7 +246,7 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
                 "--flows",
                 "1",
                 "--bytes",
-                &size.to_string(),
+                &TRANSFER_BYTES.to_string(),
             ])
             .expect("client")
         })

@@ -243,7 +243,7 @@ fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_othe
         return;
     }
     // The emulated VM forwards about 20 Mbit/s; this machine a lot more.
-    let tcg = std::env::var("PACELINE_VM_ACCEL").as_deref() == Ok("TCG");
+    let tcg = crate::under_tcg();
     let rate_mbit: u64 = if tcg { 20 } else { 100 };
     // The receiver advertises 95% of its port (`line_rate` written with headroom): with the
     // shares adding up to exactly the port's rate, the queue slow start built never drains,

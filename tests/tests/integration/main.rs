@@ -27,3 +27,9 @@ pub fn privileged(test: &str) -> bool {
     }
     true
 }
+
+/// True inside a VM under qemu's TCG emulation (set by `cargo xtask test`), where timing
+/// follows the emulator and the machine's load.
+pub fn under_tcg() -> bool {
+    std::env::var("PACELINE_VM_ACCEL").as_deref() == Ok("TCG")
+}
