@@ -192,14 +192,15 @@ pub struct PolicyTable {
     pub flags: u32,
     /// Number of classes in use (for the agent; the datapath never loops over classes).
     pub n_classes: u32,
-    pub _pad: u32,
+    /// D3: congestion window (segments) a sender's connection starts with; 0: the kernel's.
+    pub d3_initial_window: u32,
     /// A packet whose departure would lie further than this in the future is dropped.
     pub horizon_ns: u64,
     /// Increments with every policy the agent writes (shows up in status and tests).
     pub generation: u64,
     /// D3: this host's line rate (bytes/s): the quench threshold and the scale ceiling.
     pub d3_line_rate: u64,
-    /// D3: pacing rate of a new flow until its first grant (burst tolerance), bytes/s.
+    /// D3: pacing rate of a flow until its first grant, bytes/s; 0: one segment per RTT.
     pub d3_first_rate: u64,
     /// Where the compiled classifier's parts are in this bank's maps.
     pub ctab: crate::ctab::CtabHeader,
@@ -218,7 +219,7 @@ impl PolicyTable {
             default_class: 0,
             flags: 0,
             n_classes: 1,
-            _pad: 0,
+            d3_initial_window: 0,
             horizon_ns: 0,
             generation: 0,
             d3_line_rate: 0,

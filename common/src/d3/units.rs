@@ -9,6 +9,13 @@ pub const MAX_SCALE: u8 = 15;
 /// units: rounding up costs less than 1/31.5 of the rate, and the largest grant (255 units)
 /// is at least 4x the desired rate (up to 63 units at scale 15, about 4.2 GB/s).
 pub const DESIRED_TARGET_UNITS: u64 = 63;
+/// A deadline flow's scale also lets 255 units reach at least `ceiling / GRANT_FLOOR_SHARE`
+/// (its line rate / 16): a flow asking little can still be granted a fair share among up to
+/// 16 flows. Without it a 2 KB response due in 40 ms asked at scale 0, whose 255 units are
+/// 522 KB/s: on a 400 Mbit/s link with 40 flows its fair share (1.25 MB/s) was cut to that,
+/// and the link idled under its share. Costs at most one unit of a coarser scale per request
+/// (line / 4080): 1% of a link's D with 40 flows.
+pub const GRANT_FLOOR_SHARE: u64 = 16;
 /// Largest encodable rate: 255 units at scale 15 = 17_112_760_320 bytes/s (~137 Gbit/s).
 pub const MAX_ENCODABLE_RATE: u64 = 255 << (UNIT_SHIFT + MAX_SCALE as u32);
 // Headroom above a 100 Gbit/s link (12.5e9 bytes/s).
@@ -48,7 +55,8 @@ pub const fn rate_to_units_ceil(rate: u64, scale: u8) -> u64 {
 /// The sender's scale for a request.
 ///
 /// - Deadline flow (`desired > 0`): the smallest scale at which `desired` fits in
-///   [`DESIRED_TARGET_UNITS`] units (rounded up), else scale 15; `None` if `desired` exceeds
+///   [`DESIRED_TARGET_UNITS`] units (rounded up) and 255 units reach `ceiling /`
+///   [`GRANT_FLOOR_SHARE`], else scale 15; `None` if `desired` exceeds
 ///   [`MAX_ENCODABLE_RATE`] (the caller quenches).
 /// - Non-deadline flow (`desired == 0`): the smallest scale at which 255 units reach
 ///   `ceiling` (the sender's line rate), so any fair share up to line rate is representable;
@@ -62,6 +70,7 @@ pub fn choose_scale(desired: u64, ceiling: u64) -> Option<u8> {
     while s < MAX_SCALE {
         let fits = if desired > 0 {
             rate_to_units_ceil(desired, s) <= DESIRED_TARGET_UNITS
+                && units_to_rate(255, s) >= ceiling / GRANT_FLOOR_SHARE
         } else {
             units_to_rate(255, s) >= ceiling
         };
@@ -152,10 +161,17 @@ mod tests {
         // The paper's range: 2 KB in 40 ms (50 KB/s) .. 50 KB in 20 ms (2.5 MB/s), and up.
         assert_eq!(desired_rate(2_000, 40_000_000), 50_000);
         assert_eq!(desired_rate(50_000, 20_000_000), 2_500_000);
-        assert_eq!(choose_scale(50_000, GBPS), Some(0));
+        // 2 KB in 40 ms asks at the scale whose 255 units reach a 16th of the line (scale 4 at
+        // 1 Gbit/s: 8.4 MB/s), not at scale 0 (522 KB/s at most, whatever its fair share).
+        assert_eq!(choose_scale(50_000, GBPS), Some(4));
+        assert_eq!(rate_to_units_ceil(50_000, 4), 2);
+        assert_eq!(choose_scale(50_000, 0), Some(0));
         assert_eq!(rate_to_units_ceil(50_000, 0), 25);
         assert_eq!(choose_scale(2_500_000, GBPS), Some(5));
         assert_eq!(rate_to_units_ceil(2_500_000, 5), 39);
+        let floor = choose_scale(1, GBPS).expect("encodable");
+        assert!(units_to_rate(255, floor) >= GBPS / GRANT_FLOOR_SHARE);
+        assert!(units_to_rate(255, floor - 1) < GBPS / GRANT_FLOOR_SHARE);
         let mut r = 1u64;
         let mut checked = 0;
         while r <= MAX_ENCODABLE_RATE {
@@ -165,10 +181,14 @@ mod tests {
             let enc = units_to_rate(units as u8, s);
             assert!(enc >= r, "never ask for less than needed ({r})");
             assert!(enc - r < unit_rate(s), "rounded up by less than one unit");
-            if s > 0 && s < MAX_SCALE {
+            if s > floor && s < MAX_SCALE {
                 // Over-ask bounded by 1/31.5 of the rate, and room for a 4x grant.
                 assert!((enc - r) * 63 < 2 * r, "precision at {r}: {enc}");
                 assert!(units_to_rate(255, s) >= 4 * r, "headroom at {r}");
+            }
+            if s < MAX_SCALE {
+                // Room for a 16th of the line, whatever the desired rate.
+                assert!(units_to_rate(255, s) >= GBPS / GRANT_FLOOR_SHARE, "share at {r}");
             }
             r = r * 9 / 8 + 1;
             checked += 1;

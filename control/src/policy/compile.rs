@@ -529,10 +529,15 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
         // non-deadline requests; 10 Gbit/s when the host reports none.
         let line = v.link_rate.as_ref().map(|l| l.rate).unwrap_or(1_250_000_000);
         table.d3_line_rate = line;
-        // A paused or new flow can only send its next request on a segment, and TCP emits a
-        // (2-segment) packet every 2*MSS/rate: at line/1000 that was every ~23 ms on a 1 Gbit/s
-        // host, too slow to pick up capacity freed one RTT later. line/100: every ~2.3 ms.
-        table.d3_first_rate = d3.first_rtt_rate.unwrap_or(line / 100);
+        // Unset (0): a new transfer sends its request and waits about one RTT for the grant
+        // (one segment per RTT, as a paused flow), instead of a fixed base rate. TCP schedules
+        // a packet's successor at len / rate when it sends it, and a grant cannot pull that
+        // departure in: at line/100 a response's second packet left 15 ms after its first on
+        // a 400 Mbit/s testbed, whatever the grant (docs/d3.md, "The first RTT").
+        table.d3_first_rate = d3.first_rtt_rate.unwrap_or(0);
+        // TCP sends its initial window unpaced (its pacing starts at the tenth segment), so
+        // the first RTT of a fresh connection is held to this many segments, before any grant.
+        table.d3_initial_window = d3.initial_window;
     }
     let mut dasr = v.dasr.clone();
     if let Some(d) = &mut dasr {

@@ -59,6 +59,10 @@ fn view(c: &Compiled) -> Vec<(String, String)> {
                 "d3.first_rtt_rate".into(),
                 d.first_rtt_rate.map_or("default".into(), fmt_rate),
             );
+            put(
+                "d3.initial_window".into(),
+                format!("{} segments", d.initial_window),
+            );
             for l in &d.router {
                 put(
                     format!("d3.router.{}", l.interface),

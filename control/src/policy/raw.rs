@@ -138,11 +138,17 @@ pub struct D3 {
     /// receiver). Default true.
     #[serde(default = "default_true")]
     pub receiver: bool,
-    /// Pacing rate of a new D3 flow until its first grant (burst tolerance), and the most a
-    /// paused flow (granted 0) sends: one segment per RTT, at most this. Default: the host's
-    /// link rate / 100 (requests ride segments: a slower flow cannot ask again soon enough).
+    /// Pacing rate of a new D3 flow until its first grant, and the most a paused flow
+    /// (granted 0) sends. Default: none, one segment per RTT: the request goes out and the
+    /// rest of the transfer waits about one RTT for its grant.
     #[serde(default)]
     pub first_rtt_rate: Option<RateText>,
+    /// Congestion window, in segments, that a D3 sender's connection starts with (TCP's
+    /// initial window, which TCP sends unpaced): the first RTT of a fresh connection, before
+    /// any grant. 1..=64. Default 2.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = 64))]
+    pub initial_window: Option<u32>,
     /// Links whose egress this host serves as a D3 router. Default: none.
     #[serde(default)]
     pub router: Vec<D3RouterLink>,

@@ -169,6 +169,33 @@ fn pace(ctx: &SockOpsContext, st: &mut D3Sock, wire_rate: u64) {
     }
 }
 
+/// One segment of this socket on the wire, and its smoothed RTT (ns).
+#[inline(always)]
+fn segment_and_srtt(ctx: &SockOpsContext) -> (u64, u64) {
+    // SAFETY: reading the program's own context.
+    let (mss, v6, srtt_us) = unsafe {
+        (
+            (*ctx.ops).mss_cache,
+            (*ctx.ops).family == tcp::AF_INET6,
+            (*ctx.ops).srtt_us >> 3,
+        )
+    };
+    (mss as u64 + tcp_frame_overhead(v6), srtt_us as u64 * 1000)
+}
+
+/// The pacing rate of a flow that has no grant yet: the policy's `first_rtt_rate`, or
+/// (unset) one segment per RTT: the request goes out and the next packet leaves about when
+/// the grant is back. TCP fixes a packet's successor's departure (len / rate) when it sends
+/// it, so a slower rate here would hold the flow back after a higher grant arrived.
+#[inline(always)]
+fn first_rate(ctx: &SockOpsContext, table: &PolicyTable) -> u64 {
+    if table.d3_first_rate != 0 {
+        return table.d3_first_rate;
+    }
+    let (segment, srtt) = segment_and_srtt(ctx);
+    d3::pause_rate(0, segment, srtt)
+}
+
 /// At ESTABLISHED: a D3 class's socket becomes a sender; with D3 receiving on, every socket
 /// listens for requests (the parse callback runs only for packets with unknown options).
 #[inline(always)]
@@ -202,8 +229,14 @@ pub fn on_established(ctx: &SockOpsContext, table: &PolicyTable, class_idx: u32,
         }
         _ => start_transfer(st, base, 0, 0),
     }
-    // Burst tolerance: the first RTT runs at the first-RTT rate, until the first grant.
-    pace(ctx, st, table.d3_first_rate);
+    // The first RTT of a fresh connection: TCP sends its initial window unpaced, so it is
+    // what a grant cannot hold back. Refused once data has gone out (a later transfer).
+    if table.d3_initial_window != 0 {
+        tcp::setsockopt_u32(ctx.ops, tcp::SOL_TCP, tcp::TCP_BPF_IW, table.d3_initial_window);
+    }
+    // Until the first grant: the first-RTT rate, or one segment per RTT.
+    let r = first_rate(ctx, table);
+    pace(ctx, st, r);
     set_flags(
         ctx,
         CB_PARSE_UNKNOWN_HDR_OPT | CB_WRITE_HDR_OPT | CB_RTT | CB_STATE,
@@ -341,7 +374,8 @@ pub fn on_write_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
             // the first-RTT rate until its first grant.
             st.flags = (st.flags & !D3S_FIN_DUE) | D3S_RETURNED;
             st.flow = D3FlowState::new(table.d3_first_rate);
-            pace(ctx, st, table.d3_first_rate);
+            let r = first_rate(ctx, table);
+            pace(ctx, st, r);
         }
     }
     if st.flags & D3S_FB_PENDING != 0 {
@@ -390,16 +424,8 @@ pub fn on_parse_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
         match st.flow.apply_feedback(&fb) {
             Some(rate) => {
                 // A grant of 0 means "pause": one segment (carrying the next request) per RTT.
-                // SAFETY: reading the program's own context.
-                let (mss, v6, srtt_us) = unsafe {
-                    (
-                        (*ctx.ops).mss_cache,
-                        (*ctx.ops).family == tcp::AF_INET6,
-                        (*ctx.ops).srtt_us >> 3,
-                    )
-                };
-                let segment = mss as u64 + tcp_frame_overhead(v6);
-                let pause = d3::pause_rate(table.d3_first_rate, segment, srtt_us as u64 * 1000);
+                let (segment, srtt) = segment_and_srtt(ctx);
+                let pause = d3::pause_rate(table.d3_first_rate, segment, srtt);
                 pace(ctx, st, d3::paced_rate(rate, pause));
                 if let Some(s) = stats(st.class) {
                     s.grants += 1;

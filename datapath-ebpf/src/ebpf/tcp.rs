@@ -13,6 +13,7 @@ pub const AF_INET6: u32 = 10;
 pub const SOL_SOCKET: i32 = 1;
 pub const SO_MAX_PACING_RATE: i32 = 47;
 pub const SOL_TCP: i32 = 6;
+pub const TCP_BPF_IW: i32 = 1001;
 pub const TCP_BPF_DELACK_MAX: i32 = 1003;
 pub const TCP_BPF_RTO_MIN: i32 = 1004;
 pub const SOL_IP: i32 = 0;

@@ -18,6 +18,10 @@ pub const D3_DEADLINE: Bounds = Bounds {
     max: 3_600_000_000_000,
     text: "100us..=1h",
 };
+/// `spec.d3.initial_window`, segments.
+pub const D3_INITIAL_WINDOW_MAX: u32 = 64;
+/// `spec.d3.initial_window` when unset: the request and one more segment in the first RTT.
+pub const D3_INITIAL_WINDOW_DEFAULT: u32 = 2;
 pub const D3_SIZE: Bounds = Bounds {
     min: 1,
     max: 1 << 40,
@@ -37,6 +41,18 @@ pub(super) fn d3_spec(d: &mut Diag, spec: &raw::Spec, host: &dyn HostFacts) -> O
             }
         },
         None => None,
+    };
+    let initial_window = match s.initial_window {
+        None => D3_INITIAL_WINDOW_DEFAULT,
+        Some(w) if (1..=D3_INITIAL_WINDOW_MAX).contains(&w) => w,
+        Some(w) => {
+            d.error(
+                "spec.d3.initial_window",
+                format!("{w} segments is out of range; write 1..={D3_INITIAL_WINDOW_MAX}"),
+            );
+            ok = false;
+            0
+        }
     };
     let interval_ns = match &s.interval {
         Some(v) => d
@@ -100,6 +116,7 @@ pub(super) fn d3_spec(d: &mut Diag, spec: &raw::Spec, host: &dyn HostFacts) -> O
     ok.then_some(Some(D3Spec {
         receiver: s.receiver,
         first_rtt_rate: first,
+        initial_window,
         interval_ns,
         router,
     }))
@@ -146,6 +163,25 @@ spec:
                 "test.yaml:9: spec.d3.router[1].interface: \"eth1\" is listed twice",
                 "test.yaml:9: spec.d3.router[2].interface: no interface named \"eth9\" on this host",
             ]
+        );
+    }
+
+    /// The first RTT of a fresh D3 connection: 2 segments unless the policy says otherwise,
+    /// within 1..=64.
+    #[test]
+    fn the_initial_window_defaults_to_two_segments_within_one_to_sixty_four() {
+        assert_eq!(ok(BASE, &fake_host()).d3.expect("d3").initial_window, 2);
+        let ten = BASE.replace("d3: {router:", "d3: {initial_window: 10, router:");
+        assert_eq!(ok(&ten, &fake_host()).d3.expect("d3").initial_window, 10);
+        let bad = BASE.replace("d3: {router:", "d3: {initial_window: 0, router:");
+        assert_eq!(
+            errors(&bad, &fake_host()),
+            ["test.yaml:9: spec.d3.initial_window: 0 segments is out of range; write 1..=64"]
+        );
+        let bad = BASE.replace("d3: {router:", "d3: {initial_window: 65, router:");
+        assert_eq!(
+            errors(&bad, &fake_host()),
+            ["test.yaml:9: spec.d3.initial_window: 65 segments is out of range; write 1..=64"]
         );
     }
 

@@ -102,8 +102,10 @@ pub struct ClassD3 {
 #[derive(Clone, Debug, PartialEq)]
 pub struct D3Spec {
     pub receiver: bool,
-    /// Bytes/s; `None`: link rate / 1000.
+    /// Bytes/s; `None`: one segment per RTT until the first grant.
     pub first_rtt_rate: Option<u64>,
+    /// Segments a D3 sender's connection starts with (TCP's initial window).
+    pub initial_window: u32,
     pub interval_ns: u64,
     pub router: Vec<D3Link>,
 }
