@@ -86,8 +86,9 @@ mod plan;
 mod policy;
 mod report;
 mod run;
+pub mod timeline;
 
 pub use plan::*;
 use policy::*;
 use report::*;
-pub use run::run;
+pub use run::{run, run_with};

@@ -26,10 +26,13 @@ pub enum Kind {
     Paced,
     /// Two QJump levels, urgent responses (deadline below the median) on top.
     Qjump,
-    /// D3 with this first-RTT rate (bytes/s; None: the agent's default, 1% of link_rate).
+    /// D3 with this first-RTT rate and initial window (None: the agent's defaults, one
+    /// segment per RTT until the grant, and 2 segments).
     D3 {
         /// `spec.d3.first_rtt_rate`, bytes/s.
         first_rtt_rate: Option<u64>,
+        /// `spec.d3.initial_window`, segments.
+        initial_window: Option<u32>,
     },
 }
 
@@ -49,6 +52,10 @@ pub struct ModeSpec {
     pub conn: Conn,
     /// `net.ipv4.tcp_tso_rtt_log` on the senders (None: the kernel's default, 9).
     pub tso_rtt_log: Option<u32>,
+    /// TCP's loss recovery as in the paper's time: RACK and tail-loss probes off on the senders
+    /// (`net.ipv4.tcp_recovery=0`, `net.ipv4.tcp_early_retrans=0`), so a lost tail waits for
+    /// the retransmission timeout (200 ms at least) as it did in 2011.
+    pub paper_recovery: bool,
 }
 
 /// How the aggregator talks to its workers.
@@ -110,12 +117,19 @@ pub struct Config {
     /// paper's background traffic, section 6.1.3): in the D3 modes they are D3 flows without a
     /// deadline (a fair share), elsewhere plain TCP in the default class. 0: none.
     pub background_flows: usize,
+    /// Capture the workers' packets at the aggregator (`tcpdump`) and write each response's
+    /// timeline ([`super::timeline`]); `PLEXP_D3_CAPTURE=1`. Fresh connections only.
+    pub capture: bool,
 }
 
 impl Config {
     /// The full run (~15 minutes on the host) or the quick smoke test (~5 minutes).
     pub fn new(quick: bool) -> Config {
         let means = vec![20.0, 30.0, 40.0];
+        let d3 = |first_rtt_rate, initial_window| Kind::D3 {
+            first_rtt_rate,
+            initial_window,
+        };
         let mode = |name: &str, kind: Kind, means_ms: Vec<f64>, main: bool| ModeSpec {
             name: name.into(),
             kind,
@@ -127,6 +141,7 @@ impl Config {
                 Conn::Fresh
             },
             tso_rtt_log: None,
+            paper_recovery: name == "tcp-paper",
         };
         if quick {
             Config {
@@ -146,19 +161,20 @@ impl Config {
                 qjump_factor: 2.0,
                 qjump_switch_delay_us: 10,
                 background_flows: 0,
+                capture: false,
                 modes: vec![
                     mode("tcp", Kind::Tcp, vec![], true),
+                    mode("tcp-paper", Kind::Tcp, vec![], true),
                     mode("paced", Kind::Paced, vec![], true),
                     mode("qjump", Kind::Qjump, vec![30.0], true),
-                    mode("d3", Kind::D3 { first_rtt_rate: None }, vec![30.0], true),
-                    mode(
-                        "d3-first-line",
-                        Kind::D3 {
-                            first_rtt_rate: Some(125_000_000),
-                        },
-                        vec![30.0],
-                        false,
-                    ),
+                    mode("d3", d3(None, None), vec![30.0], true),
+                    // The first RTT at the line rate.
+                    mode("d3-first-line", d3(Some(125_000_000), None), vec![30.0], false),
+                    // The defaults until 2026-12-02: 1% of the line rate until the first grant,
+                    // the kernel's initial window (10).
+                    mode("d3-base-rate", d3(Some(1_250_000), Some(10)), vec![30.0], false),
+                    // Today's first RTT with the kernel's initial window.
+                    mode("d3-iw10", d3(None, Some(10)), vec![30.0], false),
                 ],
             }
         } else {
@@ -179,20 +195,25 @@ impl Config {
                 qjump_factor: 2.0,
                 qjump_switch_delay_us: 10,
                 background_flows: 0,
+                capture: false,
                 modes: vec![
                     mode("tcp", Kind::Tcp, vec![], true),
+                    mode("tcp-paper", Kind::Tcp, vec![], true),
                     mode("paced", Kind::Paced, vec![], true),
                     mode("qjump", Kind::Qjump, means.clone(), true),
-                    mode("d3", Kind::D3 { first_rtt_rate: None }, means.clone(), true),
-                    // The first-RTT rate at the line rate (the default is 1% of it).
+                    mode("d3", d3(None, None), means.clone(), true),
+                    // The first RTT at the line rate.
+                    mode("d3-first-line", d3(Some(125_000_000), None), means.clone(), false),
+                    // The defaults until 2026-12-02: 1% of the line rate until the first grant,
+                    // the kernel's initial window (10).
                     mode(
-                        "d3-first-line",
-                        Kind::D3 {
-                            first_rtt_rate: Some(125_000_000),
-                        },
-                        means,
+                        "d3-base-rate",
+                        d3(Some(1_250_000), Some(10)),
+                        means.clone(),
                         false,
                     ),
+                    // Today's first RTT with the kernel's initial window.
+                    mode("d3-iw10", d3(None, Some(10)), means, false),
                 ],
             }
         }
@@ -216,15 +237,22 @@ impl Config {
             for md in &mut self.modes {
                 if let Kind::D3 {
                     first_rtt_rate: Some(f),
+                    ..
                 } = &mut md.kind
-                    && *f == old
                 {
-                    *f = self.rate_bps / 8;
+                    if *f == old {
+                        *f = self.rate_bps / 8;
+                    } else if *f == old / 100 {
+                        *f = self.rate_bps / 800;
+                    }
                 }
             }
         }
         if let Some(b) = list("PLEXP_D3_BACKGROUND").and_then(|b| b.trim().parse().ok()) {
             self.background_flows = b;
+        }
+        if list("PLEXP_D3_CAPTURE").is_some_and(|v| v != "0") {
+            self.capture = true;
         }
         if let Some(n) = list("PLEXP_D3_N") {
             self.senders = n.split(',').filter_map(|x| x.trim().parse().ok()).collect();

@@ -25,10 +25,16 @@ pub(crate) fn sender_policy(cfg: &Config, mode: &ModeSpec, n: usize, ifname: &st
             eps = cfg.qjump_switch_delay_us,
             f = cfg.qjump_factor,
         ),
-        Kind::D3 { first_rtt_rate } => {
+        Kind::D3 {
+            first_rtt_rate,
+            initial_window,
+        } => {
             let first = first_rtt_rate
                 .map(|r| format!("\n    first_rtt_rate: {r}B/s"))
-                .unwrap_or_default();
+                .unwrap_or_default()
+                + &initial_window
+                    .map(|w| format!("\n    initial_window: {w}"))
+                    .unwrap_or_default();
             let d3 = if first.is_empty() {
                 "  d3: {}\n".to_string()
             } else {

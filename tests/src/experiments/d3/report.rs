@@ -238,6 +238,10 @@ pub(crate) fn markdown(
     for m in &cfg.modes {
         let e = &env["enforcement"][&m.name];
         let what = match &m.kind {
+            Kind::Tcp if m.paper_recovery => {
+                "TCP as in the paper: cubic, no agent, RACK and tail-loss probes off on the senders"
+                    .to_string()
+            }
             Kind::Tcp => "plain TCP (cubic), no agent on the senders".to_string(),
             Kind::Paced => format!(
                 "per-flow pacing at the fair share {} Mbit/s / N",
@@ -247,11 +251,17 @@ pub(crate) fn markdown(
                 "QJump levels: responses with a deadline below the median (mean x ln 2) at the top level (factor {}, DSCP 46, switch queue 5), the rest at the lowest (queue 0)",
                 cfg.qjump_factor
             ),
-            Kind::D3 { first_rtt_rate } => format!(
-                "D3, first-RTT rate {}",
+            Kind::D3 {
+                first_rtt_rate,
+                initial_window,
+            } => format!(
+                "D3, first-RTT rate {}, initial window {}",
                 first_rtt_rate
                     .map(|r| format!("{} Mbit/s", r * 8 / 1_000_000))
-                    .unwrap_or_else(|| "default (1% of link_rate = 10 Mbit/s)".into())
+                    .unwrap_or_else(|| "default (one segment per RTT until the grant)".into()),
+                initial_window
+                    .map(|w| format!("{w} segments"))
+                    .unwrap_or_else(|| "default (2 segments)".into())
             ),
         };
         let _ = writeln!(
@@ -490,6 +500,49 @@ pub(crate) fn markdown(
         })
         .collect();
     md.push_str(&report::markdown_table(&headers, &rows));
+    // Where the missed deadlines' time went (capture runs, PLEXP_D3_CAPTURE=1).
+    let rows: Vec<Vec<String>> = points
+        .iter()
+        .filter(|p| p["timeline"]["missed"].is_object())
+        .map(|p| {
+            let t = &p["timeline"]["missed"];
+            let f = |k: &str| format!("{:.2}", t[k].as_f64().unwrap_or(0.0));
+            vec![
+                p["tags"]["mode"].as_str().unwrap_or("").into(),
+                p["tags"]["deadline_mean_ms"].as_str().unwrap_or("").into(),
+                p["tags"]["senders"].as_str().unwrap_or("").into(),
+                format!("{} of {}", t["missed_timed"], t["responses_timed"]),
+                t["missed_late_at_first_byte"].to_string(),
+                f("mean_deadline_ms"),
+                f("mean_first_byte_ms"),
+                f("mean_to_first_grant_ms"),
+                f("mean_paused_ms"),
+                f("mean_last_byte_ms"),
+                t["retransmissions"].to_string(),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Where the time of missed deadlines went\n\nFrom the capture at the aggregator: per missed response, ms after its query left. \
+             `late at first byte`: its first byte arrived after its deadline (the worker's start and the bottleneck's queue), which no rate allocation can win back.\n"
+        );
+        let headers = [
+            "mode",
+            "mean ms",
+            "N",
+            "missed (timed)",
+            "late at first byte",
+            "deadline",
+            "first byte",
+            "first byte to grant",
+            "paused",
+            "last byte",
+            "retransmissions",
+        ];
+        md.push_str(&report::markdown_table(&headers, &rows));
+    }
     let failed: Vec<String> = points
         .iter()
         .filter(|p| p.get("error").is_some())

@@ -38,9 +38,14 @@ pub(crate) struct SenderAgent<'a> {
     agent: Agent<'a>,
 }
 
-/// Runs the experiment.
+/// Runs the experiment (`plexp d3`): the full or quick plan, narrowed by the environment.
 pub fn run(c: &Common) -> Result<()> {
-    let cfg = Config::new(c.quick).with_env();
+    run_with(c, &Config::new(c.quick).with_env())
+}
+
+/// Runs the experiment with `cfg`; `<c.out>/d3.json` holds the results.
+pub fn run_with(c: &Common, cfg: &Config) -> Result<()> {
+    let cfg = cfg.clone();
     std::fs::create_dir_all(&c.out).with_context(|| format!("mkdir {}", c.out.display()))?;
     let t_begin = Instant::now();
     let tb = Testbed::new("d3_eval")?;
@@ -113,8 +118,15 @@ pub fn run(c: &Common) -> Result<()> {
         let t_mode = Instant::now();
         let bn = install_bottleneck(&star, &cfg, mode)?;
         let rtt_log = mode.tso_rtt_log.unwrap_or(9).to_string();
+        let (recovery, early_retrans) = if mode.paper_recovery {
+            ("0", "0")
+        } else {
+            ("1", "3")
+        };
         for h in &star.senders {
             h.sysctl("net.ipv4.tcp_tso_rtt_log", &rtt_log)?;
+            h.sysctl("net.ipv4.tcp_recovery", recovery)?;
+            h.sysctl("net.ipv4.tcp_early_retrans", early_retrans)?;
         }
         let agents = start_agents(&ctx, mode)?;
         if let Some(a) = agents.senders.first() {
@@ -507,6 +519,31 @@ pub(crate) fn run_point(
         BTreeMap::new()
     };
     let rl0 = if mode.is_d3() { router_link(agents) } else { None };
+    // The capture for the timelines: tcpdump in the aggregator's namespace, first 128 bytes.
+    let pcap = ctx
+        .scratch
+        .path(&format!("{}-{}-{n}.pcap", mode.name, fmt_mean(mean)));
+    let capture_on = cfg.capture && mode.conn == Conn::Fresh;
+    let capture = if capture_on {
+        let p = pcap.to_string_lossy().into_owned();
+        let c = star.receiver.spawn(&[
+            "tcpdump",
+            "-i",
+            "any",
+            "-s",
+            "128",
+            "-U",
+            "-w",
+            &p,
+            "tcp",
+            "port",
+            &PORT.to_string(),
+        ])?;
+        std::thread::sleep(Duration::from_millis(500));
+        Some(c)
+    } else {
+        None
+    };
     let load_before = loadavg();
     let t0 = Instant::now();
     let stop = AtomicBool::new(false);
@@ -528,6 +565,10 @@ pub(crate) fn run_point(
     })?;
     let wall_s = t0.elapsed().as_secs_f64();
     drop(bg);
+    if let Some(c) = capture {
+        std::thread::sleep(Duration::from_millis(200));
+        drop(c);
+    }
     // Let the last FINs and the controller settle before reading the counters.
     std::thread::sleep(Duration::from_millis(if mode.is_d3() { 150 } else { 20 }));
     let q1 = bn.stats()?;
@@ -561,6 +602,24 @@ pub(crate) fn run_point(
         .iter()
         .filter(|r| r.query >= cfg.warmup_queries)
         .collect();
+    // Each scored response's timeline, at the measured mean's deadlines.
+    let timeline_json = if capture_on && pcap.exists() {
+        let addrs: Vec<std::net::Ipv4Addr> = (0..n)
+            .map(|i| star.senders[i % cfg.sender_hosts].ipv4())
+            .collect();
+        let t = timeline::timelines(&pcap, PORT, n, &addrs, &responses).map(|t| {
+            t.into_iter()
+                .filter(|r| r.query >= cfg.warmup_queries)
+                .collect::<Vec<_>>()
+        });
+        let _ = std::fs::remove_file(&pcap);
+        match t {
+            Ok(t) => json!({"missed": timeline::missed_summary(&t), "responses": t}),
+            Err(e) => json!({"error": format!("{e:#}")}),
+        }
+    } else {
+        Value::Null
+    };
     let qs = stats::sorted(
         query_ms
             .iter()
@@ -673,6 +732,7 @@ pub(crate) fn run_point(
                 "load_after": load_after,
             },
             "missed": {"fields": ["query", "worker", "size", "deadline_ms", "fct_ms"], "records": missed_records},
+            "timeline": if m == mean { timeline_json.clone() } else { Value::Null },
         }));
     }
     let meas = json!({
