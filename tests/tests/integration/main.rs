@@ -9,6 +9,7 @@ mod classify_scale;
 mod codel;
 mod codel_e2e;
 mod d3_e2e;
+mod d3_effect;
 mod d3_router;
 mod dasr;
 mod dasr_e2e;
