@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::policy::{
-    self, CompileContext, EnforcementMode, HostFacts, OfflineHost, SystemHost, host::all_routes_managed,
+use crate::host::SystemHost;
+use paceline_policy::{
+    self as policy, CompileContext, EnforcementMode, HostFacts, OfflineHost, host::all_routes_managed,
 };
 
 #[derive(clap::Subcommand, Debug)]

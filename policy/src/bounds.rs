@@ -176,7 +176,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::policy::{FakeHost, parse_str};
+    use crate::{FakeHost, parse_str};
 
     /// Whatever the input, the whole pipeline answers in well under a second.
     fn quick(text: &str) -> Vec<String> {

@@ -7,9 +7,9 @@ use paceline_common::dasr::{decode_rate, encode_rate};
 use super::diag::Diag;
 use super::fields::{Bounds, RATE, duration_in, int_range, rate_in};
 use super::model::{DasrLine, DasrSpec};
-use crate::policy::host::HostFacts;
-use crate::policy::raw::{self, Scalar};
-use crate::policy::units;
+use crate::host::HostFacts;
+use crate::raw::{self, Scalar};
+use crate::units;
 
 pub const DASR_RTT: Bounds = Bounds {
     min: 1_000,
@@ -119,8 +119,8 @@ pub(super) fn dasr_spec(
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::host::{FakeHost, OfflineHost};
-    use crate::policy::tests::{errors, fake_host, ok};
+    use crate::host::{FakeHost, OfflineHost};
+    use crate::tests::{errors, fake_host, ok};
 
     const BASE: &str = r#"
 apiVersion: paceline/v1

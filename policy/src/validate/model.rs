@@ -5,8 +5,8 @@
 use ipnet::IpNet;
 use paceline_common::qjump::Network;
 
-use crate::policy::enforcement::EnforcementRequest;
-use crate::policy::error::PolicyError;
+use crate::enforcement::EnforcementRequest;
+use crate::error::PolicyError;
 
 /// Where the host's link rate came from.
 #[derive(Clone, Debug, PartialEq, Eq)]

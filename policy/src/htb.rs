@@ -1,6 +1,6 @@
 //! The HTB hierarchy of `htb` mode ([`HtbPlan`]): compiled from the validated policy next to
 //! the table (classes steer their packets into its leaves through `skb->priority`), installed
-//! as it is by [`qdisc::install_htb`](crate::qdisc::install_htb) on every managed interface.
+//! as it is by the agent (`paceline::qdisc::install_htb`) on every managed interface.
 
 use super::validate::Validated;
 

@@ -22,7 +22,7 @@ pub const KIND: &str = "Policy";
 #[serde(deny_unknown_fields)]
 #[schemars(
     title = "paceline policy",
-    description = "A paceline policy: QJump levels, traffic classes, classification rules. See control/src/policy/mod.rs."
+    description = "A paceline policy: QJump levels, traffic classes, classification rules. See policy/src/lib.rs."
 )]
 pub struct PolicyFile {
     /// Always `paceline/v1`.

@@ -161,9 +161,9 @@ pub struct Compiled {
     /// In HTB mode (when the link rate is known).
     pub htb: Option<HtbPlan>,
     /// `spec.d3`, when D3 is on.
-    pub d3: Option<crate::policy::validate::D3Spec>,
+    pub d3: Option<crate::validate::D3Spec>,
     /// `spec.dasr`, when DASR is on; `sender` is off in `none` mode (nothing is enforced).
-    pub dasr: Option<crate::policy::validate::DasrSpec>,
+    pub dasr: Option<crate::validate::DasrSpec>,
 }
 
 impl Compiled {

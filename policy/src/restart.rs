@@ -43,8 +43,8 @@ impl Compiled {
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::tests::{fake_host, ok};
-    use crate::policy::{CompileContext, Compiled, EnforcementMode, compile};
+    use crate::tests::{fake_host, ok};
+    use crate::{CompileContext, Compiled, EnforcementMode, compile};
 
     const BASE: &str = r#"
 apiVersion: paceline/v1

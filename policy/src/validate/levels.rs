@@ -10,8 +10,8 @@ use paceline_common::qjump::Network;
 use super::diag::Diag;
 use super::fields::{RATE, TransposeOk as _, check_name, factor, int_range, rate_in};
 use super::model::{Level, Limit, LinkRate};
-use crate::policy::raw;
-use crate::policy::units;
+use crate::raw;
+use crate::units;
 
 pub(super) fn levels(
     d: &mut Diag,
@@ -232,7 +232,7 @@ pub(super) fn fits(d: &mut Diag, levels: &[Level], link: Option<&LinkRate>) {
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::tests::{errors, fake_host};
+    use crate::tests::{errors, fake_host};
 
     #[test]
     fn levels_run_from_the_highest_to_the_lowest() {

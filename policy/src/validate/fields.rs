@@ -5,9 +5,9 @@ use ipnet::{IpNet, Ipv4Net};
 use std::net::IpAddr;
 
 use super::diag::Diag;
-use crate::policy::protocols;
-use crate::policy::raw::Scalar;
-use crate::policy::units::{self, UnitError};
+use crate::protocols;
+use crate::raw::Scalar;
+use crate::units::{self, UnitError};
 
 /// Inclusive bounds of a quantity and how they are written in messages.
 #[derive(Clone, Copy, Debug)]

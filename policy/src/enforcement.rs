@@ -5,7 +5,20 @@
 use anyhow::{Result, bail};
 
 use super::raw;
-use crate::features::Features;
+
+/// What the running kernel offers for enforcement: the part of the agent's probe of the
+/// kernel (`paceline::features::Features`) that [`decide_mode`] and [`degradations_for`] read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelSupport {
+    /// `uname -r`, for messages.
+    pub kernel_release: String,
+    /// sch_fq: the qdisc that enforces EDT timestamps.
+    pub sch_fq: bool,
+    /// sch_htb: rate limiting of aggregates when fq is missing.
+    pub sch_htb: bool,
+    /// A cgroup v2 mount (sock_ops attaches to its root).
+    pub cgroup2: bool,
+}
 
 /// `spec.enforcement`: what the policy asks the agent to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,8 +93,8 @@ impl EnforcementMode {
 /// Picks how the policy is enforced on this kernel: `auto` takes the best mode the kernel
 /// offers (fq, then htb, then sockops, then none); a fixed request the kernel cannot give is
 /// an error saying why.
-pub fn decide_mode(req: EnforcementRequest, f: &Features) -> Result<EnforcementMode> {
-    let sockops = f.cgroup2.is_some();
+pub fn decide_mode(req: EnforcementRequest, f: &KernelSupport) -> Result<EnforcementMode> {
+    let sockops = f.cgroup2;
     Ok(match req {
         EnforcementRequest::Auto if f.sch_fq => EnforcementMode::Fq,
         EnforcementRequest::Auto if f.sch_htb => EnforcementMode::Htb,
@@ -110,7 +123,7 @@ pub fn decide_mode(req: EnforcementRequest, f: &Features) -> Result<EnforcementM
 /// policy asks for nothing the kernel lacks: a policy with `enforcement: none` asks for no rate
 /// to be enforced, and a policy without rates needs no qdisc. `sock_ops`: whether the agent
 /// attached sock_ops (the TCP settings, TCP pacing and D3 need it).
-pub fn degradations_for(f: &Features, c: &super::Compiled, sock_ops: bool) -> Vec<String> {
+pub fn degradations_for(f: &KernelSupport, c: &super::Compiled, sock_ops: bool) -> Vec<String> {
     let asked_none = c.enforcement == EnforcementRequest::None;
     let flow = !asked_none && c.classes.iter().any(|k| k.flow_rate.is_some());
     let aggregate = !asked_none
@@ -154,7 +167,7 @@ pub fn degradations_for(f: &Features, c: &super::Compiled, sock_ops: bool) -> Ve
     }
     let needs_sock_ops = tcp_settings || c.d3.is_some() || (flow && c.mode != EnforcementMode::Fq);
     if needs_sock_ops && !sock_ops {
-        d.push(if f.cgroup2.is_none() {
+        d.push(if !f.cgroup2 {
             "no cgroup v2 mount: sock_ops is unavailable, so the classes' TCP settings (rto_min, delack_max), \
              TCP pacing and D3 do not apply"
                 .to_string()
@@ -169,25 +182,21 @@ pub fn degradations_for(f: &Features, c: &super::Compiled, sock_ops: bool) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::tests::{fake_host, ok};
-    use crate::policy::{CompileContext, compile};
+    use crate::tests::{fake_host, ok};
+    use crate::{CompileContext, compile};
 
-    fn kernel(fq: bool, htb: bool, cgroup2: bool) -> Features {
-        Features {
+    fn kernel(fq: bool, htb: bool, cgroup2: bool) -> KernelSupport {
+        KernelSupport {
             kernel_release: "6.1.0-test".into(),
-            btf: true,
-            tcx: false,
             sch_fq: fq,
             sch_htb: htb,
-            clsact: true,
-            cgroup2: cgroup2.then(|| "/sys/fs/cgroup".into()),
-            bpffs: None,
+            cgroup2,
         }
     }
 
     #[test]
     fn auto_takes_the_best_the_kernel_offers() {
-        let auto = |f: &Features| decide_mode(EnforcementRequest::Auto, f).unwrap();
+        let auto = |f: &KernelSupport| decide_mode(EnforcementRequest::Auto, f).unwrap();
         assert_eq!(auto(&kernel(true, true, true)), EnforcementMode::Fq);
         assert_eq!(auto(&kernel(false, true, true)), EnforcementMode::Htb);
         assert_eq!(auto(&kernel(false, false, true)), EnforcementMode::SockopsOnly);
@@ -221,7 +230,7 @@ mod tests {
         }
     }
 
-    fn degraded(policy: &str, f: &Features) -> Vec<String> {
+    fn degraded(policy: &str, f: &KernelSupport) -> Vec<String> {
         let v = ok(policy, &fake_host());
         let mode = decide_mode(v.enforcement(), f).unwrap();
         let c = compile(
@@ -233,7 +242,7 @@ mod tests {
             },
         )
         .unwrap();
-        let sock_ops = f.cgroup2.is_some() && (mode != EnforcementMode::None || c.d3.is_some());
+        let sock_ops = f.cgroup2 && (mode != EnforcementMode::None || c.d3.is_some());
         degradations_for(f, &c, sock_ops)
     }
 

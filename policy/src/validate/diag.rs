@@ -1,8 +1,8 @@
 //! `Diag`: collects a policy's errors and warnings, each located by its field path and,
 //! through the [`LineIndex`], its line.
 
-use crate::policy::error::PolicyError;
-use crate::policy::lines::LineIndex;
+use crate::error::PolicyError;
+use crate::lines::LineIndex;
 
 /// Collects errors and warnings with their locations.
 pub(super) struct Diag<'a> {

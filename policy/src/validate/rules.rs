@@ -8,9 +8,9 @@ use paceline_common::maps::MAX_RULES;
 use super::diag::Diag;
 use super::fields::{TransposeOk as _, int_range, lookup, mark, net, port, protocol, protocol_name};
 use super::model::{Cgroup, Family, RuleSpec};
-use crate::policy::host::HostFacts;
-use crate::policy::protocols;
-use crate::policy::raw::{self, Scalar};
+use crate::host::HostFacts;
+use crate::protocols;
+use crate::raw::{self, Scalar};
 
 /// One rule's conditions before expansion.
 struct RuleParts {
@@ -396,7 +396,7 @@ pub(super) fn rules(
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::tests::{errors, fake_host, policy_with_classes};
+    use crate::tests::{errors, fake_host, policy_with_classes};
 
     #[test]
     fn ports_need_a_protocol_with_ports() {

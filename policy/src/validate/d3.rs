@@ -4,9 +4,9 @@
 use super::diag::Diag;
 use super::fields::{Bounds, RATE, TransposeOk as _, duration_in, rate_in};
 use super::model::{D3Link, D3Spec};
-use crate::policy::host::HostFacts;
-use crate::policy::raw;
-use crate::policy::units;
+use crate::host::HostFacts;
+use crate::raw;
+use crate::units;
 
 pub const D3_INTERVAL: Bounds = Bounds {
     min: 100_000,
@@ -107,7 +107,7 @@ pub(super) fn d3_spec(d: &mut Diag, spec: &raw::Spec, host: &dyn HostFacts) -> O
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::tests::{errors, fake_host, ok};
+    use crate::tests::{errors, fake_host, ok};
 
     const BASE: &str = r#"
 apiVersion: paceline/v1

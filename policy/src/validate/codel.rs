@@ -5,8 +5,8 @@
 use super::diag::Diag;
 use super::fields::{Bounds, duration_in};
 use super::model::{Class, Codel, Level};
-use crate::policy::raw;
-use crate::policy::units;
+use crate::raw;
+use crate::units;
 
 pub const CODEL_TARGET: Bounds = Bounds {
     min: 1_000,
@@ -98,7 +98,7 @@ pub(super) fn cross_checks(d: &mut Diag, horizon_ns: u64, levels: &[Level], clas
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::tests::{errors, fake_host, ok};
+    use crate::tests::{errors, fake_host, ok};
 
     const BASE: &str = r#"
 apiVersion: paceline/v1

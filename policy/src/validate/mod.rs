@@ -357,7 +357,7 @@ fn cross_checks(d: &mut Diag, levels: &[Level], classes: &[Class], rules: &[Rule
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::tests::{fake_host, ok};
+    use crate::tests::{fake_host, ok};
 
     #[test]
     fn rules_after_a_rule_that_matches_everything_are_never_reached() {

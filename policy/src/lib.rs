@@ -1,3 +1,32 @@
+//! # Layout
+//!
+//! `paceline-policy`: the policy compiler and the classifier compiler, from a YAML file to
+//! what the datapath reads. No kernel, no async runtime: the agent (`paceline`) loads what this
+//! crate compiles, and asks the host through [`HostFacts`]; `paceline-fuzz` fuzzes it alone.
+//!
+//! - [`bounds`]: size, depth and node limits checked before any YAML parser runs; reading a
+//!   policy file within them.
+//! - [`raw`]: the file format (stage 1) and the schema.
+//! - `error`: [`PolicyError`], a problem located by file, line and field.
+//! - [`units`]: rates, sizes, durations: parsing and formatting.
+//! - [`lines`]: path -> line index of a YAML document.
+//! - [`protocols`]: the IP protocols a policy may name (one table: parser, messages, schema).
+//! - [`host`]: [`HostFacts`], what validation asks the host; [`OfflineHost`], [`FakeHost`]
+//!   (the agent's `SystemHost` asks the running machine).
+//! - [`validate`]: stage 2, [`Validated`]; the model, the field parsers, and one file per
+//!   section of `spec` (levels, classes, rules, d3, dasr, codel), each with its tests.
+//! - [`compile`](mod@compile): stage 3, [`Compiled`].
+//! - [`ctab`]: the classifier compiler: a first-match rule list into the tries and tables the
+//!   datapath looks packets up in, its limits, and the covered-rule warnings.
+//! - [`htb`]: the HTB hierarchy of `htb` mode ([`HtbPlan`]), compiled with the table.
+//! - [`enforcement`]: what a policy asks for, what the kernel offers ([`KernelSupport`]), the
+//!   mode the agent uses ([`decide_mode`]) and what it then does not enforce
+//!   ([`degradations_for`]).
+//! - [`render`]: the check report and JSON output.
+//! - [`diff`](mod@diff): what differs between two compiled policies, as an operator reads them.
+//! - `restart`: [`Compiled::restart_needed`], what a reload cannot apply.
+//! - [`testing`]: the fixtures' host and parse helpers, for the tests here and in the agent.
+//!
 //! # Policies: from a YAML file to the `PolicyTable` the datapath reads
 //!
 //! Three stages, as in ripgrep's `LowArgs -> HiArgs` (see `/work/shared/STYLE.md`):
@@ -13,23 +42,6 @@
 //!    [`CompileContext`] (the enforcement mode the agent uses, the previous policy) to the
 //!    [`PolicyTable`](paceline_common::maps::PolicyTable) plus what the agent reports
 //!    ([`Compiled`]); [`render`] turns that into `paceline policy check` output.
-//!
-//! # Layout
-//! - [`bounds`]: size, depth and node limits checked before any YAML parser runs.
-//! - [`raw`]: the file format (stage 1) and the schema.
-//! - `error`: [`PolicyError`], a problem located by file, line and field.
-//! - [`units`]: rates, sizes, durations: parsing and formatting.
-//! - [`lines`]: path -> line index of a YAML document.
-//! - [`protocols`]: the IP protocols a policy may name (one table: parser, messages, schema).
-//! - [`host`]: [`HostFacts`], [`SystemHost`], [`OfflineHost`], [`FakeHost`].
-//! - [`validate`]: stage 2, [`Validated`]; the model, the field parsers, and one file per
-//!   section of `spec` (levels, classes, rules, d3), each with its tests.
-//! - [`compile`](mod@compile): stage 3, [`Compiled`].
-//! - [`htb`]: the HTB hierarchy of `htb` mode ([`HtbPlan`]), compiled with the table.
-//! - [`enforcement`]: what a policy asks for, what the agent uses, [`decide_mode`] between them.
-//! - [`render`]: the check report and JSON output.
-//! - [`diff`](mod@diff): what differs between two compiled policies, as an operator reads them.
-//! - `restart`: [`Compiled::restart_needed`], what a reload cannot apply.
 //!
 //! # Decisions a policy author should know
 //! - Units are always written out; a bare number is refused (`100` could be bits or bytes).
@@ -49,6 +61,7 @@
 
 pub mod bounds;
 pub mod compile;
+pub mod ctab;
 pub mod diff;
 pub mod enforcement;
 mod error;
@@ -59,6 +72,7 @@ pub mod protocols;
 pub mod raw;
 pub mod render;
 mod restart;
+pub mod testing;
 pub mod units;
 pub mod validate;
 
@@ -70,9 +84,9 @@ use std::path::Path;
 use sha2::{Digest as _, Sha256};
 
 pub use compile::{ClassInfo, CompileContext, Compiled, LevelInfo, QJumpInfo, RuleInfo, Slots, compile};
-pub use enforcement::{EnforcementMode, EnforcementRequest, decide_mode, degradations_for};
+pub use enforcement::{EnforcementMode, EnforcementRequest, KernelSupport, decide_mode, degradations_for};
 pub use error::PolicyError;
-pub use host::{FakeHost, HostFacts, OfflineHost, SystemHost};
+pub use host::{FakeHost, HostFacts, OfflineHost};
 pub use htb::{HtbClass, HtbPlan};
 pub use raw::schema_json;
 pub use validate::{LinkRate, LinkRateSource, TcpSettings, Validated};

@@ -230,8 +230,8 @@ pub fn one_line(changes: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::tests::{fake_host, ok};
-    use crate::policy::{CompileContext, EnforcementMode, compile};
+    use crate::tests::{fake_host, ok};
+    use crate::{CompileContext, EnforcementMode, compile};
 
     const BASE: &str = r#"
 apiVersion: paceline/v1

@@ -9,8 +9,8 @@ use super::d3::{D3_DEADLINE, D3_SIZE};
 use super::diag::Diag;
 use super::fields::{Bounds, RATE, TransposeOk as _, check_name, duration_in, lookup, rate_in, size_in};
 use super::model::{Class, ClassD3, Level, TcpSettings};
-use crate::policy::raw::{self, Scalar};
-use crate::policy::units;
+use crate::raw::{self, Scalar};
+use crate::units;
 
 /// TCP_BPF_RTO_MIN and TCP_BPF_DELACK_MAX: the kernel refuses more than 200 ms (TCP_RTO_MIN,
 /// TCP_DELACK_MAX) and, after rounding up to jiffies, less than 2 jiffies (TCP_TIMEOUT_MIN).
@@ -205,7 +205,7 @@ pub(super) fn classes(
 
 #[cfg(test)]
 mod tests {
-    use crate::policy::tests::{errors, fake_host, ok};
+    use crate::tests::{errors, fake_host, ok};
 
     const BASE: &str = r#"
 apiVersion: paceline/v1

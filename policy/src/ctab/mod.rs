@@ -3,7 +3,7 @@
 //!
 //! [`build`] is pure: rules in, an [`Image`] out (the header, the words, the two hash tables'
 //! entries and their sizes), or a [`BuildError`] naming the limit passed. The agent writes an
-//! image into fresh maps ([`crate::datapath`]); the tests run the common lookup over the image
+//! image into fresh maps (`paceline::datapath`); the tests run the common lookup over the image
 //! in memory ([`MemTables`]) against the linear reference matcher.
 //!
 //! # Layout

@@ -1,5 +1,5 @@
 //! End-to-end tests of the policy pipeline: the shipped policies, the schema, the invalid
-//! fixtures (`control/tests/fixtures/invalid`, each listing the exact errors it must produce),
+//! fixtures (`policy/tests/fixtures/invalid`, each listing the exact errors it must produce),
 //! and compilation down to the exact `PolicyTable`.
 
 use std::path::{Path, PathBuf};
@@ -23,32 +23,7 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The host the fixtures are written for: eth0 (10 Gbit/s, default route), eth1 (speed
-/// unknown), one resolvable cgroup.
-pub(crate) fn fake_host() -> FakeHost {
-    FakeHost::new()
-        .with_interface("eth0", Some(1_250_000_000))
-        .with_interface("eth1", None)
-        .with_default_route("eth0")
-        .with_cgroup("/system.slice/memcached.service", 4242)
-}
-
-pub(crate) fn ok(text: &str, host: &dyn HostFacts) -> Validated {
-    match parse_str(text, "test.yaml", host) {
-        Ok(v) => v,
-        Err(es) => panic!(
-            "policy rejected:\n{}",
-            es.iter().map(|e| format!("  {e}\n")).collect::<String>()
-        ),
-    }
-}
-
-pub(crate) fn errors(text: &str, host: &dyn HostFacts) -> Vec<String> {
-    match parse_str(text, "test.yaml", host) {
-        Ok(_) => panic!("policy accepted, expected errors"),
-        Err(es) => es.iter().map(|e| e.to_string()).collect(),
-    }
-}
+pub(crate) use crate::testing::{errors, fake_host, ok};
 
 fn fq(v: &Validated) -> Compiled {
     compile(
@@ -110,9 +85,9 @@ fn committed_schema_is_current() {
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         committed == generated,
-        "policies/schema.json differs from the schema generated from control/src/policy/raw.rs; \
+        "policies/schema.json differs from the schema generated from policy/src/raw.rs; \
          regenerate it with:\n  cargo run -p paceline -- policy schema > policies/schema.json\n\
-         (or: PACELINE_WRITE_SCHEMA=1 cargo test -p paceline --lib committed_schema_is_current)"
+         (or: PACELINE_WRITE_SCHEMA=1 cargo test -p paceline-policy --lib committed_schema_is_current)"
     );
 }
 
@@ -194,34 +169,6 @@ fn shipped_policies_match_the_schema_and_validate_offline() {
 }
 
 #[test]
-fn default_policy_validates_on_this_host() {
-    let host = SystemHost::new();
-    if host.default_route_interfaces().is_empty() {
-        eprintln!("skipped: this machine has no default route");
-        return;
-    }
-    let v = load(&root().join("policies/default.yaml"), &host)
-        .unwrap_or_else(|es| panic!("{}", es.iter().map(|e| format!("{e}\n")).collect::<String>()));
-    assert!(!v.interfaces.is_empty());
-    assert!(v.interfaces_auto);
-    let c = as_requested(&v);
-    assert_eq!(
-        c.warnings,
-        Vec::<String>::new(),
-        "the default policy has no warnings"
-    );
-    // Safe: nothing paced, nothing rewritten.
-    assert!(
-        c.table
-            .classes
-            .iter()
-            .all(|k| k.flow_rate == 0 && k.class_rate == 0)
-    );
-    assert!(c.table.levels.iter().all(|l| l.rate == 0 && l.flags == 0));
-    assert_eq!(c.enforcement, EnforcementRequest::None);
-}
-
-#[test]
 fn default_policy_offline() {
     let v = load(&root().join("policies/default.yaml"), &OfflineHost).unwrap();
     assert!(v.interfaces.is_empty(), "auto is not resolved offline");
@@ -238,7 +185,7 @@ fn default_policy_offline() {
 
 #[test]
 fn invalid_fixtures_produce_exactly_their_errors() {
-    let dir = root().join("control/tests/fixtures/invalid");
+    let dir = root().join("policy/tests/fixtures/invalid");
     let validator = schema_validator();
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
