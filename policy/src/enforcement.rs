@@ -126,6 +126,13 @@ pub fn decide_mode(req: EnforcementRequest, f: &KernelSupport) -> Result<Enforce
 pub fn degradations_for(f: &KernelSupport, c: &super::Compiled, sock_ops: bool) -> Vec<String> {
     let asked_none = c.enforcement == EnforcementRequest::None;
     let flow = !asked_none && c.classes.iter().any(|k| k.flow_rate.is_some());
+    // Only fq paces flows that are not TCP: without it, a per-flow rate is lost only on
+    // classes that such flows can reach, the default class (whatever no rule matches) or a
+    // class with a rule that does not restrict the protocol to TCP.
+    let non_tcp_flow = !asked_none
+        && c.classes
+            .iter()
+            .any(|k| k.flow_rate.is_some() && receives_non_tcp(c, k.index));
     let aggregate = !asked_none
         && (c.levels.iter().any(|l| l.rate.is_some()) || c.classes.iter().any(|k| k.class_rate.is_some()));
     let tcp_settings = c.classes.iter().any(|k| {
@@ -136,7 +143,7 @@ pub fn degradations_for(f: &KernelSupport, c: &super::Compiled, sock_ops: bool) 
     match c.mode {
         EnforcementMode::Fq => {}
         EnforcementMode::Htb => {
-            if flow {
+            if non_tcp_flow {
                 d.push(
                     "no sch_fq: per-flow rates of UDP and other non-TCP flows are not enforced (TCP flows pace \
                      themselves at their flow rate through sock_ops; class and level rates are enforced by HTB)"
@@ -145,7 +152,7 @@ pub fn degradations_for(f: &KernelSupport, c: &super::Compiled, sock_ops: bool) 
             }
         }
         EnforcementMode::SockopsOnly => {
-            if flow {
+            if non_tcp_flow {
                 d.push(
                     "no sch_fq: per-flow rates of UDP and other non-TCP flows are not enforced (TCP flows pace \
                      themselves through sock_ops)"
@@ -177,6 +184,16 @@ pub fn degradations_for(f: &KernelSupport, c: &super::Compiled, sock_ops: bool) 
         });
     }
     d
+}
+
+/// Can traffic other than TCP be put in class `index` of `c`? Yes for the default class and
+/// for a class with a rule that matches any protocol or one other than TCP.
+fn receives_non_tcp(c: &super::Compiled, index: u16) -> bool {
+    const TCP: u8 = 6;
+    index == c.default_class
+        || c.rule_table
+            .iter()
+            .any(|r| r.class == index && !(r.proto_mask == 0xff && r.proto == TCP))
 }
 
 #[cfg(test)]
@@ -300,5 +317,45 @@ spec:
         let tcp = flows.replace("flow_rate: 10Mbit", "tcp: {rto_min: 5ms}");
         let d = degraded(&tcp, &kernel(true, true, false));
         assert!(d.len() == 1 && d[0].contains("cgroup v2"), "{d:?}");
+    }
+
+    /// A per-flow rate is degraded without fq only where flows other than TCP can arrive.
+    /// Checked to fail: with `non_tcp_flow` replaced by `flow` (as before) the TCP-only class
+    /// was reported degraded ("per-flow rates of UDP ... not enforced").
+    #[test]
+    fn degraded_only_for_traffic_that_can_reach_the_class() {
+        let tcp_only = r#"
+apiVersion: paceline/v1
+kind: Policy
+spec:
+  interfaces: [eth0]
+  link_rate: 1Gbit
+  levels: [{name: lo, priority: 0}]
+  classes: [{name: web, level: lo, flow_rate: 10Mbit}, {name: other, level: lo}]
+  rules: [{class: web, protocol: tcp, dst_port: 443}, {class: web, protocol: tcp, src_port: 443}]
+  default_class: other
+"#;
+        let htb = kernel(false, true, true);
+        let sockops = kernel(false, false, true);
+        assert!(
+            degraded(tcp_only, &htb).is_empty(),
+            "{:?}",
+            degraded(tcp_only, &htb)
+        );
+        assert!(
+            degraded(tcp_only, &sockops).is_empty(),
+            "{:?}",
+            degraded(tcp_only, &sockops)
+        );
+        // The default class gets whatever no rule matches, UDP too, even with no rule of its own.
+        let default = tcp_only.replace("default_class: other", "default_class: web");
+        let d = degraded(&default, &htb);
+        assert!(d.len() == 1 && d[0].contains("UDP"), "{d:?}");
+        // A rule that does not restrict the protocol, or names another one, lets UDP in.
+        for rule in ["{class: web, dst_port: 53}", "{class: web, protocol: udp}"] {
+            let any = tcp_only.replace("{class: web, protocol: tcp, src_port: 443}", rule);
+            let d = degraded(&any, &htb);
+            assert!(d.len() == 1 && d[0].contains("UDP"), "{rule}: {d:?}");
+        }
     }
 }
