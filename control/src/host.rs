@@ -190,11 +190,11 @@ fn unescape_mount(s: &str) -> String {
 
 /// The inode number of `mount/path`, which must be a directory inside the mount.
 pub fn cgroup_inode(mount: &Path, path: &str) -> Result<u64, String> {
+    // The policy's own syntactic check, which `policy check --offline` applies too.
+    paceline_policy::host::check_cgroup_path(path).map_err(|e| format!("{path:?} {e}"))?;
     let rel = Path::new(path.trim_start_matches('/'));
     if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
-        return Err(format!(
-            "{path:?} must be a plain path below the cgroup2 mount (no \"..\")"
-        ));
+        return Err(format!("{path:?} must be a plain path below the cgroup2 mount"));
     }
     let full = mount.join(rel);
     match std::fs::metadata(&full) {

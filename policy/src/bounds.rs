@@ -40,7 +40,7 @@ fn error(file: &str, line: Option<usize>, message: String) -> PolicyError {
     }
 }
 
-fn too_big(file: &str, len: usize) -> PolicyError {
+pub(crate) fn too_big(file: &str, len: usize) -> PolicyError {
     error(
         file,
         None,

@@ -386,7 +386,8 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
     let mode = ctx.mode;
     let idx = class_indices(v, ctx.previous);
     let mut warnings: Vec<String> = v.warnings.iter().map(|w| w.to_string()).collect();
-    let mut warn = |m: String| warnings.push(format!("{}: {m}", v.file));
+    // Mode-wide warnings are located at `spec.enforcement` (or `spec` when it is left out).
+    let mut warn = |m: String| warnings.push(located(v, "spec.enforcement", "", m));
 
     let htb = if mode == EnforcementMode::Htb {
         let p = htb_plan(v, &idx);
@@ -541,9 +542,11 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
         }
         if d.sender && mode == EnforcementMode::None {
             d.sender = false;
-            warnings.push(format!(
-                "{}: spec.dasr.sender: enforcement none enforces no rate, so this host does not pace at the shares its receivers advertise",
-                v.file
+            warnings.push(located(
+                v,
+                "spec.dasr.sender",
+                "spec.dasr.sender",
+                "enforcement none enforces no rate, so this host does not pace at the shares its receivers advertise".into(),
             ));
         }
         if d.sender {
@@ -567,7 +570,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
         },
     })?;
     table.ctab = ctab.header;
-    shadow_warnings(&rule_table, &rules, &mut warnings, &v.file);
+    shadow_warnings(&rule_table, &rules, &mut warnings, v);
     table.n_classes = n_classes as u32;
     table.default_class = u32::from(idx[v.default_class]);
     table.horizon_ns = v.horizon_ns;
@@ -625,11 +628,23 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
     })
 }
 
+/// A warning as validation's are printed: `file:line: path: message`, the line that of `at`
+/// (or of the nearest field above it that the file has).
+fn located(v: &Validated, at: &str, path: &str, message: String) -> String {
+    super::PolicyError {
+        file: v.file.clone(),
+        line: v.lines.line(at),
+        path: path.to_string(),
+        message,
+    }
+    .to_string()
+}
+
 /// Most "can never match" warnings listed; the rest are counted.
 const MAX_SHADOW_WARNINGS: usize = 20;
 
 /// Warns about rules that an earlier rule covers: they can never match.
-fn shadow_warnings(table: &[Rule], rules: &[RuleInfo], warnings: &mut Vec<String>, file: &str) {
+fn shadow_warnings(table: &[Rule], rules: &[RuleInfo], warnings: &mut Vec<String>, v: &Validated) {
     let norms: Result<Vec<_>, _> = table
         .iter()
         .enumerate()
@@ -637,21 +652,46 @@ fn shadow_warnings(table: &[Rule], rules: &[RuleInfo], warnings: &mut Vec<String
         .collect();
     let Ok(norms) = norms else { return };
     let (covered, complete) = crate::ctab::shadow::covered(&norms);
+    // Offline, cgroups are not resolved and every cgroup rule carries the placeholder id 0:
+    // two rules on different cgroups would look alike. Such a pair says nothing.
+    let unresolved = |i: usize| table[i].cgroup_mask != 0 && table[i].cgroup_id == 0;
+    let covered: Vec<_> = covered
+        .into_iter()
+        .filter(|&(later, earlier)| {
+            !(unresolved(later) && unresolved(earlier) && rules[later].matches != rules[earlier].matches)
+        })
+        .collect();
     for (later, earlier) in covered.iter().take(MAX_SHADOW_WARNINGS) {
-        warnings.push(format!(
-            "{file}: {}: can never match: {} ({}) comes first and covers it ({})",
-            rules[*later].origin, rules[*earlier].origin, rules[*earlier].matches, rules[*later].matches
+        let origin = &rules[*later].origin;
+        // `spec.rules[2] (src[1], dst[0])`: the line is the rule's.
+        let at = origin.split(' ').next().unwrap_or(origin);
+        warnings.push(located(
+            v,
+            at,
+            "",
+            format!(
+                "{origin}: can never match: {} ({}) comes first and covers it ({})",
+                rules[*earlier].origin, rules[*earlier].matches, rules[*later].matches
+            ),
         ));
     }
     if covered.len() > MAX_SHADOW_WARNINGS {
-        warnings.push(format!(
-            "{file}: spec.rules: {} more rules can never match (an earlier rule covers each)",
-            covered.len() - MAX_SHADOW_WARNINGS
+        warnings.push(located(
+            v,
+            "spec.rules",
+            "spec.rules",
+            format!(
+                "{} more rules can never match (an earlier rule covers each)",
+                covered.len() - MAX_SHADOW_WARNINGS
+            ),
         ));
     }
     if !complete {
-        warnings.push(format!(
-            "{file}: spec.rules: the search for rules that can never match stopped early (too many rules to compare)"
+        warnings.push(located(
+            v,
+            "spec.rules",
+            "spec.rules",
+            "the search for rules that can never match stopped early (too many rules to compare)".into(),
         ));
     }
 }

@@ -116,6 +116,33 @@ impl HostFacts for FakeHost {
     }
 }
 
+/// The longest cgroup path accepted, in bytes: `PATH_MAX` (4096) less room for the mount
+/// point it is joined to (`/sys/fs/cgroup/unified/`).
+pub const MAX_CGROUP_PATH: usize = 4000;
+
+/// Checks a cgroup path as written in a policy without the host: a plain path below the
+/// cgroup2 mount (no `..` or `.`, no NUL byte) of at most [`MAX_CGROUP_PATH`] bytes. The agent
+/// resolves only paths that pass (`SystemHost::cgroup_id`), and `policy check --offline`
+/// refuses what fails, so both refuse the same paths.
+pub fn check_cgroup_path(path: &str) -> Result<(), String> {
+    if path.len() > MAX_CGROUP_PATH {
+        return Err(format!(
+            "is {} bytes long; a cgroup path may be at most {MAX_CGROUP_PATH} bytes",
+            path.len()
+        ));
+    }
+    if path.contains('\0') {
+        return Err("contains a NUL byte; write a path below the cgroup2 mount".into());
+    }
+    if path.split('/').any(|c| c == ".." || c == ".") {
+        return Err(
+            "must be a plain path below the cgroup2 mount (no \"..\" or \".\" components), e.g. \"/system.slice/memcached.service\""
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// True when every interface `host` has a route through is one of `managed` (the policy's
 /// interfaces): only then may sock_ops mark sockets, whose traffic could otherwise leave marked
 /// through an interface the policy does not cover (`CompileContext::all_routes_managed`).

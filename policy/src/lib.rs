@@ -99,19 +99,11 @@ pub fn load(path: &Path, host: &dyn HostFacts) -> Result<Validated, Vec<PolicyEr
 
 /// Reads the policy at `path` as text (the errors name the file). The agent reads once and
 /// validates what it read, so the text it keeps is the text it applied. Reads at most
-/// [`bounds::MAX_POLICY_BYTES`] + 1 bytes.
+/// [`bounds::MAX_POLICY_BYTES`] + 1 bytes; [`decode`] turns them into text.
 pub fn read(path: &Path) -> Result<String, Vec<PolicyError>> {
     let file = path.display().to_string();
     match bounds::read_file(path) {
-        Ok(bytes) => match String::from_utf8(bytes) {
-            Ok(text) => Ok(text),
-            Err(e) => Err(vec![PolicyError {
-                file,
-                line: None,
-                path: String::new(),
-                message: format!("is not UTF-8 text ({e})"),
-            }]),
-        },
+        Ok(bytes) => decode(bytes, &file).map_err(|e| vec![e]),
         Err(e) => Err(vec![PolicyError {
             file,
             line: None,
@@ -121,13 +113,70 @@ pub fn read(path: &Path) -> Result<String, Vec<PolicyError>> {
     }
 }
 
-/// Parses and validates policy text; `file_name` is used in messages. The text is checked
-/// against [`bounds`] first.
+/// A policy file's bytes as text, as editors write them: the size limit is checked first (a
+/// file cut at the limit is no longer valid UTF-8), UTF-16 and UTF-32 (by their byte-order
+/// mark, or by the NUL bytes ASCII text has in them) are named with what to do, and invalid
+/// UTF-8 is located by line. A UTF-8 byte-order mark is kept (the hash is the file's sha256);
+/// [`parse_str`] skips it.
+pub fn decode(bytes: Vec<u8>, file: &str) -> Result<String, PolicyError> {
+    let error = |line: Option<usize>, message: String| PolicyError {
+        file: file.to_string(),
+        line,
+        path: String::new(),
+        message,
+    };
+    if bytes.len() > bounds::MAX_POLICY_BYTES {
+        return Err(bounds::too_big(file, bytes.len()));
+    }
+    if let Some(encoding) = wide_encoding(&bytes) {
+        return Err(error(
+            Some(1),
+            format!(
+                "is {encoding} text; a policy is UTF-8: save the file as UTF-8 (in most editors: \"Save with encoding\" or \"File encoding\", then UTF-8)"
+            ),
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+        error(
+            Some(line),
+            format!(
+                "is not UTF-8 text (byte {} is not UTF-8); save the file as UTF-8",
+                valid.len()
+            ),
+        )
+    })
+}
+
+/// The UTF-16 or UTF-32 encoding `b` is in, from its byte-order mark, or from where the NUL
+/// bytes of its first characters are (a policy starts with ASCII: `apiVersion`, `#`, a space).
+fn wide_encoding(b: &[u8]) -> Option<&'static str> {
+    match b {
+        [0xff, 0xfe, 0, 0, ..] => Some("UTF-32LE (with a byte-order mark)"),
+        [0, 0, 0xfe, 0xff, ..] => Some("UTF-32BE (with a byte-order mark)"),
+        [0xff, 0xfe, ..] => Some("UTF-16LE (with a byte-order mark)"),
+        [0xfe, 0xff, ..] => Some("UTF-16BE (with a byte-order mark)"),
+        [a, 0, 0, 0, ..] if *a != 0 => Some("UTF-32LE"),
+        [0, 0, 0, a, ..] if *a != 0 => Some("UTF-32BE"),
+        [a, 0, ..] if *a != 0 => Some("UTF-16LE"),
+        [0, a, ..] if *a != 0 => Some("UTF-16BE"),
+        _ => None,
+    }
+}
+
+/// Parses and validates policy text; `file_name` is used in messages. A leading UTF-8
+/// byte-order mark is skipped; the text is checked against [`bounds`] first.
 pub fn parse_str(text: &str, file_name: &str, host: &dyn HostFacts) -> Result<Validated, Vec<PolicyError>> {
-    let text_checked = bounds::check(text, file_name).map_err(|e| vec![e])?;
+    // A UTF-8 byte-order mark (some editors write one) is no part of the YAML; the hash below
+    // is still of the whole text, the file's sha256.
+    let body = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let text_checked = bounds::check(body, file_name).map_err(|e| vec![e])?;
     let lines = lines::LineIndex::new(text_checked);
     let raw = parse_raw(text_checked, file_name, &lines).map_err(|e| vec![e])?;
-    validate::validate(&raw, file_name, hash(text.as_bytes()), &lines, host)
+    let mut v = validate::validate(&raw, file_name, hash(text.as_bytes()), &lines, host)?;
+    v.lines = std::sync::Arc::new(lines);
+    Ok(v)
 }
 
 /// Stage 1 only: the file as serde sees it. serde stops at the first error, so this returns

@@ -76,14 +76,16 @@ pub struct Spec {
     #[serde(default)]
     pub qjump: Option<QJump>,
     /// QJump levels from the highest (lowest latency, smallest factor) to the lowest.
-    #[schemars(length(min = 1, max = 8))]
+    #[schemars(length(min = 1, max = paceline_common::maps::MAX_LEVELS))]
     pub levels: Vec<Level>,
     /// Traffic classes.
-    #[schemars(length(min = 1, max = 64))]
+    #[schemars(length(min = 1, max = paceline_common::maps::MAX_CLASSES))]
     pub classes: Vec<Class>,
     /// Classification rules, first match wins. Default: none (all traffic in `default_class`).
     #[serde(default)]
-    #[schemars(length(max = 64))]
+    // The validator's limit is on the rules after expanding address lists: no file with more
+    // entries than that can be valid.
+    #[schemars(length(max = paceline_common::maps::MAX_RULES))]
     pub rules: Vec<Rule>,
     /// The class of traffic that no rule matches.
     pub default_class: String,

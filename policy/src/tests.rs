@@ -91,6 +91,21 @@ fn committed_schema_is_current() {
     );
 }
 
+/// The committed schema's list limits are the validator's (it said 64 classes and 64 rules
+/// while the validator takes 1,024 and 262,144, so editors flagged valid policies). Checked
+/// to fail: with raw.rs's `max = 64` put back (and the schema regenerated with it) this failed
+/// on `classes`.
+#[test]
+fn schema_limits_are_the_validators() {
+    use paceline_common::maps::{MAX_CLASSES, MAX_LEVELS, MAX_RULES};
+    let committed = std::fs::read_to_string(root().join("policies/schema.json")).unwrap();
+    let s: serde_json::Value = serde_json::from_str(&committed).unwrap();
+    let spec = &s["$defs"]["Spec"]["properties"];
+    assert_eq!(spec["levels"]["maxItems"], MAX_LEVELS, "levels");
+    assert_eq!(spec["classes"]["maxItems"], MAX_CLASSES, "classes");
+    assert_eq!(spec["rules"]["maxItems"], MAX_RULES, "rules");
+}
+
 #[test]
 fn schema_describes_the_format() {
     let s: serde_json::Value = serde_json::from_str(&schema_json()).unwrap();
@@ -103,6 +118,39 @@ fn schema_describes_the_format() {
     assert_eq!(spec["properties"]["flow_table_size"]["default"], 65536);
     assert_eq!(spec["properties"]["enforcement"]["default"], "auto");
     assert!(s["$defs"]["Rate"]["pattern"].as_str().unwrap().contains("Gbit"));
+}
+
+/// Every shipped policy checks on a machine whose NICs report no speed (a VM on virtio, as the
+/// README's Debian machine may be), or says in its first lines what it needs: a `# Needs:`
+/// comment that names each field it then fails on. Checked to fail: before the incast
+/// example's `# Needs:` lines this failed on `policies/incast-dasr.yaml` (`spec.dasr.line_rate`).
+#[test]
+fn shipped_policies_check_on_a_host_without_link_speeds_or_say_what_they_need() {
+    let virtio = FakeHost::new()
+        .with_interface("eth0", None)
+        .with_default_route("eth0")
+        .with_cgroup("/system.slice/memcached.service", 7);
+    for f in shipped_policies() {
+        let Err(es) = load(&f, &virtio) else { continue };
+        let text = std::fs::read_to_string(&f).unwrap();
+        // The opening comment block: what a reader sees first.
+        let needs: String = text
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .skip_while(|l| !l.starts_with("# Needs:"))
+            .take_while(|l| *l != "#")
+            .collect::<Vec<_>>()
+            .join(" ");
+        for e in &es {
+            assert!(
+                !e.path.is_empty() && needs.contains(&format!("`{}", e.path)),
+                "{} fails on a host without link speeds and its first lines do not say it needs this \
+                 (a `# Needs:` comment naming `{}`):\n  {e}",
+                f.display(),
+                e.path
+            );
+        }
+    }
 }
 
 #[test]
@@ -194,17 +242,34 @@ fn invalid_fixtures_produce_exactly_their_errors() {
     files.sort();
     assert!(files.len() >= 10, "{files:?}");
     for p in files {
-        let text = std::fs::read_to_string(&p).unwrap();
+        if p.extension().is_some_and(|e| e == "expect") {
+            continue;
+        }
+        let bytes = std::fs::read(&p).unwrap();
         let name = format!("invalid/{}", p.file_name().unwrap().to_string_lossy());
-        let mut expected: Vec<&str> = text
+        // A fixture that is not UTF-8 (UTF-16, ...) lists its errors in `<name>.expect`.
+        let sidecar = p.with_file_name(format!("{}.expect", p.file_name().unwrap().to_string_lossy()));
+        let listing = match std::fs::read_to_string(&sidecar) {
+            Ok(l) => l,
+            Err(_) => String::from_utf8(bytes.clone())
+                .unwrap_or_else(|_| panic!("{name}: not UTF-8 and no {}", sidecar.display())),
+        };
+        let mut expected: Vec<&str> = listing
             .lines()
             .filter_map(|l| l.strip_prefix("# expect: "))
             .collect();
         assert!(!expected.is_empty(), "{name} has no `# expect:` lines");
-        let mut got: Vec<String> = match parse_str(&text, &name, &fake_host()) {
+        // `# host: offline`: checked as `policy check --offline` checks it.
+        let offline = listing.lines().any(|l| l == "# host: offline");
+        let host: &dyn HostFacts = if offline { &OfflineHost } else { &fake_host() };
+        let mut got: Vec<String> = match decode(bytes, &name)
+            .map_err(|e| vec![e])
+            .and_then(|text| parse_str(&text, &name, host))
+        {
             Ok(_) => panic!("{name} was accepted"),
             Err(es) => es.iter().map(|e| e.to_string()).collect(),
         };
+        let text = listing.as_str();
         expected.sort();
         got.sort();
         assert_eq!(
@@ -213,11 +278,11 @@ fn invalid_fixtures_produce_exactly_their_errors() {
         );
         if text.contains("# schema: reject") {
             assert!(
-                !schema_errors(&validator, &text).is_empty(),
+                !schema_errors(&validator, text).is_empty(),
                 "{name}: the schema accepts it"
             );
         } else if text.contains("# schema: accept") {
-            let e = schema_errors(&validator, &text);
+            let e = schema_errors(&validator, text);
             assert!(e.is_empty(), "{name}: the schema rejects it: {e:?}");
         }
     }
@@ -1106,4 +1171,190 @@ fn check_report_layout() {
         assert!(r.contains(needle), "missing {needle:?} in:\n{r}");
     }
     assert!(r.lines().all(|l| l.chars().count() <= 100 && !l.ends_with(' ')));
+}
+
+// ---- What editors produce ----
+
+const EDITED: &str = "apiVersion: paceline/v1\nkind: Policy\nspec:\n  interfaces: [eth0]\n  levels: [{name: all, priority: 0}]\n  classes: [{name: a, level: all}]\n  default_class: a\n";
+
+/// A UTF-8 byte-order mark is skipped, and the hash stays the file's sha256. Checked to fail:
+/// without the `strip_prefix('\u{feff}')` in `parse_str` this failed with "missing field
+/// `apiVersion`" (and so did the fixture `invalid/utf8-bom.yaml`).
+#[test]
+fn a_utf8_byte_order_mark_is_skipped() {
+    let with_bom = format!("\u{feff}{EDITED}");
+    let text = decode(with_bom.clone().into_bytes(), "bom.yaml").unwrap();
+    let v = ok(&text, &fake_host());
+    assert_eq!(
+        v.hash,
+        hash(with_bom.as_bytes()),
+        "the hash is of the bytes as stored"
+    );
+    assert_eq!(v.classes.len(), 1);
+}
+
+/// UTF-16 and UTF-32, with or without a byte-order mark, are named, on line 1, with what to
+/// do. Checked to fail: with `wide_encoding` answering `None` these were "is not UTF-8 text
+/// (invalid utf-8 sequence ...)" with no line (UTF-16LE with a BOM), or reached the YAML
+/// parser as text full of NULs.
+#[test]
+fn utf16_and_utf32_are_named_with_the_fix() {
+    let utf16 = |be: bool| -> Vec<u8> {
+        EDITED
+            .encode_utf16()
+            .flat_map(|u| if be { u.to_be_bytes() } else { u.to_le_bytes() })
+            .collect()
+    };
+    let utf32 = |be: bool| -> Vec<u8> {
+        EDITED
+            .chars()
+            .flat_map(|c| {
+                if be {
+                    (c as u32).to_be_bytes()
+                } else {
+                    (c as u32).to_le_bytes()
+                }
+            })
+            .collect()
+    };
+    let bom = |b: &[u8], v: Vec<u8>| [b, &v].concat();
+    for (bytes, name) in [
+        (utf16(false), "UTF-16LE text"),
+        (utf16(true), "UTF-16BE text"),
+        (
+            bom(&[0xff, 0xfe], utf16(false)),
+            "UTF-16LE (with a byte-order mark) text",
+        ),
+        (
+            bom(&[0xfe, 0xff], utf16(true)),
+            "UTF-16BE (with a byte-order mark) text",
+        ),
+        (utf32(false), "UTF-32LE text"),
+        (utf32(true), "UTF-32BE text"),
+        (
+            bom(&[0xff, 0xfe, 0, 0], utf32(false)),
+            "UTF-32LE (with a byte-order mark) text",
+        ),
+        (
+            bom(&[0, 0, 0xfe, 0xff], utf32(true)),
+            "UTF-32BE (with a byte-order mark) text",
+        ),
+    ] {
+        let e = decode(bytes, "x.yaml").unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+        assert!(
+            e.to_string().starts_with(&format!(
+                "x.yaml:1: is {name}; a policy is UTF-8: save the file as UTF-8"
+            )),
+            "{e}"
+        );
+    }
+    // Text that is merely not UTF-8 says where.
+    let e = decode(b"apiVersion: paceline/v1\nkind: Pol\xe9cy\n".to_vec(), "x.yaml").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "x.yaml:2: is not UTF-8 text (byte 33 is not UTF-8); save the file as UTF-8"
+    );
+}
+
+/// A file over the limit is named as such even when the read cut a character in two. Checked
+/// to fail: with the size check after decoding (as before), this was "is not UTF-8 text".
+#[test]
+fn oversize_is_named_before_decoding() {
+    let mut bytes = b"# ".to_vec();
+    while bytes.len() <= bounds::MAX_POLICY_BYTES {
+        bytes.extend_from_slice("é".as_bytes());
+    }
+    // What `read_bounded` returns: MAX + 1 bytes, the last character cut.
+    bytes.truncate(bounds::MAX_POLICY_BYTES + 1);
+    assert!(std::str::from_utf8(&bytes).is_err(), "the cut splits a character");
+    let e = decode(bytes, "big.yaml").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "big.yaml: is larger than 32 MiB; a policy may be at most 32 MiB (33554432 bytes)"
+    );
+}
+
+fn two_cgroup_rules() -> String {
+    EDITED.replace(
+        "  default_class: a\n",
+        "  rules:\n    - {class: a, cgroup: /system.slice/a.service}\n    - {class: a, cgroup: /system.slice/b.service}\n  default_class: a\n",
+    )
+}
+
+/// Offline, cgroups are compiled with the placeholder id 0: rules on different cgroups are not
+/// reported as covering each other. Checked to fail: without the `unresolved` filter in
+/// `shadow_warnings` the second rule was reported as "can never match".
+#[test]
+fn offline_unresolved_cgroups_are_not_rules_that_never_match() {
+    let v = ok(&two_cgroup_rules(), &OfflineHost);
+    let c = fq(&v);
+    assert!(
+        !c.warnings.iter().any(|w| w.contains("can never match")),
+        "{:#?}",
+        c.warnings
+    );
+    // The same cgroup twice is still covered.
+    let same = two_cgroup_rules().replace("b.service", "a.service");
+    let c = fq(&ok(&same, &OfflineHost));
+    assert!(
+        c.warnings.iter().any(|w| w.contains("can never match")),
+        "{:#?}",
+        c.warnings
+    );
+}
+
+/// The syntactic cgroup checks need no host: `--offline` refuses what every agent refuses.
+/// Checked to fail: without the `check_cgroup_path` call in `validate/rules.rs` these were
+/// accepted offline with a warning (and the fixture `invalid/cgroup-path-offline.yaml` too).
+#[test]
+fn offline_refuses_cgroup_paths_no_agent_accepts() {
+    for (path, why) in [
+        ("/system.slice/../etc", "no \"..\""),
+        ("/./x", "\".\" components"),
+        ("/a\\0b", "contains a NUL byte"),
+    ] {
+        let text = two_cgroup_rules().replace("/system.slice/a.service", &format!("\"{path}\""));
+        let e = errors(&text, &OfflineHost);
+        assert!(
+            e.len() == 1 && e[0].contains("spec.rules[0].cgroup") && e[0].contains(why),
+            "{e:?}"
+        );
+    }
+    let long = format!("/{}", "x".repeat(host::MAX_CGROUP_PATH));
+    let e = errors(
+        &two_cgroup_rules().replace("/system.slice/a.service", &long),
+        &OfflineHost,
+    );
+    assert!(e[0].contains("a cgroup path may be at most 4000 bytes"), "{e:?}");
+}
+
+/// Compilation's warnings are located like validation's errors: `file:line:`. Checked to
+/// fail: with the old `format!("{}: {m}", v.file)` they had no line.
+#[test]
+fn compile_warnings_carry_their_line() {
+    let text = EDITED.replace(
+        "  default_class: a\n",
+        "  rules:\n    - {class: a, protocol: tcp}\n    - {class: a, protocol: tcp, dst_port: 80}\n  default_class: a\n",
+    );
+    let c = fq(&ok(&text, &fake_host()));
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("test.yaml:9: spec.rules[1]: can never match")),
+        "{:#?}",
+        c.warnings
+    );
+    let v = ok(
+        &text.replace("  interfaces:", "  enforcement: htb\n  interfaces:"),
+        &fake_host(),
+    );
+    let c = fq(&v);
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w == "test.yaml:4: spec.enforcement asks for htb but the agent enforces with fq"),
+        "{:#?}",
+        c.warnings
+    );
 }

@@ -76,7 +76,7 @@ pub(super) fn dasr_spec(
                 (None, None, Some(r)) => (r, "spec.link_rate".to_string()),
                 (None, None, None) => {
                     let m = format!(
-                        "auto: the kernel reports no speed for {i} and spec.link_rate is not set; write the rate the receiver's link runs at (e.g. line_rate: 10Gbit)"
+                        "auto: the kernel reports no speed for {i} (virtio and veth interfaces report none: `ethtool {i}` says \"Speed: Unknown!\") and spec.link_rate is not set; write the rate this host's link runs at (e.g. line_rate: 10Gbit)"
                     );
                     if host.is_offline() {
                         d.warn("spec.dasr.line_rate", m);
@@ -169,7 +169,7 @@ spec:
         assert_eq!(
             errors(&text, &host),
             [
-                "test.yaml:9: spec.dasr.line_rate: auto: the kernel reports no speed for veth0 and spec.link_rate is not set; write the rate the receiver's link runs at (e.g. line_rate: 10Gbit)"
+                "test.yaml:9: spec.dasr.line_rate: auto: the kernel reports no speed for veth0 (virtio and veth interfaces report none: `ethtool veth0` says \"Speed: Unknown!\") and spec.link_rate is not set; write the rate this host's link runs at (e.g. line_rate: 10Gbit)"
             ]
         );
         let with_link = text.replace("  dasr: {}", "  link_rate: 1Gbit\n  dasr: {}");

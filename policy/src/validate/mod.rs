@@ -224,6 +224,7 @@ fn validate_into(
     codel::cross_checks(d, horizon_ns, &levels, &classes);
 
     Some(Validated {
+        lines: Default::default(),
         file: file.to_string(),
         hash,
         name: f.metadata.name.clone(),

@@ -7,6 +7,7 @@ use paceline_common::qjump::Network;
 
 use crate::enforcement::EnforcementRequest;
 use crate::error::PolicyError;
+use crate::lines::LineIndex;
 
 /// Where the host's link rate came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -251,6 +252,8 @@ pub struct Validated {
     pub d3: Option<D3Spec>,
     pub dasr: Option<DasrSpec>,
     pub warnings: Vec<PolicyError>,
+    /// Where each field is in the file, so that what compilation warns about names its line.
+    pub lines: std::sync::Arc<LineIndex>,
 }
 
 impl Validated {

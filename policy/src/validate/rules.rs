@@ -132,6 +132,10 @@ fn rule_parts(
             d.error(cp, format!("{c:?} is not a cgroup; write a path below the cgroup2 mount, e.g. \"/system.slice/memcached.service\""));
             return None;
         }
+        if let Err(e) = crate::host::check_cgroup_path(path) {
+            d.error(cp, format!("{c:?} {e}"));
+            return None;
+        }
         if host.is_offline() {
             d.warn(cp, format!("{c:?} is not resolved offline; compiled with cgroup id 0 (the agent resolves it on the host)"));
             return Some(Cgroup { path: path.to_string(), id: 0 });
