@@ -17,7 +17,7 @@ use paceline_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{Compiled, protocols, units::fmt_rate};
+use paceline_policy::{Compiled, protocols, units::fmt_rate};
 
 /// What to classify.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -185,8 +185,8 @@ pub fn render(q: &Query, a: &Answer) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::tests::{fake_host, ok};
-    use crate::policy::{CompileContext, EnforcementMode, compile};
+    use paceline_policy::testing::{fake_host, ok};
+    use paceline_policy::{CompileContext, EnforcementMode, compile};
 
     const POLICY: &str = r#"
 apiVersion: paceline/v1

@@ -16,7 +16,8 @@ use paceline_common::{
 };
 use serde::Serialize;
 
-use crate::{datapath::Datapath, policy::validate::D3Link, qstats::QdiscStats};
+use crate::{datapath::Datapath, qstats::QdiscStats};
+use paceline_policy::validate::D3Link;
 
 /// One router link as the agent tracks it.
 pub struct Link {

@@ -16,7 +16,8 @@ use prometheus::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{datapath::Datapath, policy::validate::DasrSpec};
+use crate::datapath::Datapath;
+use paceline_policy::validate::DasrSpec;
 
 /// Ethernet header bytes on top of the MTU: the frame the per-sender epoch time counts.
 const ETH_HLEN: u64 = 14;
@@ -263,7 +264,7 @@ fn rate_histogram(s: &DasrStats) -> MetricFamily {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::validate::DasrLine;
+    use paceline_policy::validate::DasrLine;
 
     fn spec() -> DasrSpec {
         DasrSpec {

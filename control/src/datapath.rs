@@ -20,7 +20,7 @@ use paceline_common::{
 };
 
 use crate::bpfsys;
-use crate::ctab::Image;
+use paceline_policy::ctab::Image;
 
 /// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/paceline"));
@@ -474,7 +474,7 @@ impl Datapath {
     /// Compiles `rules` (first match wins) into `table`'s classifier and writes both (tests and
     /// benchmarks that build tables by hand).
     pub fn write_rules(&mut self, table: &PolicyTable, rules: &[Rule]) -> Result<u64> {
-        let image = crate::ctab::build(rules).map_err(|e| anyhow!("compiling the rules: {e}"))?;
+        let image = paceline_policy::ctab::build(rules).map_err(|e| anyhow!("compiling the rules: {e}"))?;
         self.write_policy(table, &image)
     }
 

@@ -51,6 +51,16 @@ impl Features {
         }
     }
 
+    /// What the policy compiler reads of it: the qdiscs and cgroup v2 that enforcement needs.
+    pub fn support(&self) -> paceline_policy::KernelSupport {
+        paceline_policy::KernelSupport {
+            kernel_release: self.kernel_release.clone(),
+            sch_fq: self.sch_fq,
+            sch_htb: self.sch_htb,
+            cgroup2: self.cgroup2.is_some(),
+        }
+    }
+
     /// One line per missing feature and what it costs, for the start-up log and the status.
     pub fn degradations(&self) -> Vec<String> {
         let mut d = Vec::new();

@@ -22,7 +22,7 @@ use paceline_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::policy::{Compiled, protocols, units::fmt_rate};
+use paceline_policy::{Compiled, protocols, units::fmt_rate};
 
 /// One flow.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -77,7 +77,7 @@ fn endpoint(ip: IpAddr, port: u16, has_ports: bool) -> String {
 }
 
 /// The class a 5-tuple selects (rules on DSCP, mark or cgroup skipped).
-pub fn class_of<'a>(c: &'a Compiled, k: &FlowKey) -> Option<&'a crate::policy::ClassInfo> {
+pub fn class_of<'a>(c: &'a Compiled, k: &FlowKey) -> Option<&'a paceline_policy::ClassInfo> {
     let p = PacketInfo {
         src: k.src,
         dst: k.dst,
@@ -207,9 +207,9 @@ pub fn render(f: &Flows) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::tests::{fake_host, ok};
-    use crate::policy::{CompileContext, EnforcementMode, compile};
     use paceline_common::maps::v4_mapped;
+    use paceline_policy::testing::{fake_host, ok};
+    use paceline_policy::{CompileContext, EnforcementMode, compile};
 
     #[test]
     fn rows_name_the_class_rate_and_departure() {

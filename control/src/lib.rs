@@ -7,9 +7,11 @@
 //!   `reload`, `top`, `flows`, `classify`, `events`, `fleet status`, `cleanup`), one per file.
 //! - [`agent`]: the agent in stages: start-up ([`agent::run`]), host changes and their undo
 //!   ([`agent::install`]), reloads ([`agent::reload`]), the event loop ([`agent::watch`]).
-//! - [`policy`]: YAML policy: raw (mirrors the file) -> validated -> compiled (map entries);
-//!   the enforcement modes and their choice, the HTB plan, the host facts both stages read.
-//! - [`ctab`]: compiles rule lists into the classifier the datapath looks packets up in.
+//! - The policy compiler (raw -> validated -> compiled, and the classifier compiler) is the
+//!   crate `paceline_policy`; what it asks of the host it asks through
+//!   [`paceline_policy::HostFacts`], which [`host::SystemHost`] answers for this machine.
+//! - [`host`]: [`host::SystemHost`], the policy's host facts read from this machine
+//!   (interfaces, routes, link speeds, cgroup ids).
 //! - [`datapath`]: the loaded eBPF object, typed maps, policy writes and counter snapshots.
 //! - [`bpfsys`]: the bpf(2) calls aya does not offer (inner maps, batch writes, RCU waits).
 //! - [`attach`]: tc attachment (tcx or clsact) and sock_ops on the cgroup v2 root.
@@ -39,7 +41,6 @@ pub mod attach;
 pub mod bpfsys;
 pub mod classify;
 pub mod cli;
-pub mod ctab;
 pub mod d3app;
 pub mod d3router;
 pub mod dasr;
@@ -50,9 +51,9 @@ pub mod fleet;
 pub mod flows;
 pub mod health;
 pub mod history;
+pub mod host;
 pub mod metrics;
 pub mod persist;
-pub mod policy;
 pub mod qdisc;
 pub mod qstats;
 pub mod shared;

@@ -13,7 +13,7 @@ use std::process::Command;
 use anyhow::{Context as _, Result, anyhow, bail};
 use serde::Deserialize;
 
-use crate::policy::HtbPlan;
+use paceline_policy::HtbPlan;
 
 /// Runs `tc` with `args`; the error names the command and carries tc's message.
 pub fn tc(args: &[&str]) -> Result<String> {

@@ -21,11 +21,11 @@ use crate::{
     health::{Check, Health},
     history::History,
     metrics::{self, OpsMetrics},
-    policy::Compiled,
     qstats::QdiscStats,
     state::{State, StateDir},
     status::{LiveStatus, Status},
 };
+use paceline_policy::Compiled;
 
 pub struct Shared {
     inner: Mutex<Inner>,

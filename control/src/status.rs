@@ -11,13 +11,8 @@ use std::path::Path;
 use paceline_common::maps::{self, CLASS_D3, D3ClassStats, TABLE_SOCK_TOS};
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    attach::AttachMode,
-    d3router::LinkReport,
-    datapath::Snapshot,
-    features::Features,
-    policy::{Compiled, EnforcementMode},
-};
+use crate::{attach::AttachMode, d3router::LinkReport, datapath::Snapshot, features::Features};
+use paceline_policy::{Compiled, EnforcementMode};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Status {
@@ -229,7 +224,7 @@ pub struct CodelStatus {
     pub ecn: bool,
 }
 
-fn codel_status(c: Option<crate::policy::validate::Codel>, mode: EnforcementMode) -> Option<CodelStatus> {
+fn codel_status(c: Option<paceline_policy::validate::Codel>, mode: EnforcementMode) -> Option<CodelStatus> {
     c.filter(|_| mode == EnforcementMode::Fq).map(|c| CodelStatus {
         target_seconds: f64::from(c.target_ns) * 1e-9,
         interval_seconds: f64::from(c.interval_ns) * 1e-9,
@@ -297,7 +292,7 @@ pub struct DasrLineStatus {
 }
 
 impl DasrStatus {
-    pub fn of(d: &crate::policy::validate::DasrSpec) -> DasrStatus {
+    pub fn of(d: &paceline_policy::validate::DasrSpec) -> DasrStatus {
         DasrStatus {
             receiver: d.receiver,
             sender: d.sender,

@@ -1130,7 +1130,7 @@ fn groups_select_disjoint_nodes_and_ship_valid_policies() {
     for g in ["main", "canary"] {
         let rel = format!("deploy/kubernetes/groups/{g}/policy.yaml");
         let text = read(&rel);
-        let v = paceline::policy::parse_str(&text, &rel, &paceline::policy::OfflineHost)
+        let v = paceline_policy::parse_str(&text, &rel, &paceline_policy::OfflineHost)
             .unwrap_or_else(|e| panic!("{rel} is not a valid policy: {e:?}"));
         // `sha256sum policy.yaml` is what paceline_policy_info{hash} shows (docs/operations.md).
         use sha2::Digest as _;

@@ -15,7 +15,7 @@
 //! [`table_invariants`], so a change of its type is a change there.
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
-use paceline::policy::{self, CompileContext, Compiled, EnforcementMode, FakeHost};
+use paceline_policy::{self as policy, CompileContext, Compiled, EnforcementMode, FakeHost};
 use paceline_common::{
     classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, classify_linear},
     maps::{MAX_CLASSES, MAX_LEVELS}, classify::Rule,
@@ -395,8 +395,8 @@ fn addresses(i: &ClassifyInput) -> ([u8; 16], [u8; 16]) {
 /// The first matching rule by the compiled classifier's lookup (what the datapath runs), or
 /// `Err` when the rules do not compile (too large). One place to change with its type.
 pub fn compiled_first_rule(rules: &[Rule], p: &PacketInfo) -> Result<Option<usize>, String> {
-    let image = paceline::ctab::build(rules).map_err(|e| e.to_string())?;
-    Ok(paceline::ctab::MemTables::new(&image).first_rule(p))
+    let image = paceline_policy::ctab::build(rules).map_err(|e| e.to_string())?;
+    Ok(paceline_policy::ctab::MemTables::new(&image).first_rule(p))
 }
 
 pub fn classify(input: &ClassifyInput) {

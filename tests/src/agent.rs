@@ -303,7 +303,7 @@ impl<'a> Agent<'a> {
     pub fn apply_policy(&self, text: &str, hup_after: Duration) -> anyhow::Result<()> {
         use anyhow::Context as _;
         let who = self.host.name();
-        let want = paceline::policy::hash(text.as_bytes());
+        let want = paceline_policy::hash(text.as_bytes());
         if self.status_retry()?["policy"]["hash"] == want.as_str() {
             return Ok(());
         }

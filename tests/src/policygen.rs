@@ -131,7 +131,7 @@ mod tests {
             probe: ("probe".into(), 7001, "10.0.0.2/32".into()),
             probe_first: false,
         };
-        let v = paceline::policy::parse_str(&p.yaml(), "big.yaml", &paceline::policy::OfflineHost)
+        let v = paceline_policy::parse_str(&p.yaml(), "big.yaml", &paceline_policy::OfflineHost)
             .unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(v.rules.len(), 2_501);
         assert_eq!(v.rules.last().map(|r| r.origin), Some(3));

@@ -14,7 +14,8 @@
 
 use std::{collections::HashMap, net::SocketAddr, sync::Arc};
 
-use crate::{classify, policy::SystemHost, shared::Shared};
+use crate::host::SystemHost;
+use crate::{classify, shared::Shared};
 use anyhow::{Context as _, Result};
 use axum::{
     Router,

@@ -16,12 +16,12 @@ use crate::{
     datapath::Datapath,
     features::Features,
     persist::Pins,
-    policy::{Compiled, EnforcementMode},
     qdisc,
     shared::Shared,
     state::{self, IfaceState, State, StateDir},
     status::IfaceStatus,
 };
+use paceline_policy::{Compiled, EnforcementMode};
 
 /// What [`install`] set up: the datapath (attached), each interface's attach mode and qdisc,
 /// and the D3 router when the policy has router links.
@@ -192,7 +192,7 @@ pub fn install(
                             format!(
                                 "{} advertises {}",
                                 l.interface,
-                                crate::policy::units::fmt_rate(l.line_rate)
+                                paceline_policy::units::fmt_rate(l.line_rate)
                             )
                         })
                         .collect::<Vec<_>>()

@@ -12,10 +12,8 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use serde_json::json;
 
 use super::install;
-use crate::{
-    policy::Compiled,
-    shared::{Inner, Shared},
-};
+use crate::shared::{Inner, Shared};
+use paceline_policy::Compiled;
 
 const RTNLGRP_LINK: u32 = 1;
 const RTNLGRP_IPV4_ROUTE: u32 = 7;

@@ -36,16 +36,17 @@ use paceline_common::maps::TABLE_SOCK_TOS;
 
 use serde_json::json;
 
+use crate::host::SystemHost;
 use crate::{
     datapath::{Datapath, EBPF_OBJECT, LoadOptions},
     events::Events,
     features::Features,
     persist::{self, Pins},
-    policy::{self, CompileContext, Compiled, Slots, SystemHost, Validated, decide_mode},
     shared::{Ctl, Inner, Shared},
     state::StateDir,
     status::{self, Enforcement, PolicyStatus, Status},
 };
+use paceline_policy::{self as policy, CompileContext, Compiled, Slots, Validated, decide_mode};
 
 /// The state directory's record of how the pins were made ([`persist::Record`]).
 const PINS_FILE: &str = "pins.json";
@@ -82,7 +83,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let features = probe();
     let host = SystemHost::new();
     let (policy_text, validated) = load_policy(&opts, &host)?;
-    let mode = decide_mode(validated.enforcement(), &features)?;
+    let mode = decide_mode(validated.enforcement(), &features.support())?;
     let started = std::time::Instant::now();
     // A previous agent's classes keep their counter and clock slots (its datapath is adopted).
     let slots = previous.as_ref().and_then(|_| dir.read_json::<Slots>(SLOTS_FILE));
@@ -134,7 +135,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut status = start_status(&opts, features.clone(), &compiled, generation, &installed);
     status.policy.apply_seconds = apply;
     status.policy.source = "start".into();
-    let degraded = crate::policy::degradations_for(&features, &compiled, installed.sock_ops);
+    let degraded = paceline_policy::degradations_for(&features.support(), &compiled, installed.sock_ops);
     status.degraded = degraded.clone();
     let shared = Arc::new(Shared::new(
         Inner {

@@ -4,7 +4,7 @@
 //! becomes live: flows keep their clocks and no packet is classified by a half-written policy.
 //! An invalid policy is rejected, logged and counted; the running one stays in force. What
 //! needs a restart (explicit interfaces, enforcement mode, `spec.d3`, flow_table_size:
-//! [`Compiled::restart_needed`](crate::policy::Compiled)) is refused with a message saying so;
+//! [`Compiled::restart_needed`](paceline_policy::Compiled)) is refused with a message saying so;
 //! with `interfaces: [auto]` on both sides, new interfaces are attached and old ones detached
 //! instead ([`super::interfaces`]).
 //!
@@ -15,12 +15,13 @@
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::host::SystemHost;
 use crate::{
-    policy::{self, CompileContext, EnforcementMode, SystemHost, decide_mode, diff},
     qdisc,
     shared::{Inner, Shared},
     status::{self, PolicyStatus, ReloadEvent, Reloads},
 };
+use paceline_policy::{self as policy, CompileContext, EnforcementMode, decide_mode, diff};
 
 /// What a reload did.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -240,7 +241,7 @@ fn try_reload_inner(
     if !force && compiled.hash == g.compiled.hash && same_interfaces {
         return Ok(Outcome::Unchanged { hash: compiled.hash });
     }
-    let wanted = decide_mode(validated.enforcement(), &g.status.kernel).ok();
+    let wanted = decide_mode(validated.enforcement(), &g.status.kernel.support()).ok();
     let follow_auto = compiled.interfaces_auto && g.compiled.interfaces_auto;
     let restart: Vec<String> = compiled
         .restart_needed(&g.compiled, wanted)
@@ -317,7 +318,7 @@ fn try_reload_inner(
 
 /// Recomputes what the policy asks for that this host does not enforce; a change is an event.
 fn update_degraded(g: &mut Inner, shared: &Shared, c: &policy::Compiled) {
-    let now = crate::policy::degradations_for(&g.status.kernel, c, g.sock_ops);
+    let now = paceline_policy::degradations_for(&g.status.kernel.support(), c, g.sock_ops);
     for d in now.iter().filter(|d| !g.status.degraded.contains(d)) {
         shared.events.warn("degraded", d.clone(), json!(null));
     }

@@ -9,10 +9,9 @@ use serde_json::json;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::reload::{digest, reload};
-use crate::{
-    policy::{HostFacts as _, SystemHost},
-    shared::Shared,
-};
+use crate::host::SystemHost;
+use crate::shared::Shared;
+use paceline_policy::HostFacts as _;
 
 /// The signals the agent handles, queued from [`Signals::new`] on (taken first thing at start,
 /// so a SIGTERM during the start waits for the event loop instead of killing the process half
@@ -107,7 +106,7 @@ pub async fn watch(shared: &Shared, host: &SystemHost, signals: Signals) -> Resu
                 // Editors write in several steps: wait for the file to settle.
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 while changes.try_recv().is_ok() {}
-                let bytes = crate::policy::bounds::read_file(&policy).ok();
+                let bytes = paceline_policy::bounds::read_file(&policy).ok();
                 let now = bytes.as_deref().map(digest);
                 let last = shared.lock().file_digest;
                 if now != last {

@@ -4,11 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::{
-    classify::{self, Answer, Query},
-    policy::{
-        self, CompileContext, EnforcementMode, HostFacts, OfflineHost, SystemHost, host::all_routes_managed,
-    },
+use crate::classify::{self, Answer, Query};
+use crate::host::SystemHost;
+use paceline_policy::{
+    self as policy, CompileContext, EnforcementMode, HostFacts, OfflineHost, host::all_routes_managed,
 };
 
 #[derive(clap::Args, Debug)]

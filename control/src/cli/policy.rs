@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use crate::policy::{
-    self, CompileContext, EnforcementMode, HostFacts, OfflineHost, SystemHost, host::all_routes_managed,
+use crate::host::SystemHost;
+use paceline_policy::{
+    self as policy, CompileContext, EnforcementMode, HostFacts, OfflineHost, host::all_routes_managed,
 };
 
 #[derive(clap::Subcommand, Debug)]
@@ -66,7 +67,8 @@ pub struct CheckArgs {
     /// The policy file.
     pub file: PathBuf,
     /// Do not consult this host (interfaces, routes, cgroups, link speeds): for checking
-    /// policies meant for other machines.
+    /// policies meant for other machines. What needs no host is still refused (e.g. a cgroup
+    /// path with `..`, a NUL byte, or longer than 4000 bytes); cgroups are not resolved.
     #[arg(long)]
     pub offline: bool,
     /// Print the compiled policy as JSON.

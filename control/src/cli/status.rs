@@ -230,8 +230,8 @@ fn render(b: &LiveStatus, now: u64) -> String {
             let _ = writeln!(
                 o,
                 "codel on {kind} {name}: target {}, interval {}, {}",
-                crate::policy::units::fmt_ns((k.target_seconds * 1e9).round() as u64),
-                crate::policy::units::fmt_ns((k.interval_seconds * 1e9).round() as u64),
+                paceline_policy::units::fmt_ns((k.target_seconds * 1e9).round() as u64),
+                paceline_policy::units::fmt_ns((k.interval_seconds * 1e9).round() as u64),
                 if k.ecn {
                     "marks CE (drops what is not ECN-capable)"
                 } else {

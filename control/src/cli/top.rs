@@ -124,7 +124,7 @@ fn rates(
 /// The level and class lines between two status documents `dt` seconds apart.
 pub fn compute(prev: &LiveStatus, cur: &LiveStatus, dt: f64) -> (Vec<Rate>, Vec<Rate>) {
     let p = &cur.status.policy;
-    let fmt = |b: Option<u64>| b.map(crate::policy::units::fmt_rate);
+    let fmt = |b: Option<u64>| b.map(paceline_policy::units::fmt_rate);
     let levels = rates(&prev.counters.levels, &cur.counters.levels, dt, |n| {
         let l = p.levels.iter().find(|l| l.name == n);
         (

@@ -16,14 +16,12 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result};
 use aya::{TestRun, TestRunOptions};
 use clap::Parser;
-use paceline::{
-    ctab::{self, Image},
-    datapath::{Datapath, LoadOptions},
-};
+use paceline::datapath::{Datapath, LoadOptions};
 use paceline_common::{
     classify::Rule,
     maps::{BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, PolicyTable},
 };
+use paceline_policy::ctab::{self, Image};
 use paceline_tests::{
     packet::{self, L4},
     policygen::{self, tenant_v4, tenant_v6},
@@ -499,13 +497,13 @@ struct ApplyReport {
 }
 
 fn apply(rules: u32, trials: usize, out: Option<PathBuf>) -> Result<()> {
-    use paceline::policy::{self, CompileContext, EnforcementMode, OfflineHost};
+    use paceline_policy::{self as policy, CompileContext, EnforcementMode, OfflineHost};
     use std::time::Instant;
     let mut dp = Datapath::load(&LoadOptions::default())?;
     let mut t = (Vec::new(), Vec::new(), Vec::new());
     let mut yaml_bytes = 0;
     let mut kernel_bytes = 0;
-    let mut previous: Option<paceline::policy::compile::Slots> = None;
+    let mut previous: Option<paceline_policy::compile::Slots> = None;
     for trial in 0..trials {
         let text = policygen::BigPolicy {
             interfaces: "[eth0]".into(),

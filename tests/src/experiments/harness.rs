@@ -266,8 +266,8 @@ pub(crate) fn ping_rtts_ms(
 /// interfaces are the testbed's) and compiled as the agent would; panics, naming the policy and
 /// printing it, if it is rejected or draws a warning.
 #[cfg(test)]
-pub(crate) fn compile_offline(name: &str, text: &str) -> paceline::policy::Compiled {
-    use paceline::policy::{self, CompileContext, EnforcementMode, OfflineHost};
+pub(crate) fn compile_offline(name: &str, text: &str) -> paceline_policy::Compiled {
+    use paceline_policy::{self as policy, CompileContext, EnforcementMode, OfflineHost};
     let v = policy::parse_str(text, name, &OfflineHost).unwrap_or_else(|errors| {
         panic!(
             "{name}: rejected:\n{}\n{text}",

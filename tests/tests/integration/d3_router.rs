@@ -275,7 +275,7 @@ fn a_flow_that_stops_asking_releases_its_allocation_when_its_lease_lapses() {
         return;
     }
     let mut dp = Datapath::load(&LoadOptions::default()).expect("load");
-    let link = paceline::policy::validate::D3Link {
+    let link = paceline_policy::validate::D3Link {
         interface: "lo".into(),
         capacity: LINE,
         base_rate: LINE / 1000,

@@ -1,0 +1,702 @@
+//! Stage 3: a pure function from a [`Validated`] policy to the [`PolicyTable`] the datapath
+//! reads, plus everything the agent reports about it ([`Compiled`]) and, in HTB mode, the HTB
+//! hierarchy to install ([`HtbPlan`]).
+//!
+//! # What the enforcement mode changes in the table
+//! | mode          | flow_rate | class_rate, level rate | `skb->priority`          |
+//! |---------------|-----------|------------------------|--------------------------|
+//! | `Fq`          | kept      | kept (EDT clocks)      | the level's priority     |
+//! | `Htb`         | kept      | 0: HTB enforces them   | HTB class id `1:minor`   |
+//! | `SockopsOnly` | kept      | 0: nothing can         | the level's priority     |
+//! | `None`        | 0         | 0                      | the level's priority     |
+//!
+//! In `Htb` mode the aggregate EDT clocks are off: with no `fq` to hold packets until their
+//! timestamps, a clock running at the class rate would only run ahead and drop packets at the
+//! horizon. Per-flow rates stay, for `fq` leaf qdiscs under the HTB leaves (and for sock_ops'
+//! SO_MAX_PACING_RATE). A level's hardware priority then reaches switches only through its
+//! DSCP/PCP rewrites, since `skb->priority` carries the HTB class id.
+//! In `SockopsOnly` mode sock_ops still reads `flow_rate` (SO_MAX_PACING_RATE) and the TCP
+//! settings; in `None` mode only the TCP settings, tagging and counting remain.
+
+use std::collections::{HashMap, HashSet};
+
+use ipnet::IpNet;
+use std::sync::Arc;
+
+use paceline_common::qjump::Network;
+use paceline_common::{
+    classify::Rule,
+    maps::{
+        CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, CodelParams, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig,
+        MAX_CLASSES, MAX_LEVELS, PolicyTable, TABLE_D3_RECEIVER, TABLE_DASR_RECEIVER, TABLE_DASR_SENDER,
+        TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, level_slot,
+    },
+};
+
+use super::enforcement::{EnforcementMode, EnforcementRequest};
+use super::htb::{HTB_MAJOR, HtbPlan, htb_leaf, htb_plan};
+use super::protocols;
+use super::validate::{Codel, Family, LinkRate, RuleSpec, TcpSettings, Validated};
+
+/// The datapath's form of a policy's `codel` (off without one, or when `keep` is false).
+fn codel_params(c: Option<Codel>, keep: bool) -> CodelParams {
+    match c {
+        Some(c) if keep => CodelParams::on(c.target_ns, c.interval_ns, c.ecn),
+        _ => CodelParams::off(),
+    }
+}
+
+/// What compilation needs besides the policy.
+#[derive(Clone, Copy, Debug)]
+pub struct CompileContext<'a> {
+    pub mode: EnforcementMode,
+    /// The policy running now: classes that exist in both keep their index, so their clocks
+    /// and counters keep their meaning across a reload.
+    pub previous: Option<&'a Slots>,
+    /// Every interface this host has a route through is one of the policy's: sock_ops may
+    /// then mark TCP sockets with their level's DSCP (`TABLE_SOCK_TOS`, unless a rule
+    /// matches on DSCP). `false` where that is not known (offline). Decided by
+    /// [`all_routes_managed`](super::host::all_routes_managed).
+    pub all_routes_managed: bool,
+}
+
+/// The QJump network as reported.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QJumpInfo {
+    pub network: Network,
+    /// `n*P/R + eps`, seconds.
+    pub worst_case_delay_secs: f64,
+    /// `2*n*P/R + eps` (the epoch of factor 1), seconds.
+    pub epoch_secs: f64,
+}
+
+/// One level as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LevelInfo {
+    pub name: String,
+    pub priority: u8,
+    /// The QJump factor; `None` for explicit rates and unlimited levels.
+    pub factor: Option<f64>,
+    pub epoch_secs: Option<f64>,
+    /// Bytes/s; `None` = unlimited. This is the policy's rate, whatever the mode.
+    pub rate: Option<u64>,
+    pub dscp: Option<u8>,
+    pub pcp: Option<u8>,
+    /// CoDel on the level's departure queue, as the policy asks (in force in `fq` mode only).
+    pub codel: Option<Codel>,
+}
+
+impl LevelInfo {
+    pub fn is_limited(&self) -> bool {
+        self.rate.is_some()
+    }
+}
+
+/// One class as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassInfo {
+    /// Index in the table (stable across reloads).
+    pub index: u16,
+    pub name: String,
+    /// Index into [`Compiled::levels`].
+    pub level: usize,
+    pub flow_rate: Option<u64>,
+    pub class_rate: Option<u64>,
+    pub tcp: Option<TcpSettings>,
+    /// Table rules that select this class.
+    pub rules: usize,
+    /// CoDel on the class's departure queue, as the policy asks (in force in `fq` mode only).
+    pub codel: Option<Codel>,
+}
+
+/// One table rule as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleInfo {
+    /// Where it came from: `spec.rules[2]` or `spec.rules[2] (src[1], dst[0])`.
+    pub origin: String,
+    pub class: String,
+    pub class_index: u16,
+    /// The conditions, e.g. `tcp dst_port 11211 dst 10.1.0.0/16`, or `any`.
+    pub matches: String,
+}
+
+/// A compiled policy: the table for the datapath and what the agent reports.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The policy's table; its `ctab` header describes [`Compiled::ctab`].
+    pub table: PolicyTable,
+    /// The rules in first-match order, as the linear reference matcher reads them
+    /// (`classify::first_match`); the datapath gets them compiled into [`Compiled::ctab`].
+    pub rule_table: Vec<Rule>,
+    /// The compiled classifier the datapath looks packets up in.
+    pub ctab: Arc<crate::ctab::Image>,
+    pub mode: EnforcementMode,
+    pub file: String,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    /// sha256 of the file's bytes, hex.
+    pub hash: String,
+    /// By table index; `None` for unused indices. Its length is `table.n_classes`.
+    pub class_names: Vec<Option<String>>,
+    /// By table index, like `class_names`.
+    pub class_tcp: Vec<Option<TcpSettings>>,
+    /// Classes in index order.
+    pub classes: Vec<ClassInfo>,
+    /// By level index (= list order, 0 = highest).
+    pub level_names: Vec<String>,
+    pub levels: Vec<LevelInfo>,
+    pub qjump: Option<QJumpInfo>,
+    pub link_rate: Option<LinkRate>,
+    /// The table's rules, in order.
+    pub rules: Vec<RuleInfo>,
+    pub interfaces: Vec<String>,
+    pub interfaces_auto: bool,
+    pub enforcement: EnforcementRequest,
+    pub flow_table_size: u32,
+    pub horizon_ns: u64,
+    /// The default class's table index.
+    pub default_class: u16,
+    /// Validation's and compilation's warnings, formatted (`file:line: path: message`).
+    pub warnings: Vec<String>,
+    /// In HTB mode (when the link rate is known).
+    pub htb: Option<HtbPlan>,
+    /// `spec.d3`, when D3 is on.
+    pub d3: Option<crate::validate::D3Spec>,
+    /// `spec.dasr`, when DASR is on; `sender` is off in `none` mode (nothing is enforced).
+    pub dasr: Option<crate::validate::DasrSpec>,
+}
+
+impl Compiled {
+    /// The `AGG_CLOCKS`/`STATS` slots whose owner changed since `previous` (a new class at an
+    /// index, a renamed level): the agent zeroes them before flipping to this policy.
+    pub fn slots_to_reset(&self, previous: Option<&Slots>) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (i, n) in self.class_names.iter().enumerate() {
+            let before = previous.and_then(|p| p.class_names.get(i).cloned().flatten());
+            if n.is_some() && *n != before {
+                out.push(i as u32);
+            }
+        }
+        for (i, n) in self.level_names.iter().enumerate() {
+            if previous.and_then(|p| p.level_names.get(i)) != Some(n) {
+                out.push(level_slot(i as u32));
+            }
+        }
+        out
+    }
+}
+
+/// Which class and level owns each counter and clock slot: what a policy's successor needs to
+/// keep indices stable (a class keeps its counters and clock across reloads, and across agent
+/// restarts, where it is read back from the state directory).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Slots {
+    /// By table index; `None` for unused indices.
+    pub class_names: Vec<Option<String>>,
+    /// By level index.
+    pub level_names: Vec<String>,
+}
+
+impl Compiled {
+    /// This policy's slot owners.
+    pub fn slots(&self) -> Slots {
+        Slots {
+            class_names: self.class_names.clone(),
+            level_names: self.level_names.clone(),
+        }
+    }
+}
+
+/// Assigns table indices: classes of `previous` keep theirs; new classes take the lowest
+/// index used neither now nor by `previous` (so a removed class's counters are not inherited),
+/// else the lowest free one.
+fn class_indices(v: &Validated, previous: Option<&Slots>) -> Vec<u16> {
+    let prev: HashMap<&str, usize> = previous
+        .map(|p| {
+            p.class_names
+                .iter()
+                .enumerate()
+                .filter_map(|(i, n)| n.as_deref().map(|n| (n, i)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let prev_used: HashSet<usize> = prev.values().copied().collect();
+    let mut used = [false; MAX_CLASSES];
+    let mut idx: Vec<Option<u16>> = vec![None; v.classes.len()];
+    for (i, c) in v.classes.iter().enumerate() {
+        if let Some(&p) = prev.get(c.name.as_str())
+            && p < MAX_CLASSES
+            && !used[p]
+        {
+            used[p] = true;
+            idx[i] = Some(p as u16);
+        }
+    }
+    for slot in idx.iter_mut().filter(|s| s.is_none()) {
+        let free = (0..MAX_CLASSES)
+            .find(|j| !used[*j] && !prev_used.contains(j))
+            .or_else(|| (0..MAX_CLASSES).find(|j| !used[*j]))
+            .expect("validation allows at most MAX_CLASSES classes");
+        used[free] = true;
+        *slot = Some(free as u16);
+    }
+    idx.into_iter().map(|i| i.expect("assigned")).collect()
+}
+
+/// 16 bytes of address and mask in network order, as the datapath's `[u32; 4]` (memory order
+/// words). IPv4 is IPv4-mapped: `::ffff:a.b.c.d` with the prefix moved by 96 bits.
+pub fn net_words(n: &IpNet) -> ([u32; 4], [u32; 4]) {
+    let (bytes, prefix) = match n {
+        IpNet::V4(v) => {
+            let mut b = [0u8; 16];
+            b[10] = 0xff;
+            b[11] = 0xff;
+            b[12..].copy_from_slice(&v.network().octets());
+            (b, 96 + u32::from(v.prefix_len()))
+        }
+        IpNet::V6(v) => (v.network().octets(), u32::from(v.prefix_len())),
+    };
+    let mut mask = [0u8; 16];
+    for (i, m) in mask.iter_mut().enumerate() {
+        let start = i as u32 * 8;
+        *m = if prefix >= start + 8 {
+            0xff
+        } else if prefix > start {
+            0xffu8 << (8 - (prefix - start))
+        } else {
+            0
+        };
+    }
+    let words = |b: [u8; 16]| {
+        let mut w = [0u32; 4];
+        for (i, c) in b.chunks_exact(4).enumerate() {
+            w[i] = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        w
+    };
+    (words(bytes), words(mask))
+}
+
+fn table_rule(r: &RuleSpec, class: u16) -> Rule {
+    let mut t = Rule::any(class);
+    if let Some(p) = r.protocol {
+        t = t.with_proto(p);
+    }
+    if let Some(f) = r.family {
+        t = t.with_family(f == Family::V6);
+    }
+    if let Some(n) = &r.src {
+        let (a, m) = net_words(n);
+        t = t.with_src(a, m);
+    }
+    if let Some(n) = &r.dst {
+        let (a, m) = net_words(n);
+        t = t.with_dst(a, m);
+    }
+    if let Some((lo, hi)) = r.src_port {
+        t = t.with_sport(lo, hi);
+    }
+    if let Some((lo, hi)) = r.dst_port {
+        t = t.with_dport(lo, hi);
+    }
+    if let Some(d) = r.dscp {
+        t = t.with_dscp(d);
+    }
+    if let Some((v, m)) = r.mark {
+        t = t.with_mark(v, m);
+    }
+    if let Some(c) = &r.cgroup {
+        t = t.with_cgroup(c.id);
+    }
+    t
+}
+
+fn rule_text(r: &RuleSpec) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(p) = r.protocol {
+        parts.push(
+            protocols::name(p)
+                .map(String::from)
+                .unwrap_or_else(|| format!("proto {p}")),
+        );
+    }
+    if let Some(f) = r.family
+        && r.src.is_none()
+        && r.dst.is_none()
+        && !matches!(r.protocol, Some(1 | 58))
+    {
+        parts.push(f.name().to_string());
+    }
+    if let Some(n) = &r.src {
+        parts.push(format!("src {n}"));
+    }
+    if let Some((lo, hi)) = r.src_port {
+        parts.push(if lo == hi {
+            format!("src_port {lo}")
+        } else {
+            format!("src_port {lo}-{hi}")
+        });
+    }
+    if let Some(n) = &r.dst {
+        parts.push(format!("dst {n}"));
+    }
+    if let Some((lo, hi)) = r.dst_port {
+        parts.push(if lo == hi {
+            format!("dst_port {lo}")
+        } else {
+            format!("dst_port {lo}-{hi}")
+        });
+    }
+    if let Some(d) = r.dscp {
+        parts.push(format!("dscp {d}"));
+    }
+    if let Some(c) = &r.cgroup {
+        parts.push(if c.id == 0 {
+            format!("cgroup {} (unresolved)", c.path)
+        } else {
+            format!("cgroup {} (id {})", c.path, c.id)
+        });
+    }
+    if let Some((v, m)) = r.mark {
+        parts.push(if m == u32::MAX {
+            format!("mark {v:#x}")
+        } else {
+            format!("mark {v:#x}/{m:#x}")
+        });
+    }
+    if parts.is_empty() {
+        "any".into()
+    } else {
+        parts.join(" ")
+    }
+}
+
+fn rule_origin(r: &RuleSpec) -> String {
+    match (r.src_entry, r.dst_entry) {
+        (None, None) => r.path(),
+        (Some(s), None) => format!("{} (src[{s}])", r.path()),
+        (None, Some(d)) => format!("{} (dst[{d}])", r.path()),
+        (Some(s), Some(d)) => format!("{} (src[{s}], dst[{d}])", r.path()),
+    }
+}
+
+/// Compiles a validated policy. Pure: the same inputs give the same output. Fails only when the
+/// classifier's tables would pass their limits (the error names the limit and the count).
+pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::PolicyError> {
+    let mode = ctx.mode;
+    let idx = class_indices(v, ctx.previous);
+    let mut warnings: Vec<String> = v.warnings.iter().map(|w| w.to_string()).collect();
+    // Mode-wide warnings are located at `spec.enforcement` (or `spec` when it is left out).
+    let mut warn = |m: String| warnings.push(located(v, "spec.enforcement", "", m));
+
+    let htb = if mode == EnforcementMode::Htb {
+        let p = htb_plan(v, &idx);
+        if p.is_none() {
+            warn("enforcement htb: no HTB plan, the link rate is unknown; set spec.link_rate".into());
+        }
+        p
+    } else {
+        None
+    };
+    let (keep_flow, keep_aggregates) = match mode {
+        EnforcementMode::Fq => (true, true),
+        EnforcementMode::Htb | EnforcementMode::SockopsOnly => (true, false),
+        EnforcementMode::None => (false, false),
+    };
+    if let Some(want) = v.enforcement.fixed()
+        && want != mode
+    {
+        warn(format!(
+            "spec.enforcement asks for {} but the agent enforces with {}",
+            v.enforcement.as_str(),
+            mode.as_str()
+        ));
+    }
+    let any_aggregate =
+        v.levels.iter().any(|l| l.rate.is_some()) || v.classes.iter().any(|c| c.class_rate.is_some());
+    let any_flow = v.classes.iter().any(|c| c.flow_rate.is_some());
+    match mode {
+        EnforcementMode::SockopsOnly if any_aggregate => warn(
+            "enforcement sockops: level and class rates are reported but not enforced (only flow_rate, as SO_MAX_PACING_RATE of TCP sockets, and the tcp settings apply)".into(),
+        ),
+        EnforcementMode::None if any_aggregate || any_flow => {
+            warn("enforcement none: rates are reported but not enforced (classification, tagging, counting and tcp settings only)".into())
+        }
+        _ => {}
+    }
+    let any_codel = v.levels.iter().any(|l| l.codel.is_some()) || v.classes.iter().any(|c| c.codel.is_some());
+    if any_codel && !keep_aggregates {
+        warn(format!(
+            "enforcement {}: codel is off (CoDel acts on EDT departure queues, which only fq enforcement has)",
+            mode.as_str()
+        ));
+    }
+
+    let mut table = PolicyTable::empty();
+    for (li, l) in v.levels.iter().enumerate().take(MAX_LEVELS) {
+        let mut flags = 0;
+        if l.dscp.is_some() {
+            flags |= LEVEL_SET_DSCP;
+        }
+        if l.pcp.is_some() {
+            flags |= LEVEL_SET_PCP;
+        }
+        table.levels[li] = LevelConfig {
+            rate: if keep_aggregates { l.rate.unwrap_or(0) } else { 0 },
+            flags,
+            dscp: l.dscp.unwrap_or(0),
+            pcp: l.pcp.unwrap_or(0),
+            _pad: [0; 2],
+            codel: codel_params(l.codel, keep_aggregates),
+        };
+    }
+    let n_classes = idx.iter().map(|i| usize::from(*i) + 1).max().unwrap_or(1);
+    let mut class_names = vec![None; n_classes];
+    let mut class_tcp = vec![None; n_classes];
+    let mut classes = Vec::new();
+    for (ci, c) in v.classes.iter().enumerate() {
+        let i = usize::from(idx[ci]);
+        let level = &v.levels[c.level];
+        let skb_priority = match &htb {
+            Some(_) => (u32::from(HTB_MAJOR) << 16) | u32::from(htb_leaf(v, ci, &idx)),
+            None => u32::from(level.priority),
+        };
+        let tcp = c.tcp.unwrap_or_default();
+        table.classes[i] = ClassConfig {
+            flow_rate: if keep_flow { c.flow_rate.unwrap_or(0) } else { 0 },
+            class_rate: if keep_aggregates {
+                c.class_rate.unwrap_or(0)
+            } else {
+                0
+            },
+            skb_priority,
+            flags: CLASS_SET_PRIORITY | if c.d3.is_some() { CLASS_D3 } else { 0 },
+            rto_min_us: tcp.rto_min_us.unwrap_or(0),
+            delack_max_us: tcp.delack_max_us.unwrap_or(0),
+            level: c.level as u32,
+            d3_deadline_us: c
+                .d3
+                .and_then(|k| k.default)
+                .map(|(dl, _)| (dl / 1000).min(u32::MAX as u64) as u32)
+                .unwrap_or(0),
+            d3_size: c.d3.and_then(|k| k.default).map(|(_, sz)| sz).unwrap_or(0),
+            codel: codel_params(c.codel, keep_aggregates),
+        };
+        class_names[i] = Some(c.name.clone());
+        class_tcp[i] = c.tcp;
+        classes.push(ClassInfo {
+            index: idx[ci],
+            name: c.name.clone(),
+            level: c.level,
+            flow_rate: c.flow_rate,
+            class_rate: c.class_rate,
+            tcp: c.tcp,
+            rules: v.rules.iter().filter(|r| r.class == ci).count(),
+            codel: c.codel,
+        });
+    }
+    classes.sort_by_key(|c| c.index);
+
+    let mut rules = Vec::new();
+    let mut rule_table = Vec::with_capacity(v.rules.len());
+    let mut dscp_rules = false;
+    for r in &v.rules {
+        let class = idx[r.class];
+        rule_table.push(table_rule(r, class));
+        if r.dscp.is_some() {
+            dscp_rules = true;
+        }
+        rules.push(RuleInfo {
+            origin: rule_origin(r),
+            class: v.classes[r.class].name.clone(),
+            class_index: class,
+            matches: rule_text(r),
+        });
+    }
+    if ctx.all_routes_managed && !dscp_rules {
+        table.flags |= TABLE_SOCK_TOS;
+    }
+    // Without fq nothing holds packets until their timestamp: a per-flow clock would only run
+    // ahead and turn into a policer (drops at the horizon). TCP flows pace themselves through
+    // sock_ops at `flow_rate` instead, which reads it from the same table.
+    if mode != EnforcementMode::Fq {
+        table.flags |= TABLE_NO_FLOW_CLOCKS;
+    }
+    if let Some(d3) = &v.d3 {
+        if d3.receiver {
+            table.flags |= TABLE_D3_RECEIVER;
+        }
+        // The host's line rate bounds what a flow can ask for (quench) and picks the scale of
+        // non-deadline requests; 10 Gbit/s when the host reports none.
+        let line = v.link_rate.as_ref().map(|l| l.rate).unwrap_or(1_250_000_000);
+        table.d3_line_rate = line;
+        // Unset (0): a new transfer sends its request and waits about one RTT for the grant
+        // (one segment per RTT, as a paused flow), instead of a fixed base rate. TCP schedules
+        // a packet's successor at len / rate when it sends it, and a grant cannot pull that
+        // departure in: at line/100 a response's second packet left 15 ms after its first on
+        // a 400 Mbit/s testbed, whatever the grant (docs/d3.md, "The first RTT").
+        table.d3_first_rate = d3.first_rtt_rate.unwrap_or(0);
+        // TCP sends its initial window unpaced (its pacing starts at the tenth segment), so
+        // the first RTT of a fresh connection is held to this many segments, before any grant.
+        table.d3_initial_window = d3.initial_window;
+    }
+    let mut dasr = v.dasr.clone();
+    if let Some(d) = &mut dasr {
+        if d.receiver {
+            table.flags |= TABLE_DASR_RECEIVER;
+        }
+        if d.sender && mode == EnforcementMode::None {
+            d.sender = false;
+            warnings.push(located(
+                v,
+                "spec.dasr.sender",
+                "spec.dasr.sender",
+                "enforcement none enforces no rate, so this host does not pace at the shares its receivers advertise".into(),
+            ));
+        }
+        if d.sender {
+            table.flags |= TABLE_DASR_SENDER;
+        }
+    }
+    let ctab = crate::ctab::build(&rule_table).map_err(|e| super::PolicyError {
+        file: v.file.clone(),
+        line: None,
+        path: "spec.rules".into(),
+        message: match &e {
+            crate::ctab::BuildError::Unsupported { rule, why } => {
+                format!(
+                    "{}: {why}",
+                    rules
+                        .get(*rule)
+                        .map_or("a rule", |r: &RuleInfo| r.origin.as_str())
+                )
+            }
+            _ => e.to_string(),
+        },
+    })?;
+    table.ctab = ctab.header;
+    shadow_warnings(&rule_table, &rules, &mut warnings, v);
+    table.n_classes = n_classes as u32;
+    table.default_class = u32::from(idx[v.default_class]);
+    table.horizon_ns = v.horizon_ns;
+
+    let levels = v
+        .levels
+        .iter()
+        .map(|l| LevelInfo {
+            name: l.name.clone(),
+            priority: l.priority,
+            factor: match l.limit {
+                super::validate::Limit::Factor(f) => Some(f),
+                _ => None,
+            },
+            epoch_secs: l.epoch_secs,
+            rate: l.rate,
+            dscp: l.dscp,
+            pcp: l.pcp,
+            codel: l.codel,
+        })
+        .collect();
+    let qjump = v.qjump.map(|n| QJumpInfo {
+        network: n,
+        worst_case_delay_secs: n.worst_case_delay_secs(),
+        epoch_secs: n.epoch_secs(1.0),
+    });
+
+    Ok(Compiled {
+        d3: v.d3.clone(),
+        dasr,
+        table,
+        rule_table,
+        ctab: Arc::new(ctab),
+        mode,
+        file: v.file.clone(),
+        name: v.name.clone(),
+        description: v.description.clone(),
+        hash: v.hash.clone(),
+        class_names,
+        class_tcp,
+        classes,
+        level_names: v.levels.iter().map(|l| l.name.clone()).collect(),
+        levels,
+        qjump,
+        link_rate: v.link_rate.clone(),
+        rules,
+        interfaces: v.interfaces.clone(),
+        interfaces_auto: v.interfaces_auto,
+        enforcement: v.enforcement,
+        flow_table_size: v.flow_table_size,
+        horizon_ns: v.horizon_ns,
+        default_class: idx[v.default_class],
+        warnings,
+        htb,
+    })
+}
+
+/// A warning as validation's are printed: `file:line: path: message`, the line that of `at`
+/// (or of the nearest field above it that the file has).
+fn located(v: &Validated, at: &str, path: &str, message: String) -> String {
+    super::PolicyError {
+        file: v.file.clone(),
+        line: v.lines.line(at),
+        path: path.to_string(),
+        message,
+    }
+    .to_string()
+}
+
+/// Most "can never match" warnings listed; the rest are counted.
+const MAX_SHADOW_WARNINGS: usize = 20;
+
+/// Warns about rules that an earlier rule covers: they can never match.
+fn shadow_warnings(table: &[Rule], rules: &[RuleInfo], warnings: &mut Vec<String>, v: &Validated) {
+    let norms: Result<Vec<_>, _> = table
+        .iter()
+        .enumerate()
+        .map(|(i, r)| crate::ctab::normalize(i, r))
+        .collect();
+    let Ok(norms) = norms else { return };
+    let (covered, complete) = crate::ctab::shadow::covered(&norms);
+    // Offline, cgroups are not resolved and every cgroup rule carries the placeholder id 0:
+    // two rules on different cgroups would look alike. Such a pair says nothing.
+    let unresolved = |i: usize| table[i].cgroup_mask != 0 && table[i].cgroup_id == 0;
+    let covered: Vec<_> = covered
+        .into_iter()
+        .filter(|&(later, earlier)| {
+            !(unresolved(later) && unresolved(earlier) && rules[later].matches != rules[earlier].matches)
+        })
+        .collect();
+    for (later, earlier) in covered.iter().take(MAX_SHADOW_WARNINGS) {
+        let origin = &rules[*later].origin;
+        // `spec.rules[2] (src[1], dst[0])`: the line is the rule's.
+        let at = origin.split(' ').next().unwrap_or(origin);
+        warnings.push(located(
+            v,
+            at,
+            "",
+            format!(
+                "{origin}: can never match: {} ({}) comes first and covers it ({})",
+                rules[*earlier].origin, rules[*earlier].matches, rules[*later].matches
+            ),
+        ));
+    }
+    if covered.len() > MAX_SHADOW_WARNINGS {
+        warnings.push(located(
+            v,
+            "spec.rules",
+            "spec.rules",
+            format!(
+                "{} more rules can never match (an earlier rule covers each)",
+                covered.len() - MAX_SHADOW_WARNINGS
+            ),
+        ));
+    }
+    if !complete {
+        warnings.push(located(
+            v,
+            "spec.rules",
+            "spec.rules",
+            "the search for rules that can never match stopped early (too many rules to compare)".into(),
+        ));
+    }
+}

@@ -1,0 +1,750 @@
+//! Compiles a first-match rule list into the classifier the datapath reads
+//! ([`paceline_common::ctab`] describes the structures and the lookup).
+//!
+//! [`build`] is pure: rules in, an [`Image`] out (the header, the words, the two hash tables'
+//! entries and their sizes), or a [`BuildError`] naming the limit passed. The agent writes an
+//! image into fresh maps (`paceline::datapath`); the tests run the common lookup over the image
+//! in memory ([`MemTables`]) against the linear reference matcher.
+//!
+//! # Layout
+//! - [`addr`]: address ECs (prefix trees, two namespaces) and the multibit tries.
+//! - [`fields`]: ECs of protocol/family/DSCP, ports, marks.
+//! - [`phases`]: the field ECs combined, phase by phase, into the selectors a packet meets.
+//! - this file: rules normalized into selectors and address shapes, the selector lists, the
+//!   rule tables, the words layout, the limits.
+//! - [`shadow`]: rules that an earlier rule covers (never match), for warnings.
+
+pub mod addr;
+pub mod fields;
+pub mod phases;
+pub mod shadow;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::fmt;
+
+use paceline_common::classify::Rule;
+use paceline_common::classify::{UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK};
+use paceline_common::ctab::{
+    CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, MAX_MARK_CONDS, MAX_SEL_MATCH, NONE, RuleKey, SEL_ANY,
+    SEL_BOTH, SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, SelList,
+    TAG_CGROUP, Tables, rule_tag,
+};
+
+use addr::{AddrEcs, Prefix, prefix_len, words_to_u128};
+use fields::{FieldEcs, MarkCond, PCond, Ports, mark_values, p_ecs, port_ecs, port_set};
+use phases::Bits;
+
+/// What one policy's classifier may hold. Each bounds kernel memory (and the agent's while it
+/// builds); a policy past one is refused with the limit and the count.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Words of the array table (8 bytes of kernel memory each: array entries are 8-byte
+    /// aligned).
+    pub words: usize,
+    /// Entries of the selector table.
+    pub sels: usize,
+    /// Entries of the rule table.
+    pub rules: usize,
+    /// Distinct mark conditions.
+    pub marks: usize,
+    /// Mark ECs (combinations of mark conditions a packet can meet).
+    pub mark_values: usize,
+}
+
+pub const LIMITS: Limits = Limits {
+    words: 1 << 23,
+    sels: 1 << 20,
+    rules: 1 << 22,
+    marks: MAX_MARK_CONDS,
+    mark_values: 4096,
+};
+
+/// Why a rule list does not compile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BuildError {
+    /// A table would pass its limit.
+    Limit {
+        what: &'static str,
+        count: u64,
+        limit: u64,
+        /// Which rules make it large, if one can be named.
+        hint: String,
+    },
+    /// A rule with a condition the classifier cannot express (never produced by the policy
+    /// compiler: non-prefix address masks, partial protocol masks).
+    Unsupported { rule: usize, why: String },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::Limit {
+                what,
+                count,
+                limit,
+                hint,
+            } => {
+                write!(
+                    f,
+                    "the classifier's {what} would hold {count}, past its limit of {limit}"
+                )?;
+                if !hint.is_empty() {
+                    write!(f, " ({hint})")?;
+                }
+                Ok(())
+            }
+            BuildError::Unsupported { rule, why } => write!(f, "rule {rule}: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Sizes of a compiled classifier, for `policy check` and the agent's log.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub rules: usize,
+    /// Distinct non-address conditions.
+    pub selectors: usize,
+    pub src_ecs: u32,
+    pub dst_ecs: u32,
+    pub p_ecs: u32,
+    pub sport_ecs: u32,
+    pub dport_ecs: u32,
+    pub mark_ecs: usize,
+    pub cgroups: usize,
+    pub words: usize,
+    pub sel_entries: usize,
+    pub rule_entries: usize,
+}
+
+impl Stats {
+    /// Kernel memory the three maps take, estimated: 8 bytes a word; a hash entry its key and
+    /// value rounded to 8 bytes plus the kernel's per-element header (about 48 bytes) and its
+    /// bucket (8 bytes per entry).
+    pub fn kernel_bytes(&self) -> u64 {
+        let elem = |k: u64, v: u64| 48 + k.div_ceil(8) * 8 + v.div_ceil(8) * 8 + 8;
+        self.words as u64 * 8
+            + self.sel_entries as u64
+                * elem(
+                    std::mem::size_of::<SelKey>() as u64,
+                    std::mem::size_of::<SelList>() as u64,
+                )
+            + self.rule_entries as u64 * elem(12, 4)
+    }
+}
+
+/// A compiled classifier: what the datapath's maps of one bank hold.
+#[derive(Clone, Debug)]
+pub struct Image {
+    pub header: CtabHeader,
+    pub words: Vec<u32>,
+    pub sels: Vec<(SelKey, SelList)>,
+    pub rules: Vec<(RuleKey, u32)>,
+    pub stats: Stats,
+}
+
+/// An [`Image`] with its tables indexed, to run the common lookup in memory.
+pub struct MemTables<'a> {
+    pub image: &'a Image,
+    sels: HashMap<SelKey, SelList>,
+    rules: HashMap<RuleKey, u32>,
+}
+
+impl<'a> MemTables<'a> {
+    pub fn new(image: &'a Image) -> Self {
+        MemTables {
+            image,
+            sels: image.sels.iter().copied().collect(),
+            rules: image.rules.iter().copied().collect(),
+        }
+    }
+
+    /// The first rule that matches `p`, by the datapath's lookup.
+    pub fn first_rule(&self, p: &paceline_common::classify::PacketInfo) -> Option<usize> {
+        match paceline_common::ctab::first_rule(&self.image.header, self, p) {
+            NONE => None,
+            r => Some(r as usize),
+        }
+    }
+}
+
+impl Tables for MemTables<'_> {
+    fn word(&self, i: u32) -> u32 {
+        self.image.words.get(i as usize).copied().unwrap_or(NONE)
+    }
+
+    fn sels(&self, key: &SelKey) -> Option<&SelList> {
+        self.sels.get(key)
+    }
+
+    fn rule(&self, key: &RuleKey) -> u32 {
+        self.rules.get(key).copied().unwrap_or(NONE)
+    }
+}
+
+/// A cgroup condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CgCond {
+    /// This cgroup id (`known`: and the cgroup must be visible).
+    Id { id: u64, known: bool },
+    /// Any cgroup, as long as it is visible.
+    Known,
+}
+
+/// The non-address conditions of a rule: rules with equal selectors share tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Selector {
+    pub p: Option<PCond>,
+    pub sport: Option<Ports>,
+    pub dport: Option<Ports>,
+    pub mark: Option<MarkCond>,
+    pub cgroup: Option<CgCond>,
+}
+
+impl Selector {
+    pub fn is_any(&self) -> bool {
+        self.p.is_none()
+            && self.sport.is_none()
+            && self.dport.is_none()
+            && self.mark.is_none()
+            && self.cgroup.is_none()
+    }
+}
+
+/// A rule in the classifier's terms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Norm {
+    pub sel: Selector,
+    pub src: Option<Prefix>,
+    pub dst: Option<Prefix>,
+    /// The rule's family when it has an address condition (it then restricts the address
+    /// ECs); otherwise the family is part of the selector.
+    pub addr_family: Option<bool>,
+}
+
+impl Norm {
+    fn shape(&self) -> usize {
+        usize::from(self.src.is_some()) | (usize::from(self.dst.is_some()) << 1)
+    }
+}
+
+/// A rule as the classifier reads it (the same matches as `classify::rule_matches`).
+pub fn normalize(i: usize, r: &Rule) -> Result<Norm, BuildError> {
+    let bad = |why: &str| BuildError::Unsupported {
+        rule: i,
+        why: why.to_string(),
+    };
+    let proto = match r.proto_mask {
+        0 => None,
+        0xff => Some(r.proto),
+        _ => return Err(bad("a partial protocol mask")),
+    };
+    let dscp = match r.dscp_mask & 0x3f {
+        0 => None,
+        0x3f => Some(r.dscp & 0x3f),
+        _ => return Err(bad("a partial DSCP mask")),
+    };
+    if r.family_mask & !1 != 0 {
+        return Err(bad("a family mask other than 0 or 1"));
+    }
+    let family = (r.family_mask & 1 != 0).then_some(r.family & 1 == 1);
+    let deep = r.deep != 0;
+    let prefix = |addr: &[u32; 4], m: &[u32; 4]| -> Result<Option<Prefix>, BuildError> {
+        match prefix_len(m) {
+            Some(0) => Ok(None),
+            Some(len) => Ok(Some(Prefix::new(words_to_u128(addr), len))),
+            None => Err(bad("an address mask that is not a prefix")),
+        }
+    };
+    let (src, dst) = if deep {
+        (prefix(&r.src, &r.src_mask)?, prefix(&r.dst, &r.dst_mask)?)
+    } else {
+        (None, None)
+    };
+    let mark = (deep && r.mark_mask != 0)
+        .then_some(MarkCond {
+            value: r.mark & r.mark_mask,
+            mask: r.mark_mask,
+            known: r.needs & UNKNOWN_MARK != 0,
+        })
+        .or((r.needs & UNKNOWN_MARK != 0).then_some(MarkCond {
+            value: 0,
+            mask: 0,
+            known: true,
+        }));
+    let cgroup = match (deep, r.cgroup_mask) {
+        (true, u64::MAX) => Some(CgCond::Id {
+            id: r.cgroup_id,
+            known: r.needs & UNKNOWN_CGROUP != 0,
+        }),
+        (_, 0) | (false, _) => (r.needs & UNKNOWN_CGROUP != 0).then_some(CgCond::Known),
+        _ => return Err(bad("a partial cgroup mask")),
+    };
+    let has_addr = src.is_some() || dst.is_some();
+    let pc = PCond {
+        proto,
+        v6: if has_addr { None } else { family },
+        dscp,
+        dscp_known: r.needs & UNKNOWN_DSCP != 0,
+    };
+    Ok(Norm {
+        sel: Selector {
+            p: (!pc.is_any()).then_some(pc),
+            sport: port_set(r.sport_min, r.sport_span),
+            dport: port_set(r.dport_min, r.dport_span),
+            mark,
+            cgroup,
+        },
+        src,
+        dst,
+        addr_family: if has_addr { family } else { None },
+    })
+}
+
+/// Interns values into dense ids.
+struct Ids<T> {
+    ids: HashMap<T, u32>,
+    list: Vec<T>,
+}
+
+impl<T: Clone + Eq + std::hash::Hash> Ids<T> {
+    fn new() -> Self {
+        Ids {
+            ids: HashMap::new(),
+            list: Vec::new(),
+        }
+    }
+
+    fn id(&mut self, v: &T) -> u32 {
+        if let Some(&i) = self.ids.get(v) {
+            return i;
+        }
+        let i = self.list.len() as u32;
+        self.list.push(v.clone());
+        self.ids.insert(v.clone(), i);
+        i
+    }
+}
+
+fn limit(
+    what: &'static str,
+    count: usize,
+    lim: usize,
+    hint: impl FnOnce() -> String,
+) -> Result<(), BuildError> {
+    if count > lim {
+        Err(BuildError::Limit {
+            what,
+            count: count as u64,
+            limit: lim as u64,
+            hint: hint(),
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// The EC ranges of a rule's address condition in one dimension.
+fn addr_box(ecs: &AddrEcs, p: &Prefix, family: Option<bool>) -> Vec<(u32, u32)> {
+    ecs.ranges(Some(p), family)
+}
+
+/// Compiles `rules` (in first-match order; a rule's `class` is its class index).
+pub fn build(rules: &[Rule]) -> Result<Image, BuildError> {
+    build_with(rules, &LIMITS)
+}
+
+pub fn build_with(rules: &[Rule], lim: &Limits) -> Result<Image, BuildError> {
+    let norms: Vec<Norm> = rules
+        .iter()
+        .enumerate()
+        .map(|(i, r)| normalize(i, r))
+        .collect::<Result<_, _>>()?;
+    let mut st = Stats {
+        rules: rules.len(),
+        ..Stats::default()
+    };
+    let mut h = CtabHeader::empty();
+    h.n_rules = rules.len() as u32;
+    let mut words: Vec<u32> = Vec::new();
+
+    // ---- address ECs and tries ----
+    let src_ecs = AddrEcs::new(norms.iter().filter_map(|n| n.src));
+    let dst_ecs = AddrEcs::new(norms.iter().filter_map(|n| n.dst));
+    st.src_ecs = src_ecs.count;
+    st.dst_ecs = dst_ecs.count;
+    let too_big = |what| BuildError::Limit {
+        what,
+        count: lim.words as u64 + 1,
+        limit: lim.words as u64,
+        hint: "address tries".into(),
+    };
+    if norms.iter().any(|n| n.src.is_some()) {
+        h.flags |= CT_SRC;
+        for v6 in [false, true] {
+            let f = usize::from(v6);
+            h.src_default[f] = src_ecs.default_ec(v6);
+            h.src_root[f] = src_ecs
+                .build_trie(v6, &mut words)
+                .map_err(|_| too_big("words"))?
+                .unwrap_or(NONE);
+        }
+    }
+    if norms.iter().any(|n| n.dst.is_some()) {
+        h.flags |= CT_DST;
+        for v6 in [false, true] {
+            let f = usize::from(v6);
+            h.dst_default[f] = dst_ecs.default_ec(v6);
+            h.dst_root[f] = dst_ecs
+                .build_trie(v6, &mut words)
+                .map_err(|_| too_big("words"))?
+                .unwrap_or(NONE);
+        }
+    }
+    limit("words", words.len(), lim.words, || "address tries".into())?;
+
+    // ---- selectors ----
+    let mut sel_ids: Ids<Selector> = Ids::new();
+    let rule_sel: Vec<u32> = norms.iter().map(|n| sel_ids.id(&n.sel)).collect();
+    let sels = sel_ids.list;
+    st.selectors = sels.len();
+    // Per selector, per shape (any, src, dst, both): the rules, in order.
+    let mut groups: Vec<[Vec<u32>; 4]> = vec![Default::default(); sels.len()];
+    for (i, n) in norms.iter().enumerate() {
+        groups[rule_sel[i] as usize][n.shape()].push(i as u32);
+    }
+    let first_of = |v: &Vec<u32>| v.first().copied().unwrap_or(NONE);
+    let any_sel = sels.iter().position(Selector::is_any).map(|i| i as u32);
+    h.any_sel = any_sel.unwrap_or(NONE);
+
+    // ---- field ECs over the selectors that have conditions ----
+    let mut pconds: Ids<PCond> = Ids::new();
+    let mut sports: Ids<Ports> = Ids::new();
+    let mut dports: Ids<Ports> = Ids::new();
+    let mut marks: Ids<MarkCond> = Ids::new();
+    let mut cgroups: Ids<u64> = Ids::new();
+    struct SelConds {
+        p: Option<u32>,
+        sport: Option<u32>,
+        dport: Option<u32>,
+        mark: Option<u32>,
+        cgroup: Option<CgCond>,
+    }
+    let sel_conds: Vec<SelConds> = sels
+        .iter()
+        .map(|s| SelConds {
+            p: s.p.map(|c| pconds.id(&c)),
+            sport: s.sport.as_ref().map(|c| sports.id(c)),
+            dport: s.dport.as_ref().map(|c| dports.id(c)),
+            mark: s.mark.map(|c| marks.id(&c)),
+            cgroup: s.cgroup.inspect(|c| {
+                if let CgCond::Id { id, .. } = c {
+                    cgroups.id(id);
+                }
+            }),
+        })
+        .collect();
+    limit("mark conditions", marks.list.len(), lim.marks, String::new)?;
+    let has_conds = sels.iter().any(|s| !s.is_any());
+    let mut sel_entries: Vec<(SelKey, SelList)> = Vec::new();
+    let mut rule_entries: HashMap<RuleKey, u32> = HashMap::new();
+    if has_conds {
+        h.flags |= CT_SEL;
+        let p = p_ecs(&pconds.list);
+        let sp = port_ecs(&sports.list);
+        let dp = port_ecs(&dports.list);
+        st.p_ecs = p.count();
+        st.sport_ecs = sp.count();
+        st.dport_ecs = dp.count();
+        let mut table = |f: &FieldEcs, used: bool| -> u32 {
+            if used && f.count() > 1 {
+                let off = words.len() as u32;
+                words.extend_from_slice(&f.table);
+                off
+            } else {
+                NONE
+            }
+        };
+        h.p_off = table(&p, !pconds.list.is_empty());
+        h.sport_off = table(&sp, !sports.list.is_empty());
+        h.dport_off = table(&dp, !dports.list.is_empty());
+        let mvals = mark_values(&marks.list, lim.mark_values).ok_or_else(|| BuildError::Limit {
+            what: "mark combinations",
+            count: lim.mark_values as u64 + 1,
+            limit: lim.mark_values as u64,
+            hint: format!("{} mark conditions under overlapping masks", marks.list.len()),
+        })?;
+        st.mark_ecs = mvals.len();
+        h.n_marks = marks.list.len() as u32;
+        for (i, m) in marks.list.iter().enumerate() {
+            h.marks[i] = [m.value, m.mask];
+            if m.known {
+                h.marks_known |= 1 << i;
+            }
+        }
+        // Cgroup ECs: 2 x (index among the policy's ids, from 1; 0 = another id) + unknown.
+        st.cgroups = cgroups.list.len();
+        let any_cgroup = sels.iter().any(|s| s.cgroup.is_some());
+        if any_cgroup {
+            h.flags |= CT_CGROUP;
+            for (i, id) in cgroups.list.iter().enumerate() {
+                rule_entries.insert(
+                    RuleKey {
+                        tag: TAG_CGROUP,
+                        a: *id as u32,
+                        b: (*id >> 32) as u32,
+                    },
+                    i as u32 + 1,
+                );
+            }
+        }
+        let n_cg = if any_cgroup {
+            2 * (cgroups.list.len() as u32 + 1)
+        } else {
+            1
+        };
+        let cg_members = |c: &Option<CgCond>| -> Vec<u32> {
+            match c {
+                None => (0..n_cg).collect(),
+                Some(CgCond::Known) => (0..n_cg).step_by(2).collect(),
+                Some(CgCond::Id { id, known }) => {
+                    let idx = (cgroups.ids[id] + 1) << 1;
+                    if *known { vec![idx] } else { vec![idx, idx | 1] }
+                }
+            }
+        };
+        // Per field EC, the selectors it satisfies (a selector without a condition on the
+        // field: every EC).
+        let n_sel = sels.len();
+        let alive =
+            |count: u32, cond: &dyn Fn(&SelConds) -> Option<u32>, members: &[Vec<u32>]| -> Vec<Bits> {
+                let mut v = vec![Bits::empty(n_sel); count as usize];
+                for (si, sc) in sel_conds.iter().enumerate() {
+                    if Some(si as u32) == any_sel {
+                        continue;
+                    }
+                    match cond(sc) {
+                        None => v.iter_mut().for_each(|b| b.set(si as u32)),
+                        Some(c) => members[c as usize]
+                            .iter()
+                            .for_each(|&e| v[e as usize].set(si as u32)),
+                    }
+                }
+                v
+            };
+        let fields = phases::Fields {
+            p: alive(p.count(), &|sc| sc.p, &p.members),
+            dport: alive(dp.count(), &|sc| sc.dport, &dp.members),
+            sport: (!sports.list.is_empty()).then(|| alive(sp.count(), &|sc| sc.sport, &sp.members)),
+            mark: (!marks.list.is_empty()).then(|| {
+                let bits = mvals
+                    .iter()
+                    .map(|&v| {
+                        let mut b = Bits::empty(n_sel);
+                        for (si, sc) in sel_conds.iter().enumerate() {
+                            if Some(si as u32) != any_sel && sc.mark.is_none_or(|m| v & (1 << m) != 0) {
+                                b.set(si as u32);
+                            }
+                        }
+                        b
+                    })
+                    .collect();
+                (mvals.clone(), bits)
+            }),
+            cgroup: any_cgroup.then(|| {
+                let mut v = vec![Bits::empty(n_sel); n_cg as usize];
+                for (si, sc) in sel_conds.iter().enumerate() {
+                    if Some(si as u32) == any_sel {
+                        continue;
+                    }
+                    for e in cg_members(&sc.cgroup) {
+                        v[e as usize].set(si as u32);
+                    }
+                }
+                v
+            }),
+        };
+        let ph = phases::run(&fields, lim.sels)?;
+        h.phases = ph.mask;
+        rule_entries.extend(ph.rule_entries.iter().copied());
+        // What each final set yields: the first address-free rule of its selectors (they match
+        // every packet that reaches the set), and, sorted by their first address rule, the
+        // selectors whose address rules could still come before it.
+        let any_first = any_sel.map_or(NONE, |s| first_of(&groups[s as usize][0]));
+        let addr_first = |g: &[Vec<u32>; 4]| {
+            g[1..]
+                .iter()
+                .filter_map(|v| v.first().copied())
+                .min()
+                .unwrap_or(NONE)
+        };
+        let mut lists: Vec<Option<SelList>> = Vec::with_capacity(ph.sets.len());
+        for set in &ph.sets {
+            let any_best = set
+                .iter()
+                .map(|s| first_of(&groups[s as usize][0]))
+                .min()
+                .unwrap_or(NONE);
+            let cut = any_best.min(any_first);
+            let mut addr: Vec<u32> = set
+                .iter()
+                .filter(|&s| addr_first(&groups[s as usize]) < cut)
+                .collect();
+            addr.sort_by_key(|&s| addr_first(&groups[s as usize]));
+            if addr.len() > MAX_SEL_MATCH {
+                return Err(BuildError::Limit {
+                    what: "selectors with address conditions one packet can match",
+                    count: addr.len() as u64,
+                    limit: MAX_SEL_MATCH as u64,
+                    hint: format!(
+                        "rules {} overlap in protocol, ports, DSCP, mark or cgroup, each with addresses",
+                        addr.iter()
+                            .map(|&s| addr_first(&groups[s as usize]).to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+            let mut kept = SelList {
+                any_best,
+                n: addr.len() as u32,
+                ..SelList::default()
+            };
+            kept.sel[..addr.len()].copy_from_slice(&addr);
+            lists.push((any_best != NONE || kept.n > 0).then_some(kept));
+        }
+        for (key, set) in ph.last {
+            if let Some(l) = lists[set as usize] {
+                sel_entries.push((key, l));
+            }
+        }
+        sel_entries.sort_by_key(|(k, _)| *k);
+    }
+    st.sel_entries = sel_entries.len();
+
+    // ---- rule tables ----
+    let mut src_any = if any_sel.is_some_and(|s| !groups[s as usize][SHAPE_SRC as usize].is_empty()) {
+        Some(vec![NONE; src_ecs.count as usize])
+    } else {
+        None
+    };
+    let mut dst_any = if any_sel.is_some_and(|s| !groups[s as usize][SHAPE_DST as usize].is_empty()) {
+        Some(vec![NONE; dst_ecs.count as usize])
+    } else {
+        None
+    };
+    let base_entries = rule_entries.len();
+    for (si, g) in groups.iter().enumerate() {
+        let is_any = Some(si as u32) == any_sel;
+        for shape in [SHAPE_SRC, SHAPE_DST, SHAPE_BOTH] {
+            for &ri in &g[shape as usize] {
+                let n = &norms[ri as usize];
+                let a_box = n
+                    .src
+                    .map(|p| addr_box(&src_ecs, &p, n.addr_family))
+                    .unwrap_or_else(|| vec![(0, 1)]);
+                let b_box = n
+                    .dst
+                    .map(|p| addr_box(&dst_ecs, &p, n.addr_family))
+                    .unwrap_or_else(|| vec![(0, 1)]);
+                let size: usize = a_box.iter().map(|(s, e)| (e - s) as usize).sum::<usize>()
+                    * b_box.iter().map(|(s, e)| (e - s) as usize).sum::<usize>();
+                if is_any && shape != SHAPE_BOTH {
+                    let arr = if shape == SHAPE_SRC {
+                        &mut src_any
+                    } else {
+                        &mut dst_any
+                    };
+                    let arr = arr.as_mut().expect("allocated for this shape");
+                    let bx = if shape == SHAPE_SRC { &a_box } else { &b_box };
+                    for &(s, e) in bx {
+                        for v in &mut arr[s as usize..e as usize] {
+                            if *v == NONE {
+                                *v = ri;
+                            }
+                        }
+                    }
+                    continue;
+                }
+                limit(
+                    "rule table",
+                    rule_entries.len() - base_entries + size,
+                    lim.rules,
+                    || {
+                        format!(
+                            "rule {ri}'s addresses cover {size} address classes (prefixes of other rules nested inside its own)"
+                        )
+                    },
+                )?;
+                let tag = rule_tag(si as u32, shape);
+                for &(a0, a1) in &a_box {
+                    for a in a0..a1 {
+                        for &(b0, b1) in &b_box {
+                            for b in b0..b1 {
+                                let (a, b) = match shape {
+                                    SHAPE_SRC => (a, 0),
+                                    SHAPE_DST => (0, b),
+                                    _ => (a, b),
+                                };
+                                rule_entries.entry(RuleKey { tag, a, b }).or_insert(ri);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut rule_list: Vec<(RuleKey, u32)> = rule_entries.into_iter().collect();
+    rule_list.sort_unstable_by_key(|(k, _)| *k);
+    st.rule_entries = rule_list.len();
+
+    // ---- the rest of the words ----
+    let push = |words: &mut Vec<u32>, v: &[u32]| {
+        let off = words.len() as u32;
+        words.extend_from_slice(v);
+        off
+    };
+    let mut recs = Vec::with_capacity(sels.len() * SEL_WORDS as usize);
+    for g in &groups {
+        let mut r = [NONE; SEL_WORDS as usize];
+        // The loop over a packet's listed selectors compares this with the best rule so far:
+        // only their address shapes remain to be looked up.
+        r[SEL_FIRST as usize] = g[1..]
+            .iter()
+            .filter_map(|v| v.first().copied())
+            .min()
+            .unwrap_or(NONE);
+        r[SEL_ANY as usize] = first_of(&g[0]);
+        r[SEL_SRC as usize] = first_of(&g[SHAPE_SRC as usize]);
+        r[SEL_DST as usize] = first_of(&g[SHAPE_DST as usize]);
+        r[SEL_BOTH as usize] = first_of(&g[SHAPE_BOTH as usize]);
+        recs.extend_from_slice(&r);
+    }
+    if !recs.is_empty() {
+        h.sel_off = push(&mut words, &recs);
+    }
+    if let Some(v) = &src_any {
+        h.src_any_off = push(&mut words, v);
+    }
+    if let Some(v) = &dst_any {
+        h.dst_any_off = push(&mut words, v);
+    }
+    if !rules.is_empty() {
+        let classes: Vec<u32> = rules.iter().map(|r| u32::from(r.class)).collect();
+        h.rule_class_off = push(&mut words, &classes);
+    }
+    limit("words", words.len(), lim.words, || {
+        "address tries, field tables and rule classes".into()
+    })?;
+    st.words = words.len();
+    Ok(Image {
+        header: h,
+        words,
+        sels: sel_entries,
+        rules: rule_list,
+        stats: st,
+    })
+}
