@@ -43,6 +43,10 @@ pub struct Status {
     /// served (`--api-addr`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub api_addr: String,
+    /// The filesystems the agent mounted itself because this mount namespace had none
+    /// (`ip netns exec`, a container; see [`crate::mounts`]): unmounted at a clean stop.
+    #[serde(default)]
+    pub mounted: Vec<crate::mounts::MountedFs>,
 }
 
 /// How rates are enforced, by kind of traffic.
