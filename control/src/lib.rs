@@ -21,6 +21,8 @@
 //! - [`d3app`]: what applications call to give a socket a size and a deadline (D3).
 //! - [`persist`]: the maps and links pinned so the datapath outlives the agent, and their
 //!   adoption by the next agent.
+//! - [`mounts`]: the BPF filesystem and the cgroup2 hierarchy the agent mounts itself where
+//!   they are missing (`ip netns exec`, containers), and their unmount at a clean stop.
 //! - [`dasr`]: DASR's interface configuration, and its report (senders per local address,
 //!   option counters, shares set) for `/status` and `/metrics`.
 //! - [`features`]: what the running kernel offers, probed at start.
@@ -53,6 +55,7 @@ pub mod health;
 pub mod history;
 pub mod host;
 pub mod metrics;
+pub mod mounts;
 pub mod persist;
 pub mod qdisc;
 pub mod qstats;

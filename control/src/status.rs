@@ -38,6 +38,11 @@ pub struct Status {
     /// served (`--api-addr`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub api_addr: String,
+    /// The filesystems the agent mounted itself because this mount namespace had none
+    /// (`ip netns exec`, a container; see [`crate::mounts`]): unmounted at a clean stop. Absent
+    /// when it mounted nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounted: Vec<crate::mounts::MountedFs>,
 }
 
 /// How rates are enforced, by kind of traffic.

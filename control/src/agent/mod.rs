@@ -1,8 +1,9 @@
 //! The agent: start-up, reloads, shutdown, in stages.
 //!
-//! Start ([`run`]): take the state-directory lock; find what a previous agent left (after
-//! `kill -9` or a crash its pinned datapath is still running: it is adopted, see
-//! [`crate::persist`]); probe the kernel, load and compile the policy (a bad policy stops the
+//! Start ([`run`]): take the state-directory lock; mount a BPF filesystem and a cgroup2
+//! hierarchy where this mount namespace has none ([`crate::mounts`]); find what a previous
+//! agent left (after `kill -9` or a crash its pinned datapath is still running: it is adopted,
+//! see [`crate::persist`]); probe the kernel, load and compile the policy (a bad policy stops the
 //! start with every error listed, and a running datapath stays as it is), load the datapath
 //! (reusing the pinned maps whose layout is unchanged), write the policy, then [`install`]: per
 //! interface attach the classifier (or give a pinned link the new program) and install the
@@ -14,7 +15,7 @@
 //!
 //! Shutdown ([`install::uninstall`]): unpin and detach everything, delete the qdiscs paceline
 //! installed (the kernel's default root comes back), remove a clsact qdisc paceline added,
-//! clear the state.
+//! clear the state; then unmount what the agent mounted.
 //!
 //! # Layout
 //! - here: [`Options`], [`run`]: the stages in order, and the status they start from.
@@ -75,12 +76,29 @@ pub async fn run(opts: Options) -> Result<()> {
     // process half-way through the start (which would leave qdiscs behind).
     let signals = watch::Signals::new()?;
     let dir = Arc::new(StateDir::lock(&opts.state_dir)?);
+    // A BPF filesystem for the pins and a cgroup2 hierarchy for sock_ops, mounted here where
+    // this mount namespace has none (`ip netns exec`, a container); unmounted when `mounts` is
+    // released at the end, or dropped on a failed start.
+    let mounts = crate::mounts::Mounts::ensure(&opts.bpffs_dir, dir.path())?;
     let events = Events::open(dir.path());
     let pins = Pins::new(&opts.bpffs_dir).with_app_group(opts.d3_app_group);
     let recovered = install::recover(&dir, &pins)?;
     let previous = recovered.adopt();
 
     let features = probe();
+    log::info!(
+        "mounted by the agent: {}",
+        if mounts.mounted().is_empty() {
+            "nothing (the BPF filesystem and cgroup2 were there)".to_string()
+        } else {
+            mounts
+                .mounted()
+                .iter()
+                .map(|m| m.describe())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
     let host = SystemHost::new();
     let (policy_text, validated) = load_policy(&opts, &host)?;
     let mode = decide_mode(validated.enforcement(), &features.support())?;
@@ -133,6 +151,7 @@ pub async fn run(opts: Options) -> Result<()> {
     log_compiled(&compiled, installed.sock_ops);
 
     let mut status = start_status(&opts, features.clone(), &compiled, generation, &installed);
+    status.mounted = mounts.mounted().to_vec();
     status.policy.apply_seconds = apply;
     status.policy.source = "start".into();
     let degraded = paceline_policy::degradations_for(&features.support(), &compiled, installed.sock_ops);
@@ -170,6 +189,7 @@ pub async fn run(opts: Options) -> Result<()> {
         Ok(s) => s,
         Err(e) => {
             install::uninstall(&shared, &dir, &pins);
+            mounts.release();
             return Err(e);
         }
     };
@@ -194,6 +214,8 @@ pub async fn run(opts: Options) -> Result<()> {
         json!(null),
     );
     install::uninstall(&shared, &dir, &pins);
+    // After the pins and links are gone: the BPF filesystem is empty, sock_ops detached.
+    mounts.release();
     result
 }
 
@@ -378,5 +400,6 @@ fn start_status(
         },
         metrics_addr: opts.metrics_addr.to_string(),
         api_addr: opts.api_addr.to_string(),
+        mounted: Vec::new(),
     }
 }

@@ -20,11 +20,15 @@ pub struct Args {
     /// --metrics-addr (one listener then serves both).
     #[arg(long, default_value = super::DEFAULT_API_ADDR)]
     pub api_addr: SocketAddr,
-    /// Lock, state (for cleanup after a crash), status, event log and policy history.
+    /// Lock, state (for cleanup after a crash), status, event log and policy history. Where no
+    /// cgroup2 hierarchy is mounted (e.g. under `ip netns exec`), the agent mounts one at
+    /// `<dir>/cgroup2` for sock_ops and unmounts it at a clean stop.
     #[arg(long, default_value = state::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
     /// Directory in a BPF filesystem where paceline pins its maps and links (so the datapath
-    /// outlives the agent; the D3 application map is `<dir>/d3_app`).
+    /// outlives the agent; the D3 application map is `<dir>/d3_app`). When it is in none (e.g.
+    /// under `ip netns exec`, which mounts its own /sys), the agent mounts a BPF filesystem at
+    /// it, or at /sys/fs/bpf for a directory below that, and unmounts it at a clean stop.
     #[arg(long, default_value = crate::persist::DEFAULT_BPFFS_DIR)]
     pub bpffs_dir: PathBuf,
     /// A group (name or number) whose members may open the D3 application map

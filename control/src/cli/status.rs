@@ -113,6 +113,17 @@ fn render(b: &LiveStatus, now: u64) -> String {
         yes(k.btf),
         or_dash(k.cgroup2.as_ref().map(|p| p.display()))
     );
+    if !st.mounted.is_empty() {
+        let _ = writeln!(
+            o,
+            "mounted by the agent (none was mounted in its mount namespace): {}",
+            st.mounted
+                .iter()
+                .map(|m| m.describe())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let e = &st.enforcement;
     let _ = writeln!(o, "enforcement: {}", e.mode);
     let _ = writeln!(o, "  TCP flows:  {}", e.tcp_flows);
@@ -394,6 +405,32 @@ mod tests {
         assert!(
             text.contains(
                 "codel on class rpc: target 500us, interval 10ms, marks CE (drops what is not ECN-capable)\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn says_what_the_agent_mounted() {
+        let mut s: LiveStatus = serde_json::from_str(crate::status::tests::LIVE).expect("status");
+        assert!(!render(&s, s.status.started_at).contains("mounted by the agent"));
+        s.status.mounted = vec![
+            crate::mounts::MountedFs {
+                fstype: "bpf".into(),
+                path: "/sys/fs/bpf".into(),
+                adopted: false,
+            },
+            crate::mounts::MountedFs {
+                fstype: "cgroup2".into(),
+                path: "/run/paceline/cgroup2".into(),
+                adopted: true,
+            },
+        ];
+        let text = render(&s, s.status.started_at);
+        assert!(
+            text.contains(
+                "mounted by the agent (none was mounted in its mount namespace): bpf at /sys/fs/bpf, \
+                 cgroup2 at /run/paceline/cgroup2 (mounted by a previous agent)\n"
             ),
             "{text}"
         );

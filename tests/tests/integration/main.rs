@@ -13,6 +13,7 @@ mod d3_effect;
 mod d3_router;
 mod dasr;
 mod dasr_e2e;
+mod netns_exec;
 mod ops;
 mod parse;
 mod prometheus;
