@@ -58,7 +58,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
             let fstype = r.next()?.to_string();
             let source = r.next().unwrap_or("").to_string();
             Some(MountEntry {
-                mount_point: PathBuf::from(crate::policy::host::unescape_mount(mp)),
+                mount_point: PathBuf::from(crate::host::unescape_mount(mp)),
                 fstype,
                 source,
             })
