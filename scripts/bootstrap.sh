@@ -24,6 +24,8 @@ if [ "$want_test" = 1 ]; then
   # The VM harness: qemu under TCG, qboot firmware, a static busybox for the initramfs,
   # cpio to pack it, ethtool for the tests that read offloads.
   pkgs+=(qemu-system-x86 qemu-system-data busybox-static cpio ethtool)
+  # tcpdump: the D3 bench's per-response timelines (PLEXP_D3_CAPTURE=1).
+  pkgs+=(tcpdump)
   # promtool and amtool: the deployment tests check and unit-test the alerting rules and the
   # Alertmanager example with them; the prometheus server itself: the privileged test
   # tests/tests/integration/prometheus.rs starts one scraping several agents.
