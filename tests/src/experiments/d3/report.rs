@@ -519,6 +519,7 @@ pub(crate) fn markdown(
                 f("mean_paused_ms"),
                 f("mean_last_byte_ms"),
                 t["retransmissions"].to_string(),
+                format!("{} ({} met)", t["missed_quenched"], t["met_quenched"]),
             ]
         })
         .collect();
@@ -540,6 +541,7 @@ pub(crate) fn markdown(
             "paused",
             "last byte",
             "retransmissions",
+            "quenched: missed (met)",
         ];
         md.push_str(&report::markdown_table(&headers, &rows));
     }

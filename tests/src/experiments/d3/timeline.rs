@@ -37,7 +37,12 @@ struct Segment {
 #[derive(Clone, Copy, Debug)]
 enum D3Opt {
     /// A request as it arrived (after the router): desired and the first hop's grant, bytes/s.
-    Request { desired: u64, grant: u64, fin: bool },
+    Request {
+        desired: u64,
+        grant: u64,
+        fin: bool,
+        quenched: bool,
+    },
     /// Feedback the aggregator sent: the grant it echoes, bytes/s.
     Feedback { grant: u64 },
 }
@@ -125,6 +130,7 @@ fn d3_option(opts: &[u8]) -> Option<D3Opt> {
                             desired: units_to_rate(r.desired, r.scale),
                             grant: units_to_rate(r.alloc[0], r.scale),
                             fin: r.flags & paceline_common::d3::FLAG_FIN != 0,
+                            quenched: r.flags & paceline_common::d3::FLAG_QUENCHED != 0,
                         });
                     }
                     if len == FB_LEN {
@@ -156,6 +162,9 @@ pub struct ResponseTimeline {
     pub first_grant_bps: Option<f64>,
     /// Every distinct (desired, grant) the response's requests carried in, in order, bit/s.
     pub requests: Vec<(f64, f64, f64)>,
+    /// The first request that said the flow gave up its deadline (quenched: it asks for no
+    /// rate of its own from then on).
+    pub quenched_ms: Option<f64>,
     /// Time under a grant of 0 (from an echo of 0 to the next echo above 0, or the end).
     pub paused_ms: f64,
     /// Data segments seen again (retransmissions that reached the aggregator).
@@ -171,6 +180,7 @@ struct Conn {
     queries: Vec<u64>,
     data: Vec<(u64, u32, u32)>,
     requests: Vec<(u64, u64, u64)>,
+    quenched_ns: Option<u64>,
     feedback: Vec<(u64, u64)>,
 }
 
@@ -216,11 +226,20 @@ pub fn timelines(
             if s.payload > 0 {
                 c.data.push((s.t_ns, s.seq, s.payload));
             }
-            if let Some(D3Opt::Request { desired, grant, fin }) = s.d3
+            if let Some(D3Opt::Request {
+                desired,
+                grant,
+                fin,
+                quenched,
+            }) = s.d3
                 && !fin
-                && c.requests.last().map(|r| (r.1, r.2)) != Some((desired, grant))
             {
-                c.requests.push((s.t_ns, desired, grant));
+                if quenched && c.quenched_ns.is_none() {
+                    c.quenched_ns = Some(s.t_ns);
+                }
+                if c.requests.last().map(|r| (r.1, r.2)) != Some((desired, grant)) {
+                    c.requests.push((s.t_ns, desired, grant));
+                }
             }
         } else {
             if s.payload as usize == proto::REQ_HDR {
@@ -289,6 +308,7 @@ pub fn timelines(
                 .filter(|q| q.0 >= t_q)
                 .map(|q| (ms(q.0), q.1 as f64 * 8.0, q.2 as f64 * 8.0))
                 .collect(),
+            quenched_ms: c.quenched_ns.filter(|&t| t >= t_q).map(ms),
             paused_ms: paused_ns as f64 / 1e6,
             retransmissions,
             last_byte_ms: ms(last.0),
@@ -329,6 +349,8 @@ pub fn missed_summary(t: &[ResponseTimeline]) -> serde_json::Value {
         "mean_paused_ms": mean(&|r| r.paused_ms),
         "mean_last_byte_ms": mean(&|r| r.last_byte_ms),
         "retransmissions": missed.iter().map(|r| r.retransmissions as u64).sum::<u64>(),
+        "missed_quenched": missed.iter().filter(|r| r.quenched_ms.is_some()).count(),
+        "met_quenched": t.iter().filter(|r| r.met && r.quenched_ms.is_some()).count(),
     })
 }
 
@@ -350,8 +372,16 @@ mod tests {
         let mut opts = vec![1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2];
         opts.extend_from_slice(&req.encode());
         match d3_option(&opts) {
-            Some(D3Opt::Request { desired, grant, fin }) => {
-                assert_eq!((desired, grant, fin), (10 * 32768, 20 * 32768, false));
+            Some(D3Opt::Request {
+                desired,
+                grant,
+                fin,
+                quenched,
+            }) => {
+                assert_eq!(
+                    (desired, grant, fin, quenched),
+                    (10 * 32768, 20 * 32768, false, false)
+                );
             }
             other => panic!("{other:?}"),
         }
