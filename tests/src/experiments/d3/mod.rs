@@ -34,6 +34,9 @@
 //! # Modes
 //! - `tcp`: no agent on the senders; their veths keep `noqueue`, so TCP (cubic, initial window
 //!   10, Linux's 200 ms minimum RTO) is not paced at all.
+//! - `tcp-paper`: the same with the loss recovery of the paper's time: RACK and tail-loss
+//!   probes off on the senders (`net.ipv4.tcp_recovery=0`, `net.ipv4.tcp_early_retrans=0`),
+//!   so a lost tail waits for the retransmission timeout.
 //! - `paced`: an agent on every sender (`enforcement: sockops`): the workers' class has
 //!   `flow_rate` = the fair share of the bottleneck, 1 Gbit/s / N (wire rate), which sock_ops
 //!   sets as each connection's SO_MAX_PACING_RATE: TCP paces itself. Deadline-unaware
@@ -50,10 +53,13 @@
 //! - `d3`: the router runs the agent with `spec.d3.router` on the bottleneck interface
 //!   (capacity 1 Gbit/s), the aggregator runs it as D3 receiver, the senders with a D3 class
 //!   for the workers' port (`enforcement: sockops`, `link_rate: 1Gbit`, which sets the quench
-//!   cap and the default first-RTT rate, 1% of it); the worker's [`D3Hook`] writes each
+//!   cap and the scale of requests; the first RTT is the agent's default: one segment per RTT
+//!   until the grant, a 2-segment initial window); the worker's [`D3Hook`] writes each
 //!   response's size and deadline into the sender agent's pinned application map before
 //!   writing it. Grants are enforced by TCP's own pacing (SO_MAX_PACING_RATE from sock_ops).
-//! - variants `d3-first-*`: D3 with another first-RTT rate (`spec.d3.first_rtt_rate`).
+//! - variants: `d3-first-line` (the first RTT at the line rate), `d3-base-rate` (the defaults
+//!   before 2026-12-02: the first RTT at 1% of the link, the kernel's initial window of 10)
+//!   and `d3-iw10` (today's first RTT with the kernel's initial window).
 //!
 //! `tcp` and `paced` never look at deadlines, so each is run once per N and scored against all
 //! three deadline means (the draws share their random numbers: the sizes are identical and the
@@ -80,7 +86,10 @@
 //! `PLEXP_D3_RESPONSES=100` about this many scored responses per point,
 //! `PLEXP_D3_RATE_MBIT=400` another bottleneck rate (the policies' link rate, D3's capacity,
 //! the paced share and QJump's R follow it), `PLEXP_D3_BACKGROUND=2` that many long
-//! background flows ([`Config::background_flows`]) during every point.
+//! background flows ([`Config::background_flows`]) during every point, `PLEXP_D3_CAPTURE=1`
+//! a packet capture at the aggregator (`tcpdump`) and each response's timeline
+//! ([`timeline`]) in the point's `timeline`, with a table of where the missed deadlines'
+//! time went in `d3.md`.
 
 mod plan;
 mod policy;
