@@ -23,7 +23,7 @@ use crate::bpfsys;
 use paceline_policy::ctab::Image;
 
 /// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/paceline"));
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/paceline-ebpf"));
 
 /// Program names in the object.
 pub const TC_EGRESS: &str = "pl_tc_egress";

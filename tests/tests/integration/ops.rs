@@ -746,8 +746,9 @@ fn top_shows_live_rates_through_a_terminal_and_sorts() {
     }) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!(
-                "SKIPPED: top_shows_live_rates_through_a_terminal_and_sorts: no pseudo-terminal here ({e})"
+            crate::skip(
+                "top_shows_live_rates_through_a_terminal_and_sorts",
+                &format!("no pseudo-terminal here ({e})"),
             );
             return;
         }

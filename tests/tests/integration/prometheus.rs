@@ -126,8 +126,9 @@ fn prometheus_scrapes_agents_fires_and_clears_alerts_and_feeds_every_panel() {
         return;
     }
     let Ok(prom_bin) = which("prometheus") else {
-        eprintln!(
-            "SKIPPED: prometheus_scrapes_agents...: Debian's prometheus is not installed (scripts/bootstrap.sh --test)"
+        crate::skip(
+            "prometheus_scrapes_agents...",
+            "Debian's prometheus is not installed (scripts/bootstrap.sh --test)",
         );
         return;
     };
