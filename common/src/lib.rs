@@ -3,6 +3,7 @@
 //! Shared by the eBPF datapath (`no_std`, compiled for the bpf target) and the user-side agent.
 //!
 //! # Layout
+//! - [`abi`]: the kernel's constants both sides pass (helper and map flags), defined once.
 //! - [`maps`]: every `#[repr(C)]` type that crosses a BPF map, with size assertions beside each.
 //! - [`edt`]: Earliest-Departure-Time clock arithmetic (what the tc program computes per packet),
 //!   and the log2 buckets of the delay histograms.
@@ -23,6 +24,7 @@
 // The datapath cannot panic (there is no unwinding in BPF); tests may.
 #![cfg_attr(not(test), deny(clippy::panic, clippy::unwrap_used, clippy::expect_used))]
 
+pub mod abi;
 pub mod classify;
 pub mod codel;
 pub mod ctab;

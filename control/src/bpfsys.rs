@@ -8,10 +8,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
-/// Inner arrays of any size fit an array-of-maps (5.10+).
-pub const BPF_F_INNER_MAP: u32 = 1 << 12;
-/// The array can be mmap()ed (5.5+).
-pub const BPF_F_MMAPABLE: u32 = 1 << 10;
+pub use paceline_common::abi::{BPF_F_INNER_MAP, BPF_F_MMAPABLE};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;

@@ -154,9 +154,10 @@ impl Datapath {
         so.load().with_context(|| format!("verifying {SOCK_OPS}"))?;
         let router: &mut SchedClassifier = prog(&mut ebpf, D3_ROUTER)?.try_into()?;
         router.load().with_context(|| format!("verifying {D3_ROUTER}"))?;
-        // DASR's program is loaded when first needed (`ingress_program`): Linux 6.12's verifier
-        // goes past its 1M-instruction limit on its TCP option walk (6.1 and 6.18 accept it),
-        // after half a minute under emulation; agents without DASR should not pay for that.
+        // DASR's program is loaded when first needed (`ingress_program`): verifying its TCP
+        // option walk (one option per `bpf_loop` step, docs/dasr.md) is the datapath's most
+        // expensive load under emulation, and a kernel whose verifier refuses it (or that has
+        // no `bpf_loop`) must still run everything else; agents without DASR do not pay for it.
         let ingress_error = None;
 
         let active = Array::try_from(take(&mut ebpf, names::ACTIVE)?)?;

@@ -29,7 +29,7 @@
 //!
 //! # Policies: from a YAML file to the `PolicyTable` the datapath reads
 //!
-//! Three stages, as in ripgrep's `LowArgs -> HiArgs` (see `/work/shared/STYLE.md`):
+//! Three stages, as in ripgrep's `LowArgs -> HiArgs`:
 //!
 //! 1. [`raw`]: serde types that mirror the file exactly (`deny_unknown_fields`, quantities kept
 //!    as text). The JSON schema `policies/schema.json` is generated from them

@@ -40,7 +40,7 @@ static PL_D3_APP: SkStorage<D3App> = SkStorage::new();
 #[map(name = "PL_D3_STATS")]
 static PL_D3_STATS: PerCpuArray<D3ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES as u32, 0);
 
-const BPF_SK_STORAGE_GET_F_CREATE: u64 = 1;
+use paceline_common::abi::BPF_SK_STORAGE_GET_F_CREATE;
 const BPF_WRITE_HDR_TCP_CURRENT_MSS: u32 = 1;
 const CB_RTT: i32 = 1 << 3;
 const CB_STATE: i32 = 1 << 2;

@@ -75,7 +75,7 @@ pub struct Scratch {
 #[map(name = "PL_DASR_SCRATCH")]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
-const BPF_SK_STORAGE_GET_F_CREATE: u64 = 1;
+use paceline_common::abi::BPF_SK_STORAGE_GET_F_CREATE;
 const BPF_WRITE_HDR_TCP_CURRENT_MSS: u32 = 1;
 /// `bpf_sk_lookup_tcp`'s "the netns of the packet's device".
 const BPF_F_CURRENT_NETNS: u64 = u32::MAX as u64;

@@ -7,6 +7,7 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray},
 };
 use paceline_common::{
+    abi,
     classify::PacketInfo,
     ctab::{NONE, RuleKey, SelKey, SelList, Tables},
     maps::{
@@ -34,15 +35,14 @@ pub static CPU: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "PL_STATS")]
 pub static STATS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(AGG_SLOTS as u32, 0);
 
-/// `BPF_F_INNER_MAP`: inner arrays of any size fit the outer map (5.10+).
-const BPF_F_INNER_MAP: usize = 1 << 12;
-/// `BPF_F_MMAPABLE`: the agent fills the words with one copy instead of a syscall per word.
-const BPF_F_MMAPABLE: usize = 1 << 10;
+/// Inner arrays of any size fit the outer map, and the agent fills the words with one copy
+/// instead of a syscall per word.
+const WORDS_FLAGS: usize = (abi::BPF_F_INNER_MAP | abi::BPF_F_MMAPABLE) as usize;
 
 /// The compiled classifier's parts, one inner map per bank (see `paceline_common::ctab`).
 /// The templates' sizes are placeholders: the agent creates each bank's maps at the size its
 /// policy needs.
-type Words = BtfArray<u32, 1, { BPF_F_INNER_MAP | BPF_F_MMAPABLE }>;
+type Words = BtfArray<u32, 1, WORDS_FLAGS>;
 /// The value is declared as words, not as `SelList`: kernels before 6.2 compare an inner map's
 /// spin-lock offset with the template's, and a struct value in BTF gets "no spin lock" (-ENOENT)
 /// where the agent's BTF-less maps get "not a struct" (-EINVAL), so 6.1 refused the maps.

@@ -21,7 +21,7 @@ static PL_SOCK: SkStorage<SockState> = SkStorage::new();
 static PL_ANY_SOCK: u32 = 0;
 
 const IPPROTO_TCP: u32 = 6;
-const BPF_SK_STORAGE_GET_F_CREATE: u64 = 1;
+use paceline_common::abi::BPF_SK_STORAGE_GET_F_CREATE;
 
 /// The packet's full TCP socket, if it has one (locally sent TCP; not forwarded traffic, not a
 /// request socket).
