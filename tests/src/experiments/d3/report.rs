@@ -122,6 +122,34 @@ pub(crate) fn write_outputs(
         .with("supported", &support)
         .with("measurements", measurements)
         .write(out)?;
+    // The figures a document quotes, small enough to commit beside it: each point's tags and
+    // summary (no per-response records or timelines), the supported-N table, the setup.
+    let summary: Vec<Value> = points
+        .iter()
+        .map(|p| {
+            let mut p = p.clone();
+            if let Some(o) = p.as_object_mut() {
+                o.remove("missed");
+                if let Some(t) = o.get_mut("timeline").and_then(|t| t.as_object_mut()) {
+                    t.remove("responses");
+                }
+            }
+            p
+        })
+        .collect();
+    std::fs::write(
+        out.join(format!("{NAME}-summary.json")),
+        serde_json::to_string_pretty(&json!({
+            "kind": NAME,
+            "complete": complete,
+            "elapsed_s": elapsed_s,
+            "seed": c.seed,
+            "config": cfg,
+            "environment": env,
+            "results": summary,
+            "supported": support,
+        }))?,
+    )?;
     std::fs::write(
         out.join(format!("{NAME}.md")),
         markdown(cfg, env, points, &support, complete, elapsed_s),
@@ -147,7 +175,9 @@ pub(crate) fn write_outputs(
         }
         let mut opts = PlotOpts::new(
             &format!(
-                "D3 evaluation: application throughput, deadlines exp. mean {mean} ms, 1 Gbit/s, 100 KB"
+                "D3 evaluation: application throughput, deadlines exp. mean {mean} ms, {} Mbit/s, {} KB",
+                cfg.rate_bps / 1_000_000,
+                cfg.buffer_bytes / 1000
             ),
             "concurrent senders N",
             "application throughput (% of responses meeting their deadline)",
@@ -191,7 +221,7 @@ pub(crate) fn markdown(
     let mut md = String::new();
     let _ = writeln!(
         md,
-        "# D3 evaluation (seed 000, section 6.1): application throughput vs concurrent senders\n\n{}Kernel {} ({}; sch_fq {}), {} CPUs. \
+        "# D3 evaluation (the D3 paper, section 6.1): application throughput vs concurrent senders\n\n{}Kernel {} ({}; sch_fq {}), {} CPUs. \
          Bottleneck {} Mbit/s with a {} B buffer (HTB + bfifo; QJump: strict-priority port, {} B per used queue); {} sender hosts, workers round-robin; \
          responses uniform in [{}, {}] B, deadlines exponential; RTT {:.3} ms idle. Load average at start {} ({} qemu processes), at end {} ({}). Run took {:.0} s.\n",
         if complete {
@@ -383,7 +413,7 @@ pub(crate) fn markdown(
         .collect();
     for &mean in &cfg.deadline_means_ms {
         for d in &d3_series {
-            for base in ["tcp", "paced", "qjump"] {
+            for base in ["tcp", "tcp-paper", "paced", "qjump"] {
                 let (cd, cb) = (curve(points, d, mean), curve(points, base, mean));
                 if cd.is_empty() || cb.is_empty() {
                     continue;
