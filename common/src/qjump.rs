@@ -1,4 +1,4 @@
-//! QJump's network epoch and per-level rate limits (Grosvenor et al., NSDI 2015; seed 004).
+//! QJump's network epoch and per-level rate limits (Grosvenor et al., NSDI 2015; QJump).
 //!
 //! With `n` hosts, each sending at most one `P`-byte packet per epoch into a network whose
 //! slowest link runs at `R` bytes/s and whose switches add `eps` along the longest path, a packet

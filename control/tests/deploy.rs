@@ -1006,7 +1006,7 @@ fn daemonset_runs_the_agent_with_what_it_needs() {
         "kubelet probes the node IP: the agent must not listen on loopback only"
     );
     // /status, /policy, /events, /flows and the rollback requests stay off the node's
-    // interfaces (issue 8): the API listens on loopback, apart from /metrics.
+    // interfaces: the API listens on loopback, apart from /metrics.
     assert!(
         a.api_addr.ip().is_loopback() && a.api_addr != a.metrics_addr,
         "the API must not be exposed with the metrics: {}",

@@ -197,7 +197,7 @@ mod tests {
 
     #[test]
     fn deep_flow_nesting_is_refused_quickly() {
-        // Issue 8: 200 KB of `[` kept `policy check` busy for more than 20 s.
+        // Regression: 200 KB of `[` kept `policy check` busy for more than 20 s.
         let e = quick(&"[".repeat(200_000));
         assert_eq!(
             e,

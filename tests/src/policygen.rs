@@ -1,5 +1,5 @@
 //! Large policies for the scale tests and benchmarks: many tenants' address lists under port
-//! maps, the shape an operator's policy reaches (issue 7), as YAML (for the agent) and as
+//! maps, the shape an operator's policy reaches, as YAML (for the agent) and as
 //! datapath rules (for BPF_PROG_TEST_RUN).
 //!
 //! `plgen policy --rules N` prints one (see README, "Policies").

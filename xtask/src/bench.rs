@@ -8,7 +8,7 @@
 //!   `results/<name>-6.12/`); results, tables and plots land in `results/<name>/`. `--host` runs them on this machine's kernel instead (no fq: HTB and
 //!   TCP's own pacing enforce), into `results/<name>-host/`.
 //! - `d3`: the D3 evaluation (partition-aggregate); meant for `--host` (see its help).
-//! - `incast`: seeds 002 and 003 (`plexp incast`): goodput and block times against S servers,
+//! - `incast`: the incast study and Dart (`plexp incast`): goodput and block times against S servers,
 //!   and short messages next to bulk senders; in the VM (fq, scaled down) or `--host`.
 //! - `aqm`: a paced class's queue, horizon only vs CoDel + ECN (`plexp aqm`; VM only: fq).
 //! - `apply`: parsing, compiling and writing a generated 100,000-rule policy into the
@@ -73,7 +73,7 @@ enum Bench {
     D3(ExpArgs),
     /// Seeds 002 and 003 (incast, DASR): a client reads blocks from S servers at once through a
     /// shallow-buffered port; modes tcp, tcp-tuned, paced and dasr; plus short messages next to
-    /// bulk senders. --host: 400 Mbit/s and seed 002's sizes; the VM: 20 Mbit/s, scaled down.
+    /// bulk senders. --host: 400 Mbit/s and the incast study's sizes; the VM: 20 Mbit/s, scaled down.
     Incast(ExpArgs),
     /// Issue 11 in the VM (fq): a class paced at 20 Mbit/s with 8 TCP flows (cubic with and
     /// without ECN, DCTCP), its queue held by the horizon only or by CoDel + ECN.

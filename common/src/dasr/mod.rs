@@ -1,4 +1,4 @@
-//! DASR, Dart's direct apportioning of sending rates (seed 003), for TCP: a receiver counts the
+//! DASR, Dart's direct apportioning of sending rates, for TCP: a receiver counts the
 //! senders currently sending to each of its addresses and tells each of them N and its line
 //! rate in a TCP option on its ACKs; a sender paces the flow at line / N and follows N as it
 //! changes. DASR only caps: congestion inside the network stays with TCP's own congestion

@@ -95,7 +95,7 @@ fn whole_ipv4_tcp_and_udp_parse() {
 
 #[test]
 fn tcp_header_cut_short_is_truncated_not_classified() {
-    // Issue 8: the ports were read from a frame that ends inside the TCP header.
+    // Regression: the ports were read from a frame that ends inside the TCP header.
     let full = v4(&[], TCP, &tcp_hdr(1, 2));
     for cut in [4, 12, 19] {
         let mut f = full[..14 + 20 + cut].to_vec();
@@ -168,7 +168,7 @@ fn ipv4_lengths_must_agree_with_the_frame() {
 
 #[test]
 fn ip_version_must_match_the_ethertype() {
-    // Issue 8: an IPv4 ethertype with version 6 or 0 was parsed as IPv4.
+    // Regression: an IPv4 ethertype with version 6 or 0 was parsed as IPv4.
     for version in [0u8, 6, 15] {
         let mut f = v4(&[], TCP, &tcp_hdr(1, 2));
         f[14] = (version << 4) | 5;
@@ -183,7 +183,7 @@ fn ip_version_must_match_the_ethertype() {
 
 #[test]
 fn qinq_frames_are_parsed_through_both_tags() {
-    // Issue 8: 802.1ad + 802.1Q (and two 802.1Q tags) were counted as non-IP.
+    // Regression: 802.1ad + 802.1Q (and two 802.1Q tags) were counted as non-IP.
     for tags in [
         [ETH_P_8021AD, ETH_P_8021Q],
         [ETH_P_8021Q, ETH_P_8021Q],
@@ -211,7 +211,7 @@ fn qinq_frames_are_parsed_through_both_tags() {
 
 #[test]
 fn ipv6_follows_exactly_max_v6_ext_headers() {
-    // Issue 8: documented as 6, the parser followed 5.
+    // Regression: documented as 6, the parser followed 5.
     let chain = |n: usize| -> Vec<(u8, Vec<u8>)> {
         (0..n)
             .map(|i| match i {

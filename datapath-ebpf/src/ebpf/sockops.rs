@@ -5,7 +5,7 @@
 //!
 //! Settings: SO_MAX_PACING_RATE (the class's per-flow rate; TCP then paces itself, which is the
 //! per-flow enforcement on kernels without sch_fq), TCP_BPF_RTO_MIN and TCP_BPF_DELACK_MAX (the
-//! incast mitigations of seed 002), and IP_TOS / IPV6_TCLASS with the DSCP of the class's level
+//! incast mitigations of the incast study), and IP_TOS / IPV6_TCLASS with the DSCP of the class's level
 //! where the agent allows it (`TABLE_SOCK_TOS`): TCP then sends its segments already marked,
 //! and the tc classifier, which still checks every packet, has nothing to rewrite. A rewrite at
 //! tc must first make a TCP segment's headers private (TCP keeps a clone for retransmission),

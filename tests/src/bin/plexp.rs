@@ -10,7 +10,7 @@ use paceline_tests::experiments::{self, Common};
 enum Cli {
     /// Pacing conformance: configured vs achieved rates, per flow and aggregate, TCP and UDP.
     Pacing(Common),
-    /// Seed 004 (QJump): RPC latency at a high level sharing a bottleneck with bulk traffic.
+    /// QJump: RPC latency at a high level sharing a bottleneck with bulk traffic.
     Qjump {
         #[command(flatten)]
         common: Common,
@@ -18,13 +18,13 @@ enum Cli {
         #[arg(long, default_value_t = experiments::qjump::DEFAULT_RATE_MBIT)]
         rate_mbit: u64,
     },
-    /// Seed 001 (pacing study): N flows through a small-buffer bottleneck, paced or not.
+    /// The TCP pacing study: N flows through a small-buffer bottleneck, paced or not.
     PacingStudy(Common),
-    /// Seed 000 (D3): application throughput of partition-aggregate deadlines against N.
+    /// The D3 paper: application throughput of partition-aggregate deadlines against N.
     D3(Common),
-    /// Seeds 002 and 003 (incast, DASR): goodput and block times against S servers.
+    /// The incast study and Dart (DASR): goodput and block times against S servers.
     Incast(Common),
-    /// Issue 11: a paced class's queue held by the horizon or by CoDel + ECN (needs sch_fq).
+    /// AQM: a paced class's queue held by the horizon or by CoDel + ECN (needs sch_fq).
     Aqm(Common),
 }
 

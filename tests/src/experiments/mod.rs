@@ -5,11 +5,11 @@
 //!
 //! # Layout
 //! - [`pacing`]: pacing conformance (configured vs achieved, per flow and aggregate, TCP/UDP).
-//! - [`qjump`]: seed 004: RPC latency at a high QJump level next to bulk traffic.
-//! - [`study`]: seed 001: N flows through a small-buffer bottleneck, paced or not; N*.
-//! - [`d3`]: seed 000 (D3): partition-aggregate deadlines vs senders, TCP / paced / QJump / D3.
-//! - [`aqm`]: issue 11: a paced class's queue held by the horizon or by CoDel + ECN.
-//! - [`incast`]: seeds 002 and 003: synchronized reads from S servers (TCP, tuned TCP, paced,
+//! - [`qjump`]: QJump: RPC latency at a high QJump level next to bulk traffic.
+//! - [`study`]: the TCP pacing study: N flows through a small-buffer bottleneck, paced or not; N*.
+//! - [`d3`]: the D3 paper (D3): partition-aggregate deadlines vs senders, TCP / paced / QJump / D3.
+//! - [`aqm`]: a paced class's queue held by the horizon or by CoDel + ECN.
+//! - [`incast`]: the incast study and Dart: synchronized reads from S servers (TCP, tuned TCP, paced,
 //!   DASR) and short messages next to bulk senders.
 
 pub mod aqm;

@@ -2,7 +2,7 @@
 //! with 8 queues under a rate) and the qdisc counters parsed from `tc -s -j qdisc show`.
 //!
 //! # The strict-priority port ([`Shaper::StrictPriority`])
-//! A model of a switch port with the 8 hardware queues QJump maps its levels to (seed 004): the
+//! A model of a switch port with the 8 hardware queues QJump maps its levels to (QJump): the
 //! port drains at `rate_bps` and always serves the highest-priority non-empty queue first.
 //! Packets are sorted into queues by DSCP, the way many switches' default DSCP-to-queue map
 //! does: a packet's priority is its DSCP's class-selector bits, `DSCP >> 3` (EF 46 -> 5, AF41

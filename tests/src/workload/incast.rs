@@ -1,4 +1,4 @@
-//! Incast (seed 002): a client asks S servers for one fragment each (default 256 KiB) of a
+//! Incast (the incast study): a client asks S servers for one fragment each (default 256 KiB) of a
 //! block, waits for all fragments, then asks for the next block; k blocks (default 100). The
 //! servers are `plload serve`. Reports goodput and each block's completion time (request sent
 //! to last byte of the last fragment).
@@ -33,7 +33,7 @@ pub struct IncastOpts {
 }
 
 impl IncastOpts {
-    /// The seed's defaults (256 KiB fragments, 100 blocks) for `servers`.
+    /// The study's defaults (256 KiB fragments, 100 blocks) for `servers`.
     pub fn new(servers: Vec<SocketAddr>) -> IncastOpts {
         IncastOpts {
             servers,

@@ -1,4 +1,4 @@
-//! Partition-aggregate (D3, seed 000): an aggregator keeps one connection to each of N workers
+//! Partition-aggregate (D3): an aggregator keeps one connection to each of N workers
 //! and repeatedly sends a query to all of them at once. For every (query, worker) it draws a
 //! response size, uniform in `[size_min, size_max]`, and a deadline, exponential with mean
 //! `deadline_mean_ms` (floored at `deadline_min_ms`), from one seeded RNG (for each query, for

@@ -1,4 +1,4 @@
-//! CoDel with ECN end to end (issue 11): ECN-capable TCP flows offered to a paced class at
+//! CoDel with ECN end to end: ECN-capable TCP flows offered to a paced class at
 //! several times its rate, through the agent, fq holding the departures. Without CoDel the
 //! class's clock runs ahead by what TCP's small-queue limit lets each socket keep queued
 //! (70-220 ms for 8 flows at this rate in the VMs); with CoDel the datapath marks CE and the flows keep

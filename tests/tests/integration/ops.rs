@@ -1,4 +1,4 @@
-//! Operating one agent (issue 10): health that sees the datapath, systemd readiness and
+//! Operating one agent: health that sees the datapath, systemd readiness and
 //! watchdog, reload bookkeeping, what `degraded` means, `systemctl reload`'s answer, `policy
 //! diff` exit codes, interfaces following the default route, the event log, history and
 //! rollback, `classify`, `flows`, `cleanup --check`, and `paceline top` through a

@@ -1,4 +1,4 @@
-//! The parser's defects from issue 8, each through the real program (BPF_PROG_TEST_RUN), and
+//! The parser's defects found by review, each through the real program (BPF_PROG_TEST_RUN), and
 //! the differential run: random and mutated frames through the program against the reference
 //! parser and classifier in `paceline_common` (`paceline_tests::frames`).
 

@@ -1,4 +1,4 @@
-//! Floods and soaks, bounded and local (issue 8, item 4): a million distinct flows through the
+//! Floods and soaks, bounded and local: a million distinct flows through the
 //! flow table, a reload soak and a SIGHUP storm, the policy file deleted or replaced by
 //! something unreadable while the agent runs, and the metrics port taken at start.
 

@@ -1,4 +1,4 @@
-//! Issue 11's AQM benchmark: a class paced at R with 8 TCP flows offered to it, its queue the
+//! The AQM benchmark: a class paced at R with 8 TCP flows offered to it, its queue the
 //! EDT departure queue fq holds, with only the horizon against it (the default) or with CoDel
 //! and ECN (`codel: {target, interval, ecn: true}`); for TCP cubic with ECN, cubic without
 //! and DCTCP. Throughput against R, the delay pacing added (p50 and p99 from the class's delay
@@ -13,7 +13,7 @@
 //! the agent's counters and `/metrics`. Needs sch_fq (the VM): the horizon and CoDel act on the
 //! departures fq holds.
 //!
-//! # Aims (issue 11), reported, not asserted
+//! # Aims, reported, not asserted
 //! With CoDel and ECN: no drops, throughput at least 95% of R, p99 added delay within target
 //! plus one interval.
 //!

@@ -11,7 +11,7 @@ pub(crate) fn policy(cfg: &Config, ifname: &str, q: Queue) -> String {
         ),
     };
     format!(
-        "apiVersion: paceline/v1\nkind: Policy\nmetadata:\n  name: plexp-aqm-{q}\n  description: AQM benchmark (issue 11), queue {q}\nspec:\n  interfaces: [{ifname}]\n  enforcement: fq\n  # veths report no speed\n  link_rate: 10Gbit\n  levels: [{{name: bulk, priority: 0}}]\n  classes:\n    - name: {CLASS}\n      level: bulk\n      class_rate: {rate}bit\n{codel}    - {{name: other, level: bulk}}\n  rules:\n    - {{class: {CLASS}, protocol: tcp, dst_port: {PORT}}}\n  default_class: other\n",
+        "apiVersion: paceline/v1\nkind: Policy\nmetadata:\n  name: plexp-aqm-{q}\n  description: AQM benchmark, queue {q}\nspec:\n  interfaces: [{ifname}]\n  enforcement: fq\n  # veths report no speed\n  link_rate: 10Gbit\n  levels: [{{name: bulk, priority: 0}}]\n  classes:\n    - name: {CLASS}\n      level: bulk\n      class_rate: {rate}bit\n{codel}    - {{name: other, level: bulk}}\n  rules:\n    - {{class: {CLASS}, protocol: tcp, dst_port: {PORT}}}\n  default_class: other\n",
         q = q.name(),
         rate = cfg.rate_bps,
     )

@@ -1,4 +1,4 @@
-//! Seed 000 (D3, "Better Never than Late", SIGCOMM 2011, section 6.1, Fig. 9 and 10):
+//! The D3 paper ("Better Never than Late", SIGCOMM 2011, section 6.1, Fig. 9 and 10):
 //! partition-aggregate bursts through one bottleneck; application throughput (the share of
 //! responses that arrive before their deadline) against the number of concurrent senders N,
 //! for plain TCP, paced TCP, QJump levels and D3; and the largest N each supports at >= 99%

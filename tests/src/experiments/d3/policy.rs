@@ -4,7 +4,7 @@ use super::*;
 
 pub(crate) fn sender_policy(cfg: &Config, mode: &ModeSpec, n: usize, ifname: &str) -> String {
     let head = format!(
-        "apiVersion: paceline/v1\nkind: Policy\nmetadata:\n  name: plexp-d3-{}\n  description: D3 evaluation (seed 000), mode {}\nspec:\n  interfaces: [{ifname}]\n",
+        "apiVersion: paceline/v1\nkind: Policy\nmetadata:\n  name: plexp-d3-{}\n  description: D3 evaluation (the D3 paper), mode {}\nspec:\n  interfaces: [{ifname}]\n",
         mode.name, mode.name
     );
     let rule = format!("  rules:\n    - class: pa\n      protocol: tcp\n      src_port: {PORT}\n");

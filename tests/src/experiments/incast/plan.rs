@@ -59,9 +59,9 @@ pub struct Config {
     pub sender_hosts: usize,
     /// The S axis.
     pub servers: Vec<usize>,
-    /// Bytes per fragment (seed 002: 256 KB).
+    /// Bytes per fragment (the incast study: 256 KB).
     pub fragment_bytes: u64,
-    /// Blocks per point (seed 002: 100).
+    /// Blocks per point (the incast study: 100).
     pub blocks: u64,
     /// The line rate the client advertises in `dasr`, bit/s (a few percent below the port's:
     /// shares that add up to exactly its rate keep a standing queue, docs/dasr.md).
@@ -79,13 +79,13 @@ pub struct Config {
 }
 
 impl Config {
-    /// The host run (400 Mbit/s, seed 002's sizes) or the VM's scaled-down one (under TCG the
+    /// The host run (400 Mbit/s, the incast study's sizes) or the VM's scaled-down one (under TCG the
     /// emulated port forwards about 20 Mbit/s); `quick` for a smoke test of either.
     pub fn new(quick: bool, in_vm: bool) -> Config {
         let mut c = if in_vm {
             Config {
                 rate_bps: 20_000_000,
-                // 43 frames: the seed's 64 KB, so a synchronized start of S <= 32 flows, one
+                // 43 frames: the study's 64 KB, so a synchronized start of S <= 32 flows, one
                 // frame each, fits (32 KB did not, even with every flow paced).
                 buffer_bytes: 65_536,
                 sender_hosts: 4,

@@ -13,7 +13,7 @@ pub(crate) fn policy(
 ) -> Option<String> {
     let enforcement = if fq { "auto" } else { "sockops" };
     let head = format!(
-        "apiVersion: paceline/v1\nkind: Policy\nmetadata:\n  name: plexp-incast-{m}\n  description: incast study (seeds 002 and 003), mode {m}\nspec:\n  interfaces: [{ifname}]\n  enforcement: {enforcement}\n  # veths report no speed\n  link_rate: 10Gbit\n  levels: [{{name: all, priority: 0}}]\n",
+        "apiVersion: paceline/v1\nkind: Policy\nmetadata:\n  name: plexp-incast-{m}\n  description: incast study (the incast study and Dart), mode {m}\nspec:\n  interfaces: [{ifname}]\n  enforcement: {enforcement}\n  # veths report no speed\n  link_rate: 10Gbit\n  levels: [{{name: all, priority: 0}}]\n",
         m = mode.name()
     );
     let rules = format!(

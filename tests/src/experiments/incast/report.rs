@@ -80,7 +80,7 @@ pub(crate) fn write_outputs(
 
 pub(crate) fn markdown(cfg: &Config, env: &Value, points: &[Value], micro: &[Value]) -> String {
     let mut s = format!(
-        "# Incast (seeds 002, 003)\n\nKernel {}, sch_fq {}, port {} Mbit/s with a {} B buffer, RTT {:.3} ms, {} KB fragments, {} blocks per point.\n\n",
+        "# Incast (the incast study and Dart)\n\nKernel {}, sch_fq {}, port {} Mbit/s with a {} B buffer, RTT {:.3} ms, {} KB fragments, {} blocks per point.\n\n",
         env["kernel"].as_str().unwrap_or("?"),
         env["sch_fq_available"],
         cfg.rate_bps / 1_000_000,
@@ -159,7 +159,7 @@ pub(crate) fn markdown(cfg: &Config, env: &Value, points: &[Value], micro: &[Val
     }
     if !micro.is_empty() {
         s += &format!(
-            "\n## Short messages (seed 003's micro-benchmark)\n\n{} B messages, closed loop, next to C bulk uploads to the same client.\n\n| mode | C | messages | p50 (ms) | p99 (ms) | ideal (ms) | port drops |\n|---|---:|---:|---:|---:|---:|---:|\n",
+            "\n## Short messages (Dart's micro-benchmark)\n\n{} B messages, closed loop, next to C bulk uploads to the same client.\n\n| mode | C | messages | p50 (ms) | p99 (ms) | ideal (ms) | port drops |\n|---|---:|---:|---:|---:|---:|---:|\n",
             cfg.micro_message_bytes
         );
         for m in micro {

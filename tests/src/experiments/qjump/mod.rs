@@ -1,4 +1,4 @@
-//! `plexp qjump`: seed 004 (QJump, "Queues don't matter when you can JUMP them!"). A
+//! `plexp qjump`: QJump ("Queues don't matter when you can JUMP them!"). A
 //! latency-sensitive RPC flow at the top QJump level shares a switch port with bulk flows at the
 //! lowest level: its latency idle, next to bulk traffic without levels, and with levels.
 //!

@@ -1,4 +1,4 @@
-//! Seed 001 (TCP pacing in data center networks, Ghobadi and Ganjali): N long-lived TCP flows
+//! The TCP pacing study ("TCP Pacing in Data Center Networks", Ghobadi and Ganjali): N long-lived TCP flows
 //! through a small-buffer bottleneck, unpaced, paced per flow, and paced per host plus per
 //! flow; bottleneck utilisation, drop rate, mean / p99 / worst flow completion time against N,
 //! and the point of inflection N* past which pacing stops helping.
@@ -11,7 +11,7 @@
 //! per skb), congestion control is cubic everywhere.
 //!
 //! The buffers are fractions of the bandwidth-delay product measured at the start
-//! ([`Config::buffers_bdp`], the seed's 2-7%), in whole frames. A point is (repetition,
+//! ([`Config::buffers_bdp`], the slides' 2-7%), in whole frames. A point is (repetition,
 //! buffer, mode, N); the repetitions are the outermost loop. Its N flows are spread round-robin over `min(S, N)` senders;
 //! they start together (each after a seeded random offset in `[0, start_jitter_ms)`), each
 //! uploads [`Config::flow_bytes`] to one server on the receiver, and the round ends when the
@@ -46,11 +46,11 @@
 //! (5%), e.g. `p99_unpaced < (1 + 0.05) * p99_paced`, after it was better at a smaller N;
 //! "> max N" when it helps up to the largest N. Located on the pooled results (FCTs of every
 //! repetition's flows, mean drop rate) and in each repetition, whose spread is its
-//! uncertainty; the report sets it next to the seed's 8 (Aggarwal) and 9 (Kulik).
+//! uncertainty; the report sets it next to the slides' 8 (Aggarwal) and 9 (Kulik).
 //!
 //! # Outputs (in `--out`)
 //! `pacing-study.json` (config, environment, one workload-shaped result per point, the pooled
-//! cells, N*), `pacing-study.md` (tables), and per buffer the seed's four panels
+//! cells, N*), `pacing-study.md` (tables), and per buffer the slides' four panels
 //! `pacing-study-{utilisation,drops,mean-fct,p99-fct}-b<pkts>.svg`. The JSON is rewritten after every point, so an aborted run keeps what
 //! it measured.
 

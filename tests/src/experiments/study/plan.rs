@@ -63,7 +63,7 @@ pub struct Config {
     /// The N axis.
     pub flows: Vec<usize>,
     /// Bottleneck buffers as fractions of the bandwidth-delay product measured at the start
-    /// (the seed's regime: 1.7-6.8%), turned into whole frames with [`buffer_frames`]; unused
+    /// (the slides' regime: 1.7-6.8%), turned into whole frames with [`buffer_frames`]; unused
     /// when `buffers_pkts` is set.
     pub buffers_bdp: Vec<f64>,
     /// Bottleneck buffers in full frames, instead of `buffers_bdp`.
@@ -91,7 +91,7 @@ pub struct Config {
 impl Config {
     /// The full run (about 70 minutes in the VM) or the quick smoke test.
     ///
-    /// The seed's regime: buffers of 2, 4 and 7% of the bandwidth-delay product, up to 100
+    /// The slides' regime: buffers of 2, 4 and 7% of the bandwidth-delay product, up to 100
     /// flows. 10 Mbit/s is what TCG emulation forwards reliably (a late timer, typically 0.2 ms
     /// and at times several, is small against a frame's 1.2 ms; at 20-50 Mbit/s the
     /// bottleneck forwarded well below its rate in calibration runs), so the BDP is raised with
@@ -278,7 +278,7 @@ impl Config {
 mod tests {
     use super::*;
 
-    /// The full plan is the seed's regime: buffers of 2, 4 and 7% of the BDP its delay and rate
+    /// The full plan is the slides' regime: buffers of 2, 4 and 7% of the BDP its delay and rate
     /// make (about 165 frames at 10 Mbit/s and 200 ms, as the run measures it), N up to 100,
     /// and enough flows per point over the repetitions that the pooled p99 (nearest rank) is
     /// not the maximum. The quick plan is runnable too.

@@ -16,7 +16,7 @@ pub(crate) fn policy_yaml(mode: Mode, ifname: &str, flow_rate: u64, host_rate: O
 kind: Policy
 metadata:
   name: {name}
-  description: pacing study (seed 001), {mode}
+  description: pacing study (the TCP pacing study), {mode}
 spec:
   interfaces: [{ifname}]
   enforcement: auto

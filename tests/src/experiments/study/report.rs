@@ -1,5 +1,5 @@
 //! The results as typed records, pooled over the repetitions; N* (where pacing stops
-//! helping) per repetition and pooled; the tables and the plots in the seed's shape.
+//! helping) per repetition and pooled; the tables and the plots in the slides' shape.
 
 use crate::experiments::{Common, Document};
 use crate::report::{self, PlotOpts, XySeries};
@@ -11,7 +11,7 @@ use std::path::Path;
 
 use super::*;
 
-/// The seed's points of inflection: Aggarwal et al. and Kulik et al., as the slides quote them.
+/// The slides' points of inflection: Aggarwal et al. and Kulik et al., as the slides quote them.
 pub(crate) const SEED_N_STAR: [(&str, u64); 2] = [("Aggarwal", 8), ("Kulik", 9)];
 
 /// One measured point as `run_point` writes it (the fields the report reads).
@@ -402,7 +402,7 @@ pub(crate) fn write_outputs(
     plots(out, cfg, &cells, &ratio_of)
 }
 
-/// Per buffer, the seed's four panels against N: utilisation, drop rate, mean and p99 FCT,
+/// Per buffer, the slides' four panels against N: utilisation, drop rate, mean and p99 FCT,
 /// one line per mode (the mean over the repetitions; FCTs pooled).
 fn plots(out: &Path, cfg: &Config, cells: &[Cell], ratio_of: &dyn Fn(u32) -> f64) -> Result<()> {
     let mut bufs: Vec<u32> = cells.iter().map(|c| c.buffer_pkts).collect();
@@ -477,7 +477,7 @@ pub(crate) fn markdown(
     };
     let mut md = String::new();
     md.push_str(&format!(
-        "# Pacing study (seed 001)\n\n{}Kernel {} ({}), agent enforcement `{}`. Bottleneck {} Mbit/s ({}) on the router; \
+        "# Pacing study (the TCP pacing study)\n\n{}Kernel {} ({}), agent enforcement `{}`. Bottleneck {} Mbit/s ({}) on the router; \
          RTT {:.2} ms (netem delay on the ACK path: {} ms), BDP {:.0} frames; buffers {}; {} senders per mode; flows of {} bytes; \
          at least {} flows per point in each of {} repetitions; pacing at {}x the fair share. Calibration: the bottleneck dequeued \
          {:.1}% of its rate under a UDP overload. Run took {:.0} s.\n\n",
@@ -602,7 +602,7 @@ pub(crate) fn markdown(
     md.push_str(&format!(
         "\nPacing helps at N when unpaced >= (1 + {TOLERANCE}) x paced (ratios above {:.2}; \"paced 0\": paced had no \
          drops, unpaced some). N*: the smallest measured N at which it no longer helps, after it helped at a smaller N \
-         (\"> {max_n}\": it helped up to the largest N measured; \"-\": a repetition that did not reach this buffer). The seed quotes N* = {} ({}) and {} ({}).\n",
+         (\"> {max_n}\": it helped up to the largest N measured; \"-\": a repetition that did not reach this buffer). The slides quote N* = {} ({}) and {} ({}).\n",
         1.0 + TOLERANCE,
         SEED_N_STAR[0].1,
         SEED_N_STAR[0].0,
