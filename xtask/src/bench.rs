@@ -57,7 +57,7 @@ fn parse_one_kernel(s: &str) -> Result<vm::Series, String> {
 enum Bench {
     /// Pacing conformance in the VM (fq): configured vs achieved rates.
     Pacing(ExpArgs),
-    /// Seed 004 (QJump) in the VM: RPC latency with and without levels next to bulk flows.
+    /// QJump in the VM: RPC latency with and without levels next to bulk flows.
     Qjump {
         #[command(flatten)]
         exp: ExpArgs,
@@ -66,16 +66,17 @@ enum Bench {
         #[arg(long)]
         rate_mbit: Option<u64>,
     },
-    /// Seed 001 (pacing study) in the VM: N flows through a small-buffer bottleneck.
+    /// The TCP pacing study in the VM: N flows through a small-buffer bottleneck.
     PacingStudy(ExpArgs),
-    /// Seed 000 (D3): partition-aggregate deadlines against N senders (use --host: 1 Gbit/s
-    /// is beyond the emulated VM; this kernel's TCP pacing enforces the grants).
+    /// The D3 paper: partition-aggregate deadlines against N senders (use --host: 1 Gbit/s is
+    /// beyond the emulated VM; this kernel's TCP pacing enforces the grants). PLEXP_D3_* narrow
+    /// the run (docs/experiments/d3.md); PLEXP_D3_CAPTURE=1 needs tcpdump (bootstrap --test).
     D3(ExpArgs),
-    /// Seeds 002 and 003 (incast, DASR): a client reads blocks from S servers at once through a
+    /// The incast study and Dart (DASR): a client reads blocks from S servers at once through a
     /// shallow-buffered port; modes tcp, tcp-tuned, paced and dasr; plus short messages next to
     /// bulk senders. --host: 400 Mbit/s and the incast study's sizes; the VM: 20 Mbit/s, scaled down.
     Incast(ExpArgs),
-    /// Issue 11 in the VM (fq): a class paced at 20 Mbit/s with 8 TCP flows (cubic with and
+    /// AQM in the VM (fq): a class paced at 20 Mbit/s with 8 TCP flows (cubic with and
     /// without ECN, DCTCP), its queue held by the horizon only or by CoDel + ECN.
     Aqm(ExpArgs),
     /// ns/packet of the tc classifier per path, against an empty classifier (host kernel).
@@ -110,9 +111,38 @@ fn cargo_build_release(bins: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// The programs an experiment runs (the testbed turns offloads off with ethtool, shapes with
+/// tc; the VM runs need qemu; the D3 timelines tcpdump): each present, or the error names it
+/// and the command that installs it, before anything is built.
+fn needs(name: &str, host: bool) -> Result<()> {
+    let mut tools = vec![("ip", "iproute2"), ("tc", "iproute2"), ("ethtool", "ethtool")];
+    if !host {
+        tools.push(("qemu-system-x86_64", "qemu-system-x86"));
+    }
+    if name == "d3" && std::env::var("PLEXP_D3_CAPTURE").is_ok_and(|v| !v.is_empty() && v != "0") {
+        tools.push(("tcpdump", "tcpdump"));
+    }
+    let on_path = |t: &str| {
+        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(t).is_file()))
+    };
+    let missing: Vec<String> = tools
+        .iter()
+        .filter(|(t, _)| !on_path(t))
+        .map(|(t, pkg)| format!("{t} (Debian package {pkg})"))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "cargo xtask bench {name} needs {}: install what the benchmarks need with `bash scripts/bootstrap.sh --test`",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// Runs `plexp <name> [extra...]` in the VM (or on the host) and leaves its output in
 /// results/<name>[-host][-<suffix>]/.
 fn experiment(name: &str, a: &ExpArgs, extra: &[String], suffix: Option<&str>) -> Result<()> {
+    needs(name, a.host)?;
     cargo_build_release(&["plexp", "plload", "plagent", "plreport"])?;
     let root = repo_root();
     let exe = root.join("target/release/plexp");

@@ -550,6 +550,10 @@ pub(crate) fn markdown(
                 f("mean_last_byte_ms"),
                 t["retransmissions"].to_string(),
                 format!("{} ({} met)", t["missed_quenched"], t["met_quenched"]),
+                {
+                    let e = &t["after_a_quench_others_grant_rose_fell_same"];
+                    format!("{}/{}/{}", e[0], e[1], e[2])
+                },
             ]
         })
         .collect();
@@ -572,6 +576,7 @@ pub(crate) fn markdown(
             "last byte",
             "retransmissions",
             "quenched: missed (met)",
+            "others' grants after a quench: rose/fell/same",
         ];
         md.push_str(&report::markdown_table(&headers, &rows));
     }

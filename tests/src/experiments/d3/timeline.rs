@@ -327,6 +327,43 @@ fn distinct_bytes(c: &Conn) -> u64 {
         .sum()
 }
 
+/// What a quench did to the other responses of its query: for each response that quenched and
+/// each other response of the same query still asking (not quenched before it), that other
+/// response's last grant within `window_ms` before the quench against its first one within
+/// `window_ms` after: how many rose, fell and stayed. A quenched flow stops claiming capacity,
+/// so the others' grants should rise more often than they fall.
+pub fn quench_effect(t: &[ResponseTimeline], window_ms: f64) -> (u64, u64, u64) {
+    let mut by_query: BTreeMap<u64, Vec<&ResponseTimeline>> = BTreeMap::new();
+    for r in t {
+        by_query.entry(r.query).or_default().push(r);
+    }
+    let (mut rose, mut fell, mut same) = (0, 0, 0);
+    for rs in by_query.values() {
+        for q in rs {
+            let Some(tq) = q.quenched_ms else { continue };
+            for o in rs {
+                if std::ptr::eq(*o, *q) || o.quenched_ms.is_some_and(|x| x <= tq) {
+                    continue;
+                }
+                let before = o
+                    .requests
+                    .iter()
+                    .rev()
+                    .find(|r| r.0 < tq && r.0 >= tq - window_ms);
+                let after = o.requests.iter().find(|r| r.0 > tq && r.0 <= tq + window_ms);
+                if let (Some(b), Some(a)) = (before, after) {
+                    match a.2.partial_cmp(&b.2) {
+                        Some(std::cmp::Ordering::Greater) => rose += 1,
+                        Some(std::cmp::Ordering::Less) => fell += 1,
+                        _ => same += 1,
+                    }
+                }
+            }
+        }
+    }
+    (rose, fell, same)
+}
+
 /// Where the time of the missed responses went, averaged (ms): before the first byte arrived
 /// (the worker's start and the bottleneck's queue), from the first byte to the first grant,
 /// paused, and the rest of the transfer; with their retransmissions and how many quenched.
@@ -351,12 +388,48 @@ pub fn missed_summary(t: &[ResponseTimeline]) -> serde_json::Value {
         "retransmissions": missed.iter().map(|r| r.retransmissions as u64).sum::<u64>(),
         "missed_quenched": missed.iter().filter(|r| r.quenched_ms.is_some()).count(),
         "met_quenched": t.iter().filter(|r| r.met && r.quenched_ms.is_some()).count(),
+        "after_a_quench_others_grant_rose_fell_same": quench_effect(t, 3.0),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn response(query: u64, quenched_ms: Option<f64>, grants: &[(f64, f64)]) -> ResponseTimeline {
+        ResponseTimeline {
+            query,
+            worker: 0,
+            size: 1,
+            deadline_ms: 1.0,
+            met: quenched_ms.is_none(),
+            first_byte_ms: 0.0,
+            first_grant_ms: None,
+            first_grant_bps: None,
+            requests: grants.iter().map(|&(t, g)| (t, 0.0, g)).collect(),
+            quenched_ms,
+            paused_ms: 0.0,
+            retransmissions: 0,
+            last_byte_ms: 0.0,
+        }
+    }
+
+    /// The others' grants around a quench in the same query: one rose, one fell, one stayed;
+    /// a response of another query, one that quenched earlier and one with no request within
+    /// the window are not counted.
+    #[test]
+    fn a_quench_is_judged_by_the_other_responses_grants_around_it() {
+        let t = vec![
+            response(1, Some(5.0), &[(1.0, 8.0)]),
+            response(1, None, &[(4.0, 1.0), (6.0, 2.0)]),
+            response(1, None, &[(4.5, 3.0), (5.5, 1.0)]),
+            response(1, None, &[(4.0, 2.0), (7.0, 2.0)]),
+            response(1, Some(2.0), &[(4.0, 1.0), (6.0, 9.0)]),
+            response(1, None, &[(0.5, 1.0), (9.5, 9.0)]),
+            response(2, None, &[(4.0, 1.0), (6.0, 9.0)]),
+        ];
+        assert_eq!(quench_effect(&t, 3.0), (1, 1, 1));
+    }
 
     /// A request option as the router leaves it: desired 10 units and a grant of 20 at scale
     /// 4 (32 KB/s units), after NOP NOP and a timestamp.
