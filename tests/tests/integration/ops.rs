@@ -281,14 +281,15 @@ fn degraded_means_what_the_policy_asks_and_sock_ops_claims_are_true() {
     assert!(log.contains("sock_ops is not attached"), "{log}");
     assert!(!log.contains("sock_ops marks TCP sockets"), "{log}");
 
-    // A per-flow rate under auto: without sch_fq, UDP flows are not paced: degraded.
+    // A per-flow rate under auto for a class UDP reaches: without sch_fq, UDP flows are not
+    // paced: degraded. (A class no UDP can reach is not: policy/src/enforcement.rs tests it.)
     write(
         &p,
         &policy(
             &ib,
             "auto",
             "    - name: paced\n      level: low\n      flow_rate: 10Mbit\n",
-            "",
+            "    - class: paced\n      protocol: udp\n      dst_port: 7002\n",
         ),
     );
     let agent = Agent::start(&a, &p, &scratch.path("state"));
