@@ -493,7 +493,7 @@ fn a_metrics_port_already_taken_fails_the_start_with_a_clear_error() {
     );
 }
 
-/// Who may set deadlines (issue 8, item 5): the D3 application map's pin is root's alone unless
+/// Who may set deadlines: the D3 application map's pin is root's alone unless
 /// the agent names a group, which then may open it read-write. The other pins stay root's.
 #[test]
 fn the_d3_application_map_opens_to_root_and_the_named_group_only() {
