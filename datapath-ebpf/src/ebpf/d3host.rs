@@ -20,6 +20,7 @@ use aya_ebpf::{
     programs::SockOpsContext,
 };
 use paceline_common::{
+    abi::BPF_SK_STORAGE_GET_F_CREATE,
     d3::{self, D3Feedback, D3FlowState, FB_LEN, HostInput, REQ_LEN},
     edt::tcp_frame_overhead,
     maps::{
@@ -40,7 +41,6 @@ static PL_D3_APP: SkStorage<D3App> = SkStorage::new();
 #[map(name = "PL_D3_STATS")]
 static PL_D3_STATS: PerCpuArray<D3ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES as u32, 0);
 
-use paceline_common::abi::BPF_SK_STORAGE_GET_F_CREATE;
 const BPF_WRITE_HDR_TCP_CURRENT_MSS: u32 = 1;
 const CB_RTT: i32 = 1 << 3;
 const CB_STATE: i32 = 1 << 2;

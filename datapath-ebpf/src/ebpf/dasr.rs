@@ -30,6 +30,7 @@ use aya_ebpf::{
     programs::{SockOpsContext, TcContext},
 };
 use paceline_common::{
+    abi::BPF_SK_STORAGE_GET_F_CREATE,
     classify::PacketInfo,
     d3::{TCP_OPTS_MAX, TCP_OPTS_OFFSET},
     dasr::{
@@ -75,7 +76,6 @@ pub struct Scratch {
 #[map(name = "PL_DASR_SCRATCH")]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
-use paceline_common::abi::BPF_SK_STORAGE_GET_F_CREATE;
 const BPF_WRITE_HDR_TCP_CURRENT_MSS: u32 = 1;
 /// `bpf_sk_lookup_tcp`'s "the netns of the packet's device".
 const BPF_F_CURRENT_NETNS: u64 = u32::MAX as u64;

@@ -10,6 +10,7 @@ use aya_ebpf::{
     macros::btf_map,
     programs::TcContext,
 };
+use paceline_common::abi::BPF_SK_STORAGE_GET_F_CREATE;
 use paceline_common::maps::SockState;
 
 #[btf_map]
@@ -21,7 +22,6 @@ static PL_SOCK: SkStorage<SockState> = SkStorage::new();
 static PL_ANY_SOCK: u32 = 0;
 
 const IPPROTO_TCP: u32 = 6;
-use paceline_common::abi::BPF_SK_STORAGE_GET_F_CREATE;
 
 /// The packet's full TCP socket, if it has one (locally sent TCP; not forwarded traffic, not a
 /// request socket).
