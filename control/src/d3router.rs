@@ -14,9 +14,9 @@ use paceline_common::{
     },
     maps::{D3_SEEN_ENTRIES, D3LinkCounters, D3LinkCtl},
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::{datapath::Datapath, qstats::QdiscStats};
+use crate::{kernel::datapath::Datapath, kernel::qstats::QdiscStats};
 use paceline_policy::validate::D3Link;
 
 /// One router link as the agent tracks it.
@@ -37,8 +37,9 @@ pub struct Link {
     queue: StandingQueue,
 }
 
-/// A link's figures for metrics and status.
-#[derive(Clone, Debug, Serialize)]
+/// A link's figures, for metrics and for status (`/status` carries them as they are, and
+/// `paceline status` reads them back).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkReport {
     pub interface: String,
     pub capacity_bytes_per_second: u64,

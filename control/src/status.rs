@@ -11,7 +11,9 @@ use std::path::Path;
 use paceline_common::maps::{self, CLASS_D3, D3ClassStats, TABLE_SOCK_TOS};
 use serde::{Deserialize, Serialize};
 
-use crate::{attach::AttachMode, d3router::LinkReport, datapath::Snapshot, features::Features};
+use crate::{
+    d3router::LinkReport, kernel::attach::AttachMode, kernel::datapath::Snapshot, kernel::features::Features,
+};
 use paceline_policy::{Compiled, EnforcementMode};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -39,10 +41,10 @@ pub struct Status {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub api_addr: String,
     /// The filesystems the agent mounted itself because this mount namespace had none
-    /// (`ip netns exec`, a container; see [`crate::mounts`]): unmounted at a clean stop. Absent
+    /// (`ip netns exec`, a container; see [`crate::kernel::mounts`]): unmounted at a clean stop. Absent
     /// when it mounted nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub mounted: Vec<crate::mounts::MountedFs>,
+    pub mounted: Vec<crate::kernel::mounts::MountedFs>,
 }
 
 /// How rates are enforced, by kind of traffic.
@@ -397,7 +399,7 @@ impl LiveStatus {
                         .collect()
                 })
                 .unwrap_or_default(),
-            d3_router_links: links.iter().map(D3LinkStatus::from).collect(),
+            d3_router_links: links.to_vec(),
             dasr: None,
         };
         LiveStatus { status, counters }
@@ -419,7 +421,7 @@ pub struct LiveCounters {
     /// D3 counters of the classes that speak D3.
     pub d3_classes: Vec<NamedD3Counters>,
     /// C, N, D, A and counters of the D3 router links.
-    pub d3_router_links: Vec<D3LinkStatus>,
+    pub d3_router_links: Vec<LinkReport>,
     /// The flow table's fill and churn (absent from older agents' status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow_table: Option<FlowTableCounters>,
@@ -593,80 +595,6 @@ pub struct Unparsed {
     /// Absent from the status of agents older than this counter.
     #[serde(default)]
     pub malformed: u64,
-}
-
-/// A D3 router link's figures, as [`LinkReport`] has them (the controller's report, which the
-/// metrics read too).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct D3LinkStatus {
-    pub interface: String,
-    pub capacity_bytes_per_second: u64,
-    pub line_rate_bytes_per_second: u64,
-    pub flows: u64,
-    pub demand_bytes_per_second: u64,
-    pub allocated_bytes_per_second: u64,
-    pub requests: u64,
-    pub fins: u64,
-    pub new_flows: u64,
-    pub clamped: u64,
-    pub unprocessed: u64,
-    pub base_floor: u64,
-    pub short_grants: u64,
-    pub duplicates: u64,
-    pub sent_bytes: u64,
-    pub idle_resets: u64,
-    pub lease_renewals: u64,
-    pub queue_bytes: u64,
-    pub standing_queue_bytes: u64,
-}
-
-impl From<&LinkReport> for D3LinkStatus {
-    fn from(r: &LinkReport) -> Self {
-        // Destructured without `..`: a field added to the report fails here until the status
-        // carries it too.
-        let LinkReport {
-            interface,
-            capacity_bytes_per_second,
-            line_rate_bytes_per_second,
-            flows,
-            demand_bytes_per_second,
-            allocated_bytes_per_second,
-            requests,
-            fins,
-            new_flows,
-            clamped,
-            unprocessed,
-            base_floor,
-            short_grants,
-            duplicates,
-            sent_bytes,
-            idle_resets,
-            lease_renewals,
-            queue_bytes,
-            standing_queue_bytes,
-        } = r.clone();
-        D3LinkStatus {
-            interface,
-            capacity_bytes_per_second,
-            line_rate_bytes_per_second,
-            flows,
-            demand_bytes_per_second,
-            allocated_bytes_per_second,
-            requests,
-            fins,
-            new_flows,
-            clamped,
-            unprocessed,
-            base_floor,
-            short_grants,
-            duplicates,
-            sent_bytes,
-            idle_resets,
-            lease_renewals,
-            queue_bytes,
-            standing_queue_bytes,
-        }
-    }
 }
 
 /// Unix seconds now.

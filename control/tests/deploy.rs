@@ -4,7 +4,7 @@
 //! - every metric and label the Prometheus rules and the Grafana dashboard use is one the agent
 //!   exports: the names come from `paceline::metrics::render` on a status that turns every
 //!   optional family on (D3 classes, router links, rate-limited levels), cross-checked with the
-//!   `paceline_*` literals of control/src/metrics.rs;
+//!   `paceline_*` literals of control/src/metrics/mod.rs;
 //! - every alert has `for`, a severity, a summary, a description and a runbook section in
 //!   docs/operations.md;
 //! - the DaemonSet, the systemd unit and the Dockerfile run the agent with flags its command
@@ -24,7 +24,7 @@ use serde_yaml::Value as Yaml;
 use paceline::{
     cli::{Cli, Command as Sub},
     d3router::LinkReport,
-    datapath::Snapshot,
+    kernel::datapath::Snapshot,
     status::Status,
 };
 use paceline_common::maps::{Counters, D3_HIST_BUCKETS, D3ClassStats, GlobalCounters};
@@ -214,7 +214,7 @@ fn rendered_metrics() -> String {
     let ops = paceline::metrics::OpsMetrics {
         qdiscs: vec![(
             "eth0".into(),
-            paceline::qstats::RootStats {
+            paceline::kernel::qstats::RootStats {
                 kind: "mq".into(),
                 backlog_bytes: 3000,
                 qlen: 2,
@@ -259,7 +259,7 @@ fn exported() -> BTreeMap<String, BTreeSet<String>> {
 
 /// The `paceline_*` string literals of metrics.rs: what `render` can ever emit.
 fn names_in_metrics_rs() -> BTreeSet<String> {
-    let text = read("control/src/metrics.rs");
+    let text = read("control/src/metrics/mod.rs");
     let mut out = BTreeSet::new();
     for (i, _) in text.match_indices("\"paceline_") {
         let rest = &text[i + 1..];
@@ -488,7 +488,7 @@ fn check_expr(
             l.iter().map(|s| s.to_string()).collect()
         } else if sel.name.starts_with("paceline_") {
             panic!(
-                "{where_}: {} is not a metric the agent exports (control/src/metrics.rs)",
+                "{where_}: {} is not a metric the agent exports (control/src/metrics/mod.rs)",
                 sel.name
             )
         } else if sel.name.contains(':') {

@@ -10,12 +10,12 @@
 //!   and `/healthz`, `/readyz` again.
 //!
 //! When both addresses are the same, one listener serves everything.
-//! Unhealthy or not ready: HTTP 503 with the JSON reasons ([`crate::health`]).
+//! Unhealthy or not ready: HTTP 503 with the JSON reasons ([`crate::runtime::health`]).
 
 use std::{collections::HashMap, net::SocketAddr, sync::Arc};
 
 use crate::host::SystemHost;
-use crate::{classify, shared::Shared};
+use crate::{classify, runtime::shared::Shared};
 use anyhow::{Context as _, Result};
 use axum::{
     Router,
@@ -153,10 +153,10 @@ async fn events(State(shared): State<Arc<Shared>>, Query(q): Params) -> Response
         Err(e) => return bad_request(e),
     };
     let limit = match num::<usize>(&q, "limit") {
-        Ok(v) => v.unwrap_or(crate::events::MEMORY),
+        Ok(v) => v.unwrap_or(crate::runtime::events::MEMORY),
         Err(e) => return bad_request(e),
     };
-    let body = crate::events::to_json_lines(&shared.events.since(since, limit));
+    let body = crate::runtime::events::to_json_lines(&shared.events.since(since, limit));
     ([(header::CONTENT_TYPE, "application/jsonl")], body).into_response()
 }
 

@@ -1,8 +1,8 @@
 //! The agent's changes to the host and their undo: each interface's classifier and root qdisc,
 //! sock_ops, DASR's ingress program, the D3 application map's pin and the D3 router's links.
 //!
-//! Every change is recorded in the state directory before it is made ([`crate::state`]). The
-//! programs' links and the maps are pinned ([`crate::persist`]): after `kill -9` or a crash the
+//! Every change is recorded in the state directory before it is made ([`crate::runtime::state`]). The
+//! programs' links and the maps are pinned ([`crate::kernel::persist`]): after `kill -9` or a crash the
 //! datapath goes on with the last policy, and the next start adopts it (the same links get the
 //! new programs, the maps with an unchanged layout are kept) rather than undoing it. A failed
 //! install undoes what it did; [`uninstall`] (a clean stop) and `paceline cleanup` remove
@@ -11,14 +11,14 @@
 use anyhow::{Result, anyhow};
 
 use crate::{
-    attach,
     d3router::Router,
-    datapath::Datapath,
-    features::Features,
-    persist::Pins,
-    qdisc,
-    shared::Shared,
-    state::{self, IfaceState, State, StateDir},
+    kernel::attach,
+    kernel::datapath::Datapath,
+    kernel::features::Features,
+    kernel::persist::Pins,
+    kernel::qdisc,
+    runtime::shared::Shared,
+    runtime::state::{self, IfaceState, State, StateDir},
     status::IfaceStatus,
 };
 use paceline_policy::{Compiled, EnforcementMode};

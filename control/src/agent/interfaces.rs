@@ -12,7 +12,7 @@ use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use serde_json::json;
 
 use super::install;
-use crate::shared::{Inner, Shared};
+use crate::runtime::shared::{Inner, Shared};
 use paceline_policy::Compiled;
 
 const RTNLGRP_LINK: u32 = 1;
@@ -57,7 +57,7 @@ pub fn sync(g: &mut Inner, shared: &Shared, compiled: &Compiled, why: &str) -> R
         let Some(dp) = dp.as_mut() else {
             return Err(vec!["the agent is shutting down".into()]);
         };
-        let before = crate::state::IfaceState::default();
+        let before = crate::runtime::state::IfaceState::default();
         match install::install_iface(
             dp,
             iface,

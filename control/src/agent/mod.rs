@@ -1,9 +1,9 @@
 //! The agent: start-up, reloads, shutdown, in stages.
 //!
 //! Start ([`run`]): take the state-directory lock; mount a BPF filesystem and a cgroup2
-//! hierarchy where this mount namespace has none ([`crate::mounts`]); find what a previous
+//! hierarchy where this mount namespace has none ([`crate::kernel::mounts`]); find what a previous
 //! agent left (after `kill -9` or a crash its pinned datapath is still running: it is adopted,
-//! see [`crate::persist`]); probe the kernel, load and compile the policy (a bad policy stops the
+//! see [`crate::kernel::persist`]); probe the kernel, load and compile the policy (a bad policy stops the
 //! start with every error listed, and a running datapath stays as it is), load the datapath
 //! (reusing the pinned maps whose layout is unchanged), write the policy, then [`install`]: per
 //! interface attach the classifier (or give a pinned link the new program) and install the
@@ -39,12 +39,12 @@ use serde_json::json;
 
 use crate::host::SystemHost;
 use crate::{
-    datapath::{Datapath, EBPF_OBJECT, LoadOptions},
-    events::Events,
-    features::Features,
-    persist::{self, Pins},
-    shared::{Ctl, Inner, Shared},
-    state::StateDir,
+    kernel::datapath::{Datapath, EBPF_OBJECT, LoadOptions},
+    kernel::features::Features,
+    kernel::persist::{self, Pins},
+    runtime::events::Events,
+    runtime::shared::{Ctl, Inner, Shared},
+    runtime::state::StateDir,
     status::{self, Enforcement, PolicyStatus, Status},
 };
 use paceline_policy::{self as policy, CompileContext, Compiled, Slots, Validated, decide_mode};
@@ -63,7 +63,7 @@ pub struct Options {
     /// rollback requests (and `/healthz`, `/readyz`). May equal `metrics_addr`.
     pub api_addr: SocketAddr,
     pub state_dir: PathBuf,
-    /// Where the maps and links are pinned (see [`crate::persist`]; the D3 application map is
+    /// Where the maps and links are pinned (see [`crate::kernel::persist`]; the D3 application map is
     /// `<dir>/d3_app`).
     pub bpffs_dir: PathBuf,
     /// The group that may open the D3 application map (`None`: root alone).
@@ -79,7 +79,7 @@ pub async fn run(opts: Options) -> Result<()> {
     // A BPF filesystem for the pins and a cgroup2 hierarchy for sock_ops, mounted here where
     // this mount namespace has none (`ip netns exec`, a container); unmounted when `mounts` is
     // released at the end, or dropped on a failed start.
-    let mounts = crate::mounts::Mounts::ensure(&opts.bpffs_dir, dir.path())?;
+    let mounts = crate::kernel::mounts::Mounts::ensure(&opts.bpffs_dir, dir.path())?;
     let events = Events::open(dir.path());
     let pins = Pins::new(&opts.bpffs_dir).with_app_group(opts.d3_app_group);
     let recovered = install::recover(&dir, &pins)?;
@@ -166,7 +166,7 @@ pub async fn run(opts: Options) -> Result<()> {
             attachments: installed.attachments,
             sock_ops: installed.sock_ops,
             state: installed.state,
-            netlink: crate::qstats::QdiscStats::new()
+            netlink: crate::kernel::qstats::QdiscStats::new()
                 .map_err(|e| log::warn!("no netlink socket for qdisc statistics: {e:#}"))
                 .ok(),
             iface_changes: Default::default(),

@@ -17,8 +17,8 @@ use serde_json::json;
 
 use crate::host::SystemHost;
 use crate::{
-    qdisc,
-    shared::{Inner, Shared},
+    kernel::qdisc,
+    runtime::shared::{Inner, Shared},
     status::{self, PolicyStatus, ReloadEvent, Reloads},
 };
 use paceline_policy::{self as policy, CompileContext, EnforcementMode, decide_mode, diff};
@@ -143,7 +143,7 @@ pub fn reload(shared: &Shared, host: &SystemHost, why: &str, force: bool, text: 
                 }
                 shared.events.emit(
                     "reload_rejected",
-                    crate::events::Severity::Error,
+                    crate::runtime::events::Severity::Error,
                     format!(
                         "{why}: policy rejected, the running policy stays in force: {}",
                         errors.first().cloned().unwrap_or_default()
@@ -352,7 +352,7 @@ pub fn write_status(shared: &Shared) {
 }
 
 /// Applies history generation `generation` (default: the newest entry that differs from the
-/// policy in force) instead of the file; see [`crate::history`] for how it and the file on disk
+/// policy in force) instead of the file; see [`crate::runtime::history`] for how it and the file on disk
 /// interact.
 pub fn rollback(shared: &Shared, host: &SystemHost, generation: Option<u64>) -> Outcome {
     let current = shared.lock().compiled.hash.clone();

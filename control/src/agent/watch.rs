@@ -10,7 +10,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::reload::{digest, reload};
 use crate::host::SystemHost;
-use crate::shared::Shared;
+use crate::runtime::shared::Shared;
 use paceline_policy::HostFacts as _;
 
 /// The signals the agent handles, queued from [`Signals::new`] on (taken first thing at start,
@@ -245,7 +245,7 @@ impl Watchers {
             } else {
                 shared.events.emit(
                     "health",
-                    crate::events::Severity::Error,
+                    crate::runtime::events::Severity::Error,
                     format!("unhealthy: {}", h.reasons.join("; ")),
                     json!({"reasons": h.reasons}),
                 );

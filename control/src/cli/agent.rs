@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::PathBuf};
 
 use anyhow::Result;
 
-use crate::{agent, state};
+use crate::{agent, runtime::state};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -29,7 +29,7 @@ pub struct Args {
     /// outlives the agent; the D3 application map is `<dir>/d3_app`). When it is in none (e.g.
     /// under `ip netns exec`, which mounts its own /sys), the agent mounts a BPF filesystem at
     /// it, or at /sys/fs/bpf for a directory below that, and unmounts it at a clean stop.
-    #[arg(long, default_value = crate::persist::DEFAULT_BPFFS_DIR)]
+    #[arg(long, default_value = crate::kernel::persist::DEFAULT_BPFFS_DIR)]
     pub bpffs_dir: PathBuf,
     /// A group (name or number) whose members may open the D3 application map
     /// (`<bpffs-dir>/d3_app`, mode 0660) and so set deadlines for their sockets. Without it the

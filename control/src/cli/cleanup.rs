@@ -8,8 +8,8 @@ use anyhow::Result;
 use aya::programs::tc::TcAttachType;
 
 use crate::{
-    attach::TcProgram,
-    state::{self, StateDir},
+    kernel::attach::TcProgram,
+    runtime::state::{self, StateDir},
 };
 
 #[derive(clap::Args, Debug)]
@@ -25,7 +25,7 @@ pub struct Args {
     #[arg(long)]
     pub check: bool,
     /// Where that agent pinned its maps and links.
-    #[arg(long, default_value = crate::persist::DEFAULT_BPFFS_DIR)]
+    #[arg(long, default_value = crate::kernel::persist::DEFAULT_BPFFS_DIR)]
     pub bpffs_dir: PathBuf,
 }
 
@@ -45,7 +45,7 @@ pub fn run(a: Args) -> Result<i32> {
     }
     let dir = StateDir::lock(&a.state_dir)?;
     // The pins first: removing the links detaches the programs.
-    for line in crate::persist::Pins::new(&a.bpffs_dir).remove_all() {
+    for line in crate::kernel::persist::Pins::new(&a.bpffs_dir).remove_all() {
         println!("{line}");
     }
     match dir.leftover()? {
@@ -99,7 +99,7 @@ fn check(a: &Args) -> (Vec<String>, Vec<String>) {
         .collect();
     let name_of = |id: u32| ours.iter().find(|(i, _)| *i == id).map(|(_, n)| n.clone());
     // Interfaces of this network namespace: tcx egress and clsact filters.
-    let mut nl = crate::qstats::QdiscStats::new().ok();
+    let mut nl = crate::kernel::qstats::QdiscStats::new().ok();
     for (idx, name) in nix::net::if_::if_nameindex()
         .map(|l| {
             l.iter()

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::events::{self, Event};
+use crate::runtime::events::{self, Event};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

@@ -128,10 +128,10 @@ fn history(a: HistoryArgs) -> Result<i32> {
         return Ok(0);
     }
     let v: serde_json::Value = serde_json::from_str(&body)?;
-    let entries: Vec<crate::history::Entry> = serde_json::from_value(v["entries"].clone())?;
+    let entries: Vec<crate::runtime::history::Entry> = serde_json::from_value(v["entries"].clone())?;
     print!(
         "{}",
-        crate::history::render(&entries, v["current_hash"].as_str().unwrap_or(""))
+        crate::runtime::history::render(&entries, v["current_hash"].as_str().unwrap_or(""))
     );
     Ok(0)
 }

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use crate::{health::Health, status::LiveStatus};
+use crate::{runtime::health::Health, status::LiveStatus};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -415,12 +415,12 @@ mod tests {
         let mut s: LiveStatus = serde_json::from_str(crate::status::tests::LIVE).expect("status");
         assert!(!render(&s, s.status.started_at).contains("mounted by the agent"));
         s.status.mounted = vec![
-            crate::mounts::MountedFs {
+            crate::kernel::mounts::MountedFs {
                 fstype: "bpf".into(),
                 path: "/sys/fs/bpf".into(),
                 adopted: false,
             },
-            crate::mounts::MountedFs {
+            crate::kernel::mounts::MountedFs {
                 fstype: "cgroup2".into(),
                 path: "/run/paceline/cgroup2".into(),
                 adopted: true,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result};
 use aya::{TestRun, TestRunOptions};
 use clap::Parser;
-use paceline::datapath::{Datapath, LoadOptions};
+use paceline::kernel::datapath::{Datapath, LoadOptions};
 use paceline_common::{
     classify::Rule,
     maps::{BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, PolicyTable},
@@ -390,9 +390,9 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
         ..LoadOptions::default()
     })?;
     for name in [
-        paceline::datapath::TC_FLOOR,
-        paceline::datapath::TC_CLOCK,
-        paceline::datapath::TC_REF_EDT,
+        paceline::kernel::datapath::TC_FLOOR,
+        paceline::kernel::datapath::TC_CLOCK,
+        paceline::kernel::datapath::TC_REF_EDT,
     ] {
         dp.bench_program(name)?;
     }
@@ -414,9 +414,9 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
             count_only.write_policy(&p.table, &p.image)?;
             for (i, c) in cases.iter().enumerate().filter(|(_, c)| c.policy == pi) {
                 let (d, name) = match c.prog {
-                    Prog::Floor => (&mut dp, Some(paceline::datapath::TC_FLOOR)),
-                    Prog::Clock => (&mut dp, Some(paceline::datapath::TC_CLOCK)),
-                    Prog::Reference => (&mut dp, Some(paceline::datapath::TC_REF_EDT)),
+                    Prog::Floor => (&mut dp, Some(paceline::kernel::datapath::TC_FLOOR)),
+                    Prog::Clock => (&mut dp, Some(paceline::kernel::datapath::TC_CLOCK)),
+                    Prog::Reference => (&mut dp, Some(paceline::kernel::datapath::TC_REF_EDT)),
                     Prog::Full => (&mut dp, None),
                     Prog::Cached => (&mut cached, None),
                     Prog::CountOnly => (&mut count_only, None),

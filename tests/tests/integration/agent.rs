@@ -28,7 +28,7 @@ fn tc_snapshot(host: &Host, ifname: &str) -> String {
 }
 
 fn sch_fq_available() -> bool {
-    paceline::features::Features::probe().sch_fq
+    paceline::kernel::features::Features::probe().sch_fq
 }
 
 fn two_hosts(name: &str) -> (Testbed, Host, Host, String) {
@@ -104,7 +104,7 @@ fn agent_counts_tags_real_traffic_and_leaves_nothing_behind() {
     let status = agent.status().expect("status");
     let iface = &status["interfaces"][0];
     assert_eq!(iface["name"], ifname.as_str());
-    let expected_attach = if paceline::features::Features::probe().tcx {
+    let expected_attach = if paceline::kernel::features::Features::probe().tcx {
         "tcx"
     } else {
         "clsact"

@@ -8,7 +8,7 @@
 //! apart on the departure clock, marks on ECN-capable packets and drops of the others, and the
 //! episode's end once the queue is gone.
 
-use paceline::datapath::Datapath;
+use paceline::kernel::datapath::Datapath;
 use paceline_common::{
     codel::CodelParams,
     edt::{DELAY_BUCKETS, delay_bucket},

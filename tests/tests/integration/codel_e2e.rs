@@ -95,7 +95,7 @@ fn codel_with_ecn_keeps_a_paced_class_queue_short_without_losses() {
     if !privileged("codel_with_ecn_keeps_a_paced_class_queue_short_without_losses") {
         return;
     }
-    if !paceline::features::Features::probe().sch_fq {
+    if !paceline::kernel::features::Features::probe().sch_fq {
         eprintln!(
             "SKIPPED: codel_with_ecn_keeps_a_paced_class_queue_short_without_losses: no sch_fq \
              on this kernel (CoDel acts on EDT departures that fq holds; the VM kernels run this, \

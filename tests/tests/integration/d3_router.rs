@@ -3,7 +3,7 @@
 //! and everything that is not a request passes untouched.
 
 use aya::{TestRun, TestRunOptions};
-use paceline::datapath::{Datapath, LoadOptions};
+use paceline::kernel::datapath::{Datapath, LoadOptions};
 use paceline_common::{
     d3::{self, D3LinkConfig, D3LinkState, D3Request, FLAG_FIN, FLAG_NEW, REQ_LEN},
     maps::{D3LinkCounters, D3LinkCtl},

@@ -6,7 +6,7 @@
 use std::net::{TcpListener, TcpStream};
 
 use aya::{TestRun, TestRunOptions};
-use paceline::datapath::{Datapath, LoadOptions};
+use paceline::kernel::datapath::{Datapath, LoadOptions};
 use paceline_common::dasr::{
     self, Advert, DasrIface, IFACE_RECEIVE, IFACE_SEND, encode, encode_rate, per_sender_ns,
 };

@@ -46,7 +46,7 @@ struct Sample {
 type Received = (u64, [u64; 2]);
 
 fn sch_fq_available() -> bool {
-    paceline::features::Features::probe().sch_fq
+    paceline::kernel::features::Features::probe().sch_fq
 }
 
 fn receiver_policy(ifname: &str, rate_mbit: u64, rtt_us: u64) -> String {
@@ -234,7 +234,7 @@ fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_othe
     if !privileged(test) {
         return;
     }
-    if let Some(why) = paceline::datapath::Datapath::load(&Default::default())
+    if let Some(why) = paceline::kernel::datapath::Datapath::load(&Default::default())
         .expect("load the datapath")
         .dasr_unavailable()
         .as_deref()

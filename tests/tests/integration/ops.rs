@@ -95,7 +95,7 @@ fn events_of(agent: &Agent, kind: &str) -> Vec<Value> {
 }
 
 fn sch_fq() -> bool {
-    paceline::features::Features::probe().sch_fq
+    paceline::kernel::features::Features::probe().sch_fq
 }
 
 /// A host `a` linked to `b` only (every route of `a` leaves through the managed interface).
@@ -695,7 +695,7 @@ fn sock_diag_works(host: &Host) -> bool {
         let l = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
         let c = std::net::TcpStream::connect(l.local_addr().ok()?).ok()?;
         let _s = l.accept().ok()?;
-        let t = paceline::sockdiag::tcp_sockets().ok()?;
+        let t = paceline::kernel::sockdiag::tcp_sockets().ok()?;
         let key = (
             c.local_addr().ok()?.ip(),
             c.local_addr().ok()?.port(),

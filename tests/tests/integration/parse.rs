@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use aya::{TestRun, TestRunOptions};
-use paceline::datapath::{Datapath, Snapshot};
+use paceline::kernel::datapath::{Datapath, Snapshot};
 use paceline_common::{
     classify::Rule,
     maps::{ClassConfig, GlobalCounters, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable},

@@ -271,7 +271,7 @@ scrape_configs:
                 .replace("$interface", ".*")
                 .replace("$group", ".*");
             n_queries += 1;
-            if fq_only(&expr) && !paceline::features::Features::probe().sch_fq {
+            if fq_only(&expr) && !paceline::kernel::features::Features::probe().sch_fq {
                 continue;
             }
             if p.query(&expr).is_empty() {

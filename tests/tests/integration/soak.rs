@@ -118,7 +118,7 @@ fn u64_at(v: &serde_json::Value, path: &[&str]) -> u64 {
 /// than its size; inserts minus entries are the evictions.
 #[test]
 fn a_million_flows_through_the_datapath_evict_and_count() {
-    use paceline::datapath::{Datapath, LoadOptions};
+    use paceline::kernel::datapath::{Datapath, LoadOptions};
     use paceline_common::maps::ClassConfig;
     use paceline_tests::{packet, skb::SkBuff};
     if !privileged("a_million_flows_through_the_datapath_evict_and_count") {
@@ -184,7 +184,7 @@ fn a_million_new_flows_stay_within_the_flow_table_and_its_evictions_are_counted(
     if !privileged("a_million_new_flows_stay_within_the_flow_table_and_its_evictions_are_counted") {
         return;
     }
-    if !paceline::features::Features::probe().sch_fq {
+    if !paceline::kernel::features::Features::probe().sch_fq {
         eprintln!(
             "SKIPPED: a_million_new_flows_stay_within_the_flow_table_and_its_evictions_are_counted: \
              no sch_fq on this kernel, so the agent keeps no flow clocks (the datapath test above \

@@ -3,7 +3,7 @@
 //! (rewrites with valid checksums) and the counters.
 
 use aya::{TestRun, TestRunOptions};
-use paceline::datapath::{Datapath, LoadOptions};
+use paceline::kernel::datapath::{Datapath, LoadOptions};
 use paceline_common::{
     classify::Rule,
     edt::tx_time_ns,

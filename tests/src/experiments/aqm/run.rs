@@ -23,7 +23,7 @@ pub(crate) fn class_counters(agent: &Agent) -> Result<Value> {
 /// Runs the benchmark.
 pub fn run(c: &Common) -> Result<()> {
     let cfg = Config::new(c.quick);
-    if !paceline::features::Features::probe().sch_fq {
+    if !paceline::kernel::features::Features::probe().sch_fq {
         bail!(
             "{NAME}: this kernel has no sch_fq; the horizon and CoDel act on the departures fq holds. Run it in the VM: cargo xtask bench aqm"
         );

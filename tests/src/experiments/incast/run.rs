@@ -39,7 +39,7 @@ pub fn run(c: &Common) -> Result<()> {
         .bottleneck_a_to_b(&BottleneckSpec::htb(cfg.rate_bps, cfg.buffer_bytes))?;
     let rx_ip = IpAddr::V4(star.receiver.ipv4());
     let rtts = crate::experiments::harness::ping_rtts_ms(&star.senders[0], rx_ip, 9, "client")?;
-    let fq = paceline::features::Features::probe().sch_fq;
+    let fq = paceline::kernel::features::Features::probe().sch_fq;
     let kernel = crate::experiments::harness::kernel_release();
     let mut env = json!({
         "kernel": kernel,

@@ -1,5 +1,5 @@
 //! The filesystems the agent needs, mounted by the agent itself where they are missing: a BPF
-//! filesystem for its pins ([`crate::persist`]) and a cgroup2 hierarchy for sock_ops.
+//! filesystem for its pins ([`crate::kernel::persist`]) and a cgroup2 hierarchy for sock_ops.
 //!
 //! `ip netns exec NS paceline agent` runs the agent in a new mount namespace whose `/sys` is a
 //! fresh sysfs: no BPF filesystem at `/sys/fs/bpf` and no cgroup2 at `/sys/fs/cgroup` there.

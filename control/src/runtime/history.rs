@@ -89,7 +89,7 @@ impl History {
             return Ok(top.generation);
         }
         let generation = idx.next.max(1);
-        crate::state::write_atomic(&self.text_path(generation), text.as_bytes())?;
+        crate::runtime::state::write_atomic(&self.text_path(generation), text.as_bytes())?;
         idx.next = generation + 1;
         idx.entries.push(Entry {
             generation,
@@ -103,7 +103,7 @@ impl History {
             let old = idx.entries.remove(0);
             let _ = std::fs::remove_file(self.text_path(old.generation));
         }
-        crate::state::write_atomic(&self.dir.join(INDEX), &serde_json::to_vec_pretty(&idx)?)?;
+        crate::runtime::state::write_atomic(&self.dir.join(INDEX), &serde_json::to_vec_pretty(&idx)?)?;
         Ok(generation)
     }
 
@@ -155,7 +155,7 @@ pub fn render(entries: &[Entry], current: &str) -> String {
         "GEN", "APPLIED (UTC)", "HASH", "NAME", "SOURCE"
     );
     for e in entries.iter().rev() {
-        let (d, t) = crate::events::utc(e.applied_at as i64);
+        let (d, t) = crate::runtime::events::utc(e.applied_at as i64);
         o.push_str(&format!(
             "{:>4}  {:<20}  {:<12}  {:<16}  {}{}\n",
             e.generation,

@@ -13,16 +13,16 @@ use anyhow::{Result, anyhow};
 use aya::programs::tc::TcAttachType;
 
 use crate::{
-    attach::{AttachMode, TcAttachment, TcProgram},
     d3router::Router,
-    datapath::{self, Datapath},
-    events::Events,
     flows::{self, Flows},
-    health::{Check, Health},
-    history::History,
+    kernel::attach::{AttachMode, TcAttachment, TcProgram},
+    kernel::datapath::{self, Datapath},
+    kernel::qstats::QdiscStats,
     metrics::{self, OpsMetrics},
-    qstats::QdiscStats,
-    state::{State, StateDir},
+    runtime::events::Events,
+    runtime::health::{Check, Health},
+    runtime::history::History,
+    runtime::state::{State, StateDir},
     status::{LiveStatus, Status},
 };
 use paceline_policy::Compiled;
@@ -40,7 +40,7 @@ pub struct Ctl {
     pub policy: PathBuf,
     pub dir: Arc<StateDir>,
     /// Where the maps and links are pinned (an interface `auto` leaves has its link unpinned).
-    pub pins: crate::persist::Pins,
+    pub pins: crate::kernel::persist::Pins,
 }
 
 /// Interfaces attached and detached since the start (`auto` following the routes).
@@ -105,7 +105,7 @@ impl Shared {
         let links = g.router.as_ref().map(|r| r.report(dp)).unwrap_or_default();
         let mut text = metrics::render_with(&dp.snapshot()?, d3.as_deref(), &links, &g.status, &ops)?;
         if g.status.dasr.is_some() {
-            text.push_str(&crate::dasr::metrics(&crate::dasr::report(dp)?)?);
+            text.push_str(&crate::metrics::dasr::render(&crate::dasr::report(dp)?)?);
         }
         Ok(text)
     }
@@ -161,7 +161,7 @@ impl Shared {
             .iter()
             .map(|(k, s)| flows::row(&g.compiled, k, s, now))
             .collect();
-        let sockets = crate::sockdiag::socket_rows(|t| {
+        let sockets = crate::kernel::sockdiag::socket_rows(|t| {
             flows::class_of(&g.compiled, &flows::tcp_key(t.0, t.1, t.2, t.3))
                 .map(|c| c.name.clone())
                 .unwrap_or_else(|| "?".into())
@@ -213,7 +213,7 @@ impl Inner {
         }
     }
 
-    /// The health checks (see [`crate::health`]).
+    /// The health checks (see [`crate::runtime::health`]).
     pub fn checks(&mut self) -> Vec<Check> {
         let mut out = Vec::new();
         let Some(dp) = self.dp.as_ref() else {

@@ -1,8 +1,13 @@
 //! Prometheus metrics, built at scrape time from the datapath's per-CPU counters (summed) and
 //! the agent's status. Names carry units (`_total`, `_bytes`, `_seconds`); every name starts
 //! with `paceline_`.
+//!
+//! One module per family: the core families (classes, levels, flows, drops, delays, qdiscs,
+//! the policy) here, D3's router links in [`d3`], DASR's in [`dasr`] (appended by the caller
+//! where DASR is on).
 
 mod d3;
+pub mod dasr;
 
 use anyhow::Result;
 use prometheus::{
@@ -14,7 +19,7 @@ use paceline_common::{
     maps::{Counters, D3ClassStats},
 };
 
-use crate::{d3router::LinkReport, datapath::Snapshot, qstats::RootStats, status::Status};
+use crate::{d3router::LinkReport, kernel::datapath::Snapshot, kernel::qstats::RootStats, status::Status};
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
     let c = IntCounterVec::new(Opts::new(name, help), labels)?;

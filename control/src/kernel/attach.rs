@@ -2,10 +2,10 @@
 //! clsact over netlink otherwise), DASR's program on their ingress, and sock_ops on the cgroup
 //! v2 root.
 //!
-//! tcx and cgroup links are pinned ([`crate::persist`]), so they outlive the agent's process
+//! tcx and cgroup links are pinned ([`crate::kernel::persist`]), so they outlive the agent's process
 //! (`kill -9`, a crash, an upgrade); a netlink (clsact) filter outlives it anyway. An agent that
 //! finds its predecessor's link or filter replaces the program in it atomically, so packets
-//! are never left unclassified. Both are recorded in the state file (see [`crate::state`]).
+//! are never left unclassified. Both are recorded in the state file (see [`crate::runtime::state`]).
 
 use std::os::fd::AsFd as _;
 use std::path::Path;
@@ -18,7 +18,10 @@ use aya::programs::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{bpfsys, datapath::Datapath, features::Features, persist::Pins, qdisc};
+use crate::{
+    kernel::bpfsys, kernel::datapath::Datapath, kernel::features::Features, kernel::persist::Pins,
+    kernel::qdisc,
+};
 
 /// The netlink filter priority paceline uses on clsact egress (so it can find its own filter).
 pub const NL_PRIORITY: u16 = 0xc0de;

@@ -140,7 +140,7 @@ impl Events {
                     .rev()
                     .map(|e| serde_json::to_string(e).unwrap_or_default() + "\n")
                     .collect();
-                match crate::state::write_atomic(&file, keep.concat().as_bytes()) {
+                match crate::runtime::state::write_atomic(&file, keep.concat().as_bytes()) {
                     Ok(()) => g.lines_on_disk = keep.len(),
                     Err(e) => log::warn!("rewriting {}: {e:#}", file.display()),
                 }

@@ -19,7 +19,7 @@ use paceline_common::{
     },
 };
 
-use crate::bpfsys;
+use crate::kernel::bpfsys;
 use paceline_policy::ctab::Image;
 
 /// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
@@ -50,8 +50,8 @@ pub struct LoadOptions {
     /// a placeholder that is not TCP), so the per-socket fast path can be measured.
     pub bench_any_socket: bool,
     /// Pin every map here (`<dir>/maps/<NAME>`), reusing the maps already pinned there (the
-    /// caller checks their layouts first: [`crate::persist::Pins::prepare`]).
-    pub pins: Option<crate::persist::Pins>,
+    /// caller checks their layouts first: [`crate::kernel::persist::Pins::prepare`]).
+    pub pins: Option<crate::kernel::persist::Pins>,
 }
 
 impl Default for LoadOptions {
@@ -133,7 +133,7 @@ impl Datapath {
             .override_global("PL_ANY_SOCK", &any_sock, true)
             .override_global("PL_NETNS_COOKIE", &netns, true);
         let pinned: Vec<(String, std::path::PathBuf)> = match &opts.pins {
-            Some(pins) => crate::persist::expected_layouts(EBPF_OBJECT, opts.flow_table_size)?
+            Some(pins) => crate::kernel::persist::expected_layouts(EBPF_OBJECT, opts.flow_table_size)?
                 .into_keys()
                 .map(|name| {
                     let path = pins.map(&name);

@@ -1,0 +1,22 @@
+//! The kernel side: everything the agent asks of the running kernel.
+//!
+//! - [`datapath`]: the loaded eBPF object, typed maps, policy writes and counter snapshots.
+//! - [`bpfsys`]: the bpf(2) calls aya does not offer (inner maps, batch writes, RCU waits).
+//! - [`attach`]: tc attachment (tcx or clsact) and sock_ops on the cgroup v2 root.
+//! - [`qdisc`]: fq / mq+fq / HTB root qdiscs through `tc`, and their removal; [`qstats`] reads
+//!   their queues and counters.
+//! - [`persist`]: the maps and links pinned so the datapath outlives the agent, and their
+//!   adoption by the next agent.
+//! - [`mounts`]: the BPF filesystem and the cgroup2 hierarchy the agent mounts itself where
+//!   they are missing (`ip netns exec`, containers), and their unmount at a clean stop.
+//! - [`features`]: what the running kernel offers, probed at start.
+//! - [`sockdiag`]: TCP sockets' byte counters (sock_diag netlink) for `paceline flows`.
+pub mod attach;
+pub mod bpfsys;
+pub mod datapath;
+pub mod features;
+pub mod mounts;
+pub mod persist;
+pub mod qdisc;
+pub mod qstats;
+pub mod sockdiag;

@@ -1,0 +1,12 @@
+//! The agent's runtime: the state a running agent keeps and what it serves from it.
+//!
+//! - [`shared`]: what the event loop, reloads and HTTP handlers share, behind one lock.
+//! - [`state`]: the lock and the record of host changes that a start after `kill -9` undoes.
+//! - [`health`]: `/healthz` and `/readyz` from the kernel's real state; the systemd watchdog.
+//! - [`events`]: the structured event log (`/events`, `paceline events`).
+//! - [`history`]: the policies applied, and rollback to one of them.
+pub mod events;
+pub mod health;
+pub mod history;
+pub mod shared;
+pub mod state;
