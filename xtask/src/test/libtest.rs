@@ -64,18 +64,32 @@ impl Counts {
 /// the `SKIPPED:` lines are kept. Partial lines go out as they come (the name of the running
 /// test), except inside that section. Each `test NAME ... ok` line gets the seconds since the
 /// previous one (the tests run one at a time), to show where the time goes.
+/// Each `(kernel, test, seconds)` the echoes timed, for the summary's slowest tests.
+static TIMED: std::sync::Mutex<Vec<(String, String, f64)>> = std::sync::Mutex::new(Vec::new());
+
+/// The `n` slowest tests timed so far, slowest first.
+pub(super) fn slowest(n: usize) -> Vec<(String, String, f64)> {
+    let mut t = TIMED.lock().map(|t| t.clone()).unwrap_or_default();
+    t.sort_by(|a, b| b.2.total_cmp(&a.2));
+    t.truncate(n);
+    t
+}
+
 pub(super) struct LibtestEcho {
     in_successes: bool,
     line: Vec<u8>,
     last: Instant,
+    /// The kernel the tests run on, for [`slowest`].
+    kernel: String,
 }
 
 impl LibtestEcho {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(kernel: &str) -> Self {
         LibtestEcho {
             in_successes: false,
             line: Vec::new(),
             last: Instant::now(),
+            kernel: kernel.to_string(),
         }
     }
 
@@ -96,8 +110,13 @@ impl LibtestEcho {
             let header = done && line == "successes:" && self.line.len() == seg.len();
             if !self.in_successes && !header {
                 if result {
+                    let secs = self.last.elapsed().as_secs_f64();
                     out(&seg[..seg.len() - 1]);
-                    out(format!(" ({:.1} s)\n", self.last.elapsed().as_secs_f64()).as_bytes());
+                    out(format!(" ({secs:.1} s)\n").as_bytes());
+                    let name = line["test ".len()..].split(" ... ").next().unwrap_or("");
+                    if let Ok(mut t) = TIMED.lock() {
+                        t.push((self.kernel.clone(), name.to_string(), secs));
+                    }
                 } else {
                     out(seg);
                 }
@@ -123,10 +142,10 @@ impl LibtestEcho {
 }
 
 /// Runs a cargo command, copying its stdout through while counting libtest results.
-pub(super) fn run_streaming(cmd: Command) -> Result<(bool, Counts)> {
+pub(super) fn run_streaming(cmd: Command, kernel: &str) -> Result<(bool, Counts)> {
     let mut counts = Counts::default();
     let out = std::io::stdout();
-    let mut echo = LibtestEcho::new();
+    let mut echo = LibtestEcho::new(kernel);
     let ok = run_group(cmd, |line| {
         counts.add_line(line);
         let mut o = out.lock();

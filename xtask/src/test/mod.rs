@@ -28,7 +28,7 @@
 //! Arguments after `--` go to every test binary (filters, `--nocapture`, ...); `--show-output`
 //! is added so that the `SKIPPED: <why>` lines of tests that skipped themselves can be counted
 //! (of the output of passing tests only those lines are echoed). Prints a summary per kernel
-//! (passed, skipped, failed, ignored, time) and ends with `total: N passed, M failed, K
+//! (passed, skipped, failed, ignored, time), the ten slowest tests, and ends with `total: N passed, M failed, K
 //! skipped`; exits non-zero if anything failed.
 
 mod libtest;
@@ -138,6 +138,9 @@ fn targets(a: &Args) -> Result<Vec<Target>> {
     Ok(t)
 }
 
+/// How many of the slowest tests the summary names (where CI's time goes).
+const SLOWEST_SHOWN: usize = 10;
+
 /// One line of the summary.
 struct Row {
     kernel: String,
@@ -198,7 +201,7 @@ fn run_inner(a: Args) -> Result<()> {
             cmd.args(["--exclude", p]);
         }
         cmd.arg("--").args(&test_args);
-        let (ok, counts) = run_streaming(cmd)?;
+        let (ok, counts) = run_streaming(cmd, "host")?;
         rows.push(Row {
             kernel: format!("host {host_kernel}"),
             what: "cargo test --workspace".into(),
@@ -296,6 +299,13 @@ fn run_inner(a: Args) -> Result<()> {
         k
     };
     println!("  kernels: {}", kernels.join(", "));
+    let slow = libtest::slowest(SLOWEST_SHOWN);
+    if !slow.is_empty() {
+        println!("  slowest tests:");
+        for (kernel, name, secs) in slow {
+            println!("    {secs:7.1} s  {kernel}  {name}");
+        }
+    }
     println!("  time: {}", fmt_secs(t_all.elapsed().as_secs_f64()));
     println!("total: {p} passed, {f} failed, {sk} skipped");
     let _ = std::io::stdout().flush();
@@ -449,7 +459,7 @@ fn vm_part(
         // and the summary says so. Any other failure, or a second fault, stands.
         let mut retried: Option<String> = None;
         let result = loop {
-            let mut echo = LibtestEcho::new();
+            let mut echo = LibtestEcho::new(&label);
             let sink: vm::StdoutSink = Box::new(move |data: &[u8]| {
                 let mut o = std::io::stdout().lock();
                 echo.feed(data, &mut |b| {
@@ -659,7 +669,7 @@ mod tests {
 
     #[test]
     fn echo_keeps_results_and_skips_and_drops_passing_tests_output() {
-        let mut e = LibtestEcho::new();
+        let mut e = LibtestEcho::new("host");
         let mut shown = Vec::new();
         // in pieces, as a pipe delivers them
         for piece in OUT.as_bytes().chunks(7) {
@@ -671,6 +681,9 @@ mod tests {
         assert!(!shown.contains("some output"), "{shown}");
         assert!(!shown.contains("    a\n"), "{shown}");
         assert!(shown.contains("\ntest result: ok. 2 passed"), "{shown}");
+        let timed = libtest::slowest(usize::MAX);
+        assert!(timed.iter().any(|(k, n, _)| k == "host" && n == "a"), "{timed:?}");
+        assert!(timed.iter().any(|(_, n, _)| n == "b"), "{timed:?}");
     }
 
     #[test]
