@@ -1,8 +1,8 @@
 //! DASR on the agent's side (docs/dasr.md): what each managed interface's ingress program is
 //! told (line rate, epochs, roles), and the report of what the datapath counted (senders per
 //! local address, options written and read, the shares set on senders), for `/status` and
-//! `/metrics` (its metric family is [`crate::metrics::dasr`]). The datapath's side is `datapath-ebpf/src/ebpf/dasr.rs`, the arithmetic
-//! `paceline_common::dasr`.
+//! `/metrics` (its metric family is [`crate::metrics::dasr`]). The datapath's side is
+//! `datapath-ebpf/src/ebpf/dasr.rs`, the arithmetic `paceline_common::dasr`.
 
 use std::{collections::HashSet, net::IpAddr};
 
