@@ -7,3 +7,5 @@ pub const BPF_SK_STORAGE_GET_F_CREATE: u64 = 1;
 pub const BPF_F_INNER_MAP: u32 = 1 << 12;
 /// Map flag: the array can be mmap()ed (the agent fills it with one copy).
 pub const BPF_F_MMAPABLE: u32 = 1 << 10;
+/// Map flag: programs may only read the map (a `.rodata` section's).
+pub const BPF_F_RDONLY_PROG: u32 = 1 << 7;

@@ -1,6 +1,6 @@
 //! The few bpf(2) and membarrier(2) calls aya 0.14 does not offer: creating a standalone map
 //! with exact flags (the classifier's inner maps), filling a hash map in batches, filling an
-//! mmap-able array with one copy, and waiting for every BPF program that may still read an old
+//! mmap-able array with one copy, emptying a map of any value type, and waiting for every BPF program that may still read an old
 //! policy to finish.
 
 use std::io;
@@ -8,10 +8,12 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
-pub use paceline_common::abi::{BPF_F_INNER_MAP, BPF_F_MMAPABLE};
+pub use paceline_common::abi::{BPF_F_INNER_MAP, BPF_F_MMAPABLE, BPF_F_RDONLY_PROG};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_LINK_UPDATE: libc::c_long = 29;
@@ -76,6 +78,70 @@ pub fn delete_u32(fd: BorrowedFd<'_>, key: u32) -> io::Result<()> {
     let mut a = Attr::new();
     a.u32(0, fd.as_raw_fd() as u32).u64(8, &key as *const u32 as u64);
     bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
+}
+
+/// The shape of a map, as [`clear`] needs it (from `bpf_map_info`).
+pub struct MapShape {
+    pub map_type: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+}
+
+/// Empties a map as a fresh one is: every key of a hash map (plain, per-CPU or LRU) deleted,
+/// every entry of an array (plain or per-CPU) zeroed. Other types are left as they are;
+/// returns whether this one was cleared.
+pub fn clear(fd: BorrowedFd<'_>, m: &MapShape) -> io::Result<bool> {
+    const HASH: u32 = 1;
+    const ARRAY: u32 = 2;
+    const PERCPU_HASH: u32 = 5;
+    const PERCPU_ARRAY: u32 = 6;
+    const LRU_HASH: u32 = 9;
+    const LRU_PERCPU_HASH: u32 = 10;
+    let raw = fd.as_raw_fd() as u32;
+    match m.map_type {
+        HASH | PERCPU_HASH | LRU_HASH | LRU_PERCPU_HASH => {
+            // Deleting the first key until there is none: no iteration over a changing map.
+            let mut key = vec![0u8; m.key_size as usize];
+            loop {
+                let mut a = Attr::new();
+                a.u32(0, raw).u64(8, 0).u64(16, key.as_mut_ptr() as u64);
+                match bpf(BPF_MAP_GET_NEXT_KEY, &mut a) {
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(true),
+                    Err(e) => return Err(e),
+                }
+                let mut a = Attr::new();
+                a.u32(0, raw).u64(8, key.as_ptr() as u64);
+                match bpf(BPF_MAP_DELETE_ELEM, &mut a) {
+                    // an LRU entry may go between the two calls
+                    Ok(_) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        ARRAY | PERCPU_ARRAY => {
+            // Per-CPU values are copied one per possible CPU, each rounded up to 8 bytes.
+            let len = if m.map_type == PERCPU_ARRAY {
+                let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+                (m.value_size as usize).div_ceil(8) * 8 * cpus
+            } else {
+                m.value_size as usize
+            };
+            let zeros = vec![0u8; len];
+            for i in 0..m.max_entries {
+                let mut a = Attr::new();
+                a.u32(0, raw)
+                    .u64(8, &i as *const u32 as u64)
+                    .u64(16, zeros.as_ptr() as u64)
+                    .u64(24, 0);
+                bpf(BPF_MAP_UPDATE_ELEM, &mut a)?;
+            }
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
 }
 
 /// BPF_OBJ_GET: a new file descriptor for the object pinned at `path`.

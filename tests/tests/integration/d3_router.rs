@@ -3,7 +3,7 @@
 //! and everything that is not a request passes untouched.
 
 use aya::{TestRun, TestRunOptions};
-use paceline::kernel::datapath::{Datapath, LoadOptions};
+use paceline::kernel::datapath::Datapath;
 use paceline_common::{
     d3::{self, D3LinkConfig, D3LinkState, D3Request, FLAG_FIN, FLAG_NEW, REQ_LEN},
     maps::{D3LinkCounters, D3LinkCtl},
@@ -17,8 +17,8 @@ const LO: u32 = 1;
 /// 1 Gbit/s.
 const LINE: u64 = 125_000_000;
 
-fn router() -> Datapath {
-    let mut dp = Datapath::load(&LoadOptions::default()).expect("load");
+fn router() -> crate::test_run::Shared {
+    let mut dp = crate::test_run::load();
     let cfg = D3LinkConfig::for_line_rate(LINE);
     dp.set_d3_link_ctl(LO, &D3LinkCtl { cfg, capacity: LINE })
         .unwrap();
@@ -259,7 +259,7 @@ fn no_link_configured_no_rewrite() {
     if !privileged("no_link_configured_no_rewrite") {
         return;
     }
-    let mut dp = Datapath::load(&LoadOptions::default()).expect("load");
+    let mut dp = crate::test_run::load();
     let f = segment(&new_request(39, 5));
     assert_eq!(run(&mut dp, &f), f, "not a D3 link: untouched");
 }
@@ -274,7 +274,7 @@ fn a_flow_that_stops_asking_releases_its_allocation_when_its_lease_lapses() {
     if !privileged("a_flow_that_stops_asking_releases_its_allocation_when_its_lease_lapses") {
         return;
     }
-    let mut dp = Datapath::load(&LoadOptions::default()).expect("load");
+    let mut dp = crate::test_run::load();
     let link = paceline_policy::validate::D3Link {
         interface: "lo".into(),
         capacity: LINE,

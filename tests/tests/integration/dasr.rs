@@ -6,7 +6,7 @@
 use std::net::{TcpListener, TcpStream};
 
 use aya::{TestRun, TestRunOptions};
-use paceline::kernel::datapath::{Datapath, LoadOptions};
+use paceline::kernel::datapath::Datapath;
 use paceline_common::dasr::{
     self, Advert, DasrIface, IFACE_RECEIVE, IFACE_SEND, encode, encode_rate, per_sender_ns,
 };
@@ -25,8 +25,8 @@ const LINE: u64 = 125_000_000;
 
 /// The datapath with loopback served in the roles `flags`, epochs of at least `window_ms`.
 /// `None` (after printing SKIPPED) where this kernel's verifier refuses DASR's program.
-fn load(test: &str, flags: u32, window_ms: u64) -> Option<Datapath> {
-    let mut dp = Datapath::load(&LoadOptions::default()).expect("load the datapath");
+fn load(test: &str, flags: u32, window_ms: u64) -> Option<crate::test_run::Shared> {
+    let mut dp = crate::test_run::load();
     if let Some(why) = dp.dasr_unavailable() {
         eprintln!("SKIPPED: {test}: DASR is unavailable on this kernel: {why}");
         return None;
@@ -321,7 +321,7 @@ fn an_interface_not_served_is_left_alone() {
     if !privileged("an_interface_not_served_is_left_alone") {
         return;
     }
-    let mut dp = Datapath::load(&LoadOptions::default()).unwrap();
+    let mut dp = crate::test_run::load();
     if let Some(why) = dp.dasr_unavailable() {
         eprintln!(
             "SKIPPED: an_interface_not_served_is_left_alone: DASR is unavailable on this kernel: {why}"

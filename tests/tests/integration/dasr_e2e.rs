@@ -234,11 +234,7 @@ fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_othe
     if !privileged(test) {
         return;
     }
-    if let Some(why) = paceline::kernel::datapath::Datapath::load(&Default::default())
-        .expect("load the datapath")
-        .dasr_unavailable()
-        .as_deref()
-    {
+    if let Some(why) = crate::test_run::load().dasr_unavailable().as_deref() {
         eprintln!("SKIPPED: {test}: DASR is unavailable on this kernel: {why}");
         return;
     }

@@ -114,14 +114,15 @@ fn u64_at(v: &serde_json::Value, path: &[&str]) -> u64 {
 }
 
 /// The datapath alone, on any kernel (BPF_PROG_TEST_RUN): 1,048,576 distinct TCP flows
-/// through a 16,384-entry flow table. Every new flow gets a clock; the table never holds more
-/// than its size; inserts minus entries are the evictions.
+/// through a 16,384-entry flow table (131,072 under emulation, eight times the table, where a
+/// million took 80 s). Every new flow gets a clock; the table never holds more than its size;
+/// inserts minus entries are the evictions.
 #[test]
-fn a_million_flows_through_the_datapath_evict_and_count() {
+fn a_flood_of_flows_through_the_datapath_evicts_and_counts() {
     use paceline::kernel::datapath::{Datapath, LoadOptions};
     use paceline_common::maps::ClassConfig;
     use paceline_tests::{packet, skb::SkBuff};
-    if !privileged("a_million_flows_through_the_datapath_evict_and_count") {
+    if !privileged("a_flood_of_flows_through_the_datapath_evicts_and_counts") {
         return;
     }
     const CAPACITY: u32 = 16_384;
@@ -149,7 +150,7 @@ fn a_million_flows_through_the_datapath_evict_and_count() {
     // Ethernet (14) + IPv4 without options (20): the ports are the next four bytes.
     const PORTS: usize = 14 + 20;
     let mut timing = Vec::new();
-    let flows: u64 = 1 << 20;
+    let flows: u64 = if crate::under_tcg() { 1 << 17 } else { 1 << 20 };
     for i in 0..flows {
         frame[PORTS..PORTS + 2].copy_from_slice(&((i >> 16) as u16 + 1).to_be_bytes());
         frame[PORTS + 2..PORTS + 4].copy_from_slice(&(i as u16).to_be_bytes());
@@ -180,13 +181,13 @@ fn a_million_flows_through_the_datapath_evict_and_count() {
 /// The same through the agent, with real datagrams, where the flow table is in use (fq: flow
 /// clocks are only kept where fq enforces them), and the counters it exports.
 #[test]
-fn a_million_new_flows_stay_within_the_flow_table_and_its_evictions_are_counted() {
-    if !privileged("a_million_new_flows_stay_within_the_flow_table_and_its_evictions_are_counted") {
+fn new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_counted() {
+    if !privileged("new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_counted") {
         return;
     }
     if !paceline::kernel::features::Features::probe().sch_fq {
         eprintln!(
-            "SKIPPED: a_million_new_flows_stay_within_the_flow_table_and_its_evictions_are_counted: \
+            "SKIPPED: new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_counted: \
              no sch_fq on this kernel, so the agent keeps no flow clocks (the datapath test above \
              covers the table here; the VM kernels run this one)"
         );
@@ -201,9 +202,10 @@ fn a_million_new_flows_stay_within_the_flow_table_and_its_evictions_are_counted(
     let before = agent.status().expect("status");
     let memlock_before = before["flow_table"]["memlock_bytes"].clone();
 
-    // 16 sockets (source ports) x 65,536 destination ports: 1,048,576 distinct UDP flows, one
-    // 32-byte datagram each. Nobody listens; the datapath sees every one on the way out.
-    const SOCKETS: usize = 16;
+    // 2 sockets (source ports) x 65,535 destination ports (port 0 is sent to port 1): 131,070
+    // distinct UDP flows, eight times the table, one 32-byte datagram each (a million took 160 s under emulation, the
+    // only place this runs). Nobody listens; the datapath sees every one on the way out.
+    const SOCKETS: usize = 2;
     let to = b.ipv4();
     let started = Instant::now();
     let sent = a
