@@ -16,7 +16,7 @@ use paceline_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{kernel::datapath::Datapath, kernel::qstats::QdiscStats};
+use crate::kernel::{datapath::Datapath, qstats::QdiscStats};
 use paceline_policy::validate::D3Link;
 
 /// One router link as the agent tracks it.

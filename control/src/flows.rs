@@ -5,8 +5,8 @@
 //!   selects under the policy in force, the rate the flow's clock runs at (a D3 grant overrides
 //!   the class's `flow_rate`), its next departure relative to now (positive: the clock runs
 //!   ahead, packets wait; negative: idle that long); the table keeps no byte count;
-//! - this host's established TCP connections ([`crate::kernel::sockdiag`]): a local TCP socket keeps
-//!   its class and clock in socket storage, not in the table; their rows carry the bytes sent
+//! - this host's established TCP connections ([`crate::kernel::sockdiag`]): a local TCP socket
+//!   keeps its class and clock in socket storage, not in the table; their rows carry the bytes sent
 //!   and the pacing rate the kernel applies, and no departure.
 //!
 //! Served by the agent at `/flows?top=N&class=C`.

@@ -1,11 +1,11 @@
 //! The agent's changes to the host and their undo: each interface's classifier and root qdisc,
 //! sock_ops, DASR's ingress program, the D3 application map's pin and the D3 router's links.
 //!
-//! Every change is recorded in the state directory before it is made ([`crate::runtime::state`]). The
-//! programs' links and the maps are pinned ([`crate::kernel::persist`]): after `kill -9` or a crash the
-//! datapath goes on with the last policy, and the next start adopts it (the same links get the
-//! new programs, the maps with an unchanged layout are kept) rather than undoing it. A failed
-//! install undoes what it did; [`uninstall`] (a clean stop) and `paceline cleanup` remove
+//! Every change is recorded in the state directory before it is made ([`crate::runtime::state`]).
+//! The programs' links and the maps are pinned ([`crate::kernel::persist`]): after `kill -9` or a
+//! crash the datapath goes on with the last policy, and the next start adopts it (the same links
+//! get the new programs, the maps with an unchanged layout are kept) rather than undoing it. A
+//! failed install undoes what it did; [`uninstall`] (a clean stop) and `paceline cleanup` remove
 //! everything.
 
 use anyhow::{Result, anyhow};

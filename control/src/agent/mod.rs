@@ -1,14 +1,14 @@
 //! The agent: start-up, reloads, shutdown, in stages.
 //!
-//! Start ([`run`]): take the state-directory lock; mount a BPF filesystem and a cgroup2
-//! hierarchy where this mount namespace has none ([`crate::kernel::mounts`]); find what a previous
-//! agent left (after `kill -9` or a crash its pinned datapath is still running: it is adopted,
-//! see [`crate::kernel::persist`]); probe the kernel, load and compile the policy (a bad policy stops the
-//! start with every error listed, and a running datapath stays as it is), load the datapath
+//! Start ([`run`]): take the state-directory lock; mount a BPF filesystem and a cgroup2 hierarchy
+//! where this mount namespace has none ([`crate::kernel::mounts`]); find what a previous agent left
+//! (after `kill -9` or a crash its pinned datapath is still running: it is adopted, see
+//! [`crate::kernel::persist`]); probe the kernel, load and compile the policy (a bad policy stops
+//! the start with every error listed, and a running datapath stays as it is), load the datapath
 //! (reusing the pinned maps whose layout is unchanged), write the policy, then [`install`]: per
-//! interface attach the classifier (or give a pinned link the new program) and install the
-//! qdisc the enforcement mode needs; attach sock_ops; pin D3's map and attach its router links.
-//! Then serve `/metrics` and `/status`.
+//! interface attach the classifier (or give a pinned link the new program) and install the qdisc
+//! the enforcement mode needs; attach sock_ops; pin D3's map and attach its router links. Then
+//! serve `/metrics` and `/status`.
 //!
 //! Then [`watch`]: [`reload`] the policy on a file change or SIGHUP (see that module for what
 //! a reload may change), tick the D3 router's controller, until SIGTERM or SIGINT.
@@ -63,8 +63,8 @@ pub struct Options {
     /// rollback requests (and `/healthz`, `/readyz`). May equal `metrics_addr`.
     pub api_addr: SocketAddr,
     pub state_dir: PathBuf,
-    /// Where the maps and links are pinned (see [`crate::kernel::persist`]; the D3 application map is
-    /// `<dir>/d3_app`).
+    /// Where the maps and links are pinned (see [`crate::kernel::persist`]; the D3 application map
+    /// is `<dir>/d3_app`).
     pub bpffs_dir: PathBuf,
     /// The group that may open the D3 application map (`None`: root alone).
     pub d3_app_group: Option<u32>,

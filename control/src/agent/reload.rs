@@ -351,8 +351,8 @@ pub fn write_status(shared: &Shared) {
     }
 }
 
-/// Applies history generation `generation` (default: the newest entry that differs from the
-/// policy in force) instead of the file; see [`crate::runtime::history`] for how it and the file on disk
+/// Applies history generation `generation` (default: the newest entry that differs from the policy
+/// in force) instead of the file; see [`crate::runtime::history`] for how it and the file on disk
 /// interact.
 pub fn rollback(shared: &Shared, host: &SystemHost, generation: Option<u64>) -> Outcome {
     let current = shared.lock().compiled.hash.clone();

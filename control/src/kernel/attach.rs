@@ -2,10 +2,11 @@
 //! clsact over netlink otherwise), DASR's program on their ingress, and sock_ops on the cgroup
 //! v2 root.
 //!
-//! tcx and cgroup links are pinned ([`crate::kernel::persist`]), so they outlive the agent's process
-//! (`kill -9`, a crash, an upgrade); a netlink (clsact) filter outlives it anyway. An agent that
-//! finds its predecessor's link or filter replaces the program in it atomically, so packets
-//! are never left unclassified. Both are recorded in the state file (see [`crate::runtime::state`]).
+//! tcx and cgroup links are pinned ([`crate::kernel::persist`]), so they outlive the agent's
+//! process (`kill -9`, a crash, an upgrade); a netlink (clsact) filter outlives it anyway. An agent
+//! that finds its predecessor's link or filter replaces the program in it atomically, so packets
+//! are never left unclassified. Both are recorded in the state file (see
+//! [`crate::runtime::state`]).
 
 use std::os::fd::AsFd as _;
 use std::path::Path;

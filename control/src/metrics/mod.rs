@@ -19,7 +19,11 @@ use paceline_common::{
     maps::{Counters, D3ClassStats},
 };
 
-use crate::{d3router::LinkReport, kernel::datapath::Snapshot, kernel::qstats::RootStats, status::Status};
+use crate::{
+    d3router::LinkReport,
+    kernel::{datapath::Snapshot, qstats::RootStats},
+    status::Status,
+};
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
     let c = IntCounterVec::new(Opts::new(name, help), labels)?;

@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::{kernel::attach, kernel::qdisc};
+use crate::kernel::{attach, qdisc};
 
 pub const DEFAULT_STATE_DIR: &str = "/run/paceline";
 
