@@ -382,8 +382,26 @@ fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_othe
     std::thread::sleep(Duration::from_millis(1500));
     // On the wire: the receiver's ACKs to the first sender say N = 2 and the line rate.
     let adverts = captured_adverts(&star.senders[0], &star.sender_iface(0).ifname, PORT, 40);
-    let rx_status = rx_agent.live_status().expect("receiver status");
-    std::thread::sleep(Duration::from_millis(1000));
+    // The receiver's count, five times 100 ms apart: one reading is one epoch's count, and an
+    // epoch in which a sender's segments all fell outside it counts one sender (sender 1 read
+    // a share for one sender in 24 of its 4,459 samples in a host run of 2026-12-02, and the
+    // single reading this test once took was such an epoch).
+    let mut counts = Vec::new();
+    let mut rx_status = None;
+    for _ in 0..5 {
+        let st = rx_agent.live_status().expect("receiver status");
+        counts.push(
+            st.counters
+                .dasr
+                .as_ref()
+                .and_then(|d| d.addresses.iter().find(|x| x.address == rx_ip.to_string()))
+                .map_or(0, |x| x.senders),
+        );
+        rx_status = Some(st);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let rx_status = rx_status.expect("five readings");
+    std::thread::sleep(Duration::from_millis(500));
 
     // Phase 3: the second stops sending (its connection stays open, idle).
     let t_leave = mono_now_ns();
@@ -584,14 +602,14 @@ fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_othe
 
     // What the agents report.
     let d = rx_status.counters.dasr.expect("the receiver reports DASR");
-    let mine = d
-        .addresses
-        .iter()
-        .find(|x| x.address == rx_ip.to_string())
-        .unwrap_or_else(|| panic!("no entry for {rx_ip}: {:?}", d.addresses));
-    assert_eq!(
-        mine.senders, 2,
-        "the receiver counted two senders while both sent"
+    assert!(
+        d.addresses.iter().any(|x| x.address == rx_ip.to_string()),
+        "no entry for {rx_ip}: {:?}",
+        d.addresses
+    );
+    assert!(
+        counts.iter().filter(|&&n| n == 2).count() >= 3,
+        "the receiver counted two senders while both sent in fewer than 3 of 5 readings: {counts:?}"
     );
     assert!(d.options_written > 0);
     let s = sender_status.counters.dasr.expect("the sender reports DASR");
