@@ -8,6 +8,10 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 pub const BPF_MAP_TYPE_HASH: u32 = 1;
 pub const BPF_MAP_TYPE_ARRAY: u32 = 2;
+const BPF_MAP_TYPE_PERCPU_HASH: u32 = 5;
+const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+const BPF_MAP_TYPE_LRU_HASH: u32 = 9;
+const BPF_MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
 pub use paceline_common::abi::{BPF_F_INNER_MAP, BPF_F_MMAPABLE, BPF_F_RDONLY_PROG};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
@@ -92,15 +96,12 @@ pub struct MapShape {
 /// every entry of an array (plain or per-CPU) zeroed. Other types are left as they are;
 /// returns whether this one was cleared.
 pub fn clear(fd: BorrowedFd<'_>, m: &MapShape) -> io::Result<bool> {
-    const HASH: u32 = 1;
-    const ARRAY: u32 = 2;
-    const PERCPU_HASH: u32 = 5;
-    const PERCPU_ARRAY: u32 = 6;
-    const LRU_HASH: u32 = 9;
-    const LRU_PERCPU_HASH: u32 = 10;
     let raw = fd.as_raw_fd() as u32;
     match m.map_type {
-        HASH | PERCPU_HASH | LRU_HASH | LRU_PERCPU_HASH => {
+        BPF_MAP_TYPE_HASH
+        | BPF_MAP_TYPE_PERCPU_HASH
+        | BPF_MAP_TYPE_LRU_HASH
+        | BPF_MAP_TYPE_LRU_PERCPU_HASH => {
             // Deleting the first key until there is none: no iteration over a changing map.
             let mut key = vec![0u8; m.key_size as usize];
             loop {
@@ -121,9 +122,9 @@ pub fn clear(fd: BorrowedFd<'_>, m: &MapShape) -> io::Result<bool> {
                 }
             }
         }
-        ARRAY | PERCPU_ARRAY => {
+        BPF_MAP_TYPE_ARRAY | BPF_MAP_TYPE_PERCPU_ARRAY => {
             // Per-CPU values are copied one per possible CPU, each rounded up to 8 bytes.
-            let len = if m.map_type == PERCPU_ARRAY {
+            let len = if m.map_type == BPF_MAP_TYPE_PERCPU_ARRAY {
                 let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
                 (m.value_size as usize).div_ceil(8) * 8 * cpus
             } else {
