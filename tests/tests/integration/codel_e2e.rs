@@ -98,7 +98,7 @@ fn codel_with_ecn_keeps_a_paced_class_queue_short_without_losses() {
     if !paceline::kernel::features::Features::probe().sch_fq {
         eprintln!(
             "SKIPPED: codel_with_ecn_keeps_a_paced_class_queue_short_without_losses: no sch_fq \
-             on this kernel (CoDel acts on EDT departures that fq holds; the VM kernels run this, \
+             on this kernel (CoDel acts on EDT departures that fq holds; the 6.12 VM runs this, \
              and BPF_PROG_TEST_RUN covers the state machine here)"
         );
         return;

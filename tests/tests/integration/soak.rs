@@ -189,7 +189,7 @@ fn new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_c
         eprintln!(
             "SKIPPED: new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_counted: \
              no sch_fq on this kernel, so the agent keeps no flow clocks (the datapath test above \
-             covers the table here; the VM kernels run this one)"
+             covers the table here; the 6.12 VM runs this one)"
         );
         return;
     }
