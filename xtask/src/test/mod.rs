@@ -542,7 +542,7 @@ fn vm_part(
                             String::new()
                         } else {
                             format!(
-                                "; {} agent-level tests run on the newest only",
+                                "; {} groups of tests left to the newest kernel (NEWEST_VM_ONLY)",
                                 NEWEST_VM_ONLY.len()
                             )
                         },
