@@ -15,8 +15,8 @@ const BUDGET: usize = 20_000_000;
 /// `(later, earlier)` pairs: rule `later` never matches, rule `earlier` covers it. The second
 /// value is false when the search stopped at its budget.
 pub fn covered(rules: &[Norm]) -> (Vec<(usize, usize)>, bool) {
-    let srcs: HashSet<Prefix> = rules.iter().filter_map(|r| r.src).collect();
-    let dsts: HashSet<Prefix> = rules.iter().filter_map(|r| r.dst).collect();
+    let srcs = PrefixSet::new(rules.iter().filter_map(|r| r.src));
+    let dsts = PrefixSet::new(rules.iter().filter_map(|r| r.dst));
     // Per address condition, the first rule of each distinct selector (a later rule with the
     // same selector and addresses is covered by that one).
     let mut index: HashMap<(Option<Prefix>, Option<Prefix>), Vec<usize>> = HashMap::new();
@@ -55,13 +55,32 @@ pub fn covered(rules: &[Norm]) -> (Vec<(usize, usize)>, bool) {
     (out, true)
 }
 
+/// The prefixes of one address dimension, with the lengths among them: a prefix's ancestors
+/// are looked up at those lengths only (at every one of 0..=128 they were 62% of compiling
+/// 100,000 /32 rules, `plbench apply`, 2026-12-02).
+struct PrefixSet {
+    set: HashSet<Prefix>,
+    /// Ascending.
+    lens: Vec<u8>,
+}
+
+impl PrefixSet {
+    fn new(prefixes: impl IntoIterator<Item = Prefix>) -> Self {
+        let set: HashSet<Prefix> = prefixes.into_iter().collect();
+        let mut lens: Vec<u8> = set.iter().map(|p| p.len).collect();
+        lens.sort_unstable();
+        lens.dedup();
+        PrefixSet { set, lens }
+    }
+}
+
 /// `None` (any address) and every prefix of `set` that contains `p`.
-fn ancestors(p: Option<Prefix>, set: &HashSet<Prefix>) -> Vec<Option<Prefix>> {
+fn ancestors(p: Option<Prefix>, set: &PrefixSet) -> Vec<Option<Prefix>> {
     let mut out = vec![None];
     if let Some(p) = p {
-        for len in 0..=p.len {
+        for &len in set.lens.iter().take_while(|&&l| l <= p.len) {
             let a = Prefix::new(p.addr, len);
-            if set.contains(&a) {
+            if set.set.contains(&a) {
                 out.push(Some(a));
             }
         }
