@@ -1,7 +1,7 @@
-//! The few bpf(2) and membarrier(2) calls aya 0.14 does not offer: creating a standalone map
-//! with exact flags (the classifier's inner maps), filling a hash map in batches, filling an
-//! mmap-able array with one copy, emptying a map of any value type, and waiting for every BPF program that may still read an old
-//! policy to finish.
+//! The few bpf(2) and membarrier(2) calls aya 0.14 does not offer: creating a standalone map with
+//! exact flags (the classifier's inner maps), filling a hash map in batches, filling an mmap-able
+//! array with one copy, emptying a map of any value type, and waiting for every BPF program that
+//! may still read an old policy to finish.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};

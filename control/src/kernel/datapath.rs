@@ -153,9 +153,10 @@ impl Datapath {
         // The other programs are verified when first asked for (`sock_ops_program`,
         // `d3_router_program`, `ingress_program`): verification is most of a start's time
         // (about 13 s for all four under emulation on Linux 6.1, where the three take 56% of
-        // the 573,000 instructions verified), and an agent without a D3 router, sock_ops or DASR does not pay for theirs. DASR's
-        // program is also the one a kernel's verifier may refuse (its TCP option walk, one
-        // option per `bpf_loop` step, docs/dasr.md): there everything else runs on.
+        // the 573,000 instructions verified), and an agent without a D3 router, sock_ops or
+        // DASR does not pay for theirs. DASR's program is also the one a kernel's verifier may
+        // refuse (its TCP option walk, one option per `bpf_loop` step, docs/dasr.md): there
+        // everything else runs on.
         let ingress_error = None;
 
         let active = Array::try_from(take(&mut ebpf, names::ACTIVE)?)?;
@@ -245,11 +246,7 @@ impl Datapath {
 
     /// The D3 router program, verified the first time it is asked for.
     pub fn d3_router_program(&mut self) -> Result<&mut SchedClassifier> {
-        let p: &mut SchedClassifier = prog(&mut self.ebpf, D3_ROUTER)?.try_into()?;
-        if p.fd().is_err() {
-            p.load().with_context(|| format!("verifying {D3_ROUTER}"))?;
-        }
-        Ok(p)
+        sched_loaded(&mut self.ebpf, D3_ROUTER)
     }
 
     /// Empties every map the loaded programs use, as a fresh load has them: no policy (both
@@ -438,11 +435,7 @@ impl Datapath {
     /// A benchmark-only classifier ([`TC_FLOOR`], [`TC_CLOCK`], [`TC_REF_EDT`]), loaded on
     /// first use.
     pub fn bench_program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
-        let p: &mut SchedClassifier = prog(&mut self.ebpf, name)?.try_into()?;
-        if p.fd().is_err() {
-            p.load()?;
-        }
-        Ok(p)
+        sched_loaded(&mut self.ebpf, name)
     }
 
     /// The sock_ops program, verified the first time it is asked for.
@@ -694,6 +687,15 @@ fn inner_hash<K: Copy, V: Copy>(entries: &[(K, V)], name: &str) -> Result<MapDat
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
     ebpf.program_mut(name)
         .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))
+}
+
+/// Classifier program `name`, verified if this is the first time it is asked for.
+fn sched_loaded<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut SchedClassifier> {
+    let p: &mut SchedClassifier = prog(ebpf, name)?.try_into()?;
+    if p.fd().is_err() {
+        p.load().with_context(|| format!("verifying {name}"))?;
+    }
+    Ok(p)
 }
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {

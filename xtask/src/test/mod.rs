@@ -27,11 +27,11 @@
 //! the tests that check the attach and enforcement modes expect what the agent's probe says,
 //! so a probe that misjudged a kernel would otherwise go unnoticed.
 //!
-//! Arguments after `--` go to every test binary (filters, `--nocapture`, ...); `--show-output`
-//! is added so that the `SKIPPED: <why>` lines of tests that skipped themselves can be counted
-//! (of the output of passing tests only those lines are echoed). Prints a summary per kernel
-//! (passed, skipped, failed, ignored, time), the ten slowest tests, and ends with `total: N passed, M failed, K
-//! skipped`; exits non-zero if anything failed.
+//! Arguments after `--` go to every test binary (filters, `--nocapture`, ...); `--show-output` is
+//! added so that the `SKIPPED: <why>` lines of tests that skipped themselves can be counted (of the
+//! output of passing tests only those lines are echoed). Prints a summary per kernel (passed,
+//! skipped, failed, ignored, time), the ten slowest tests, and ends with `total: N passed, M
+//! failed, K skipped`; exits non-zero if anything failed.
 
 mod libtest;
 mod probe;
