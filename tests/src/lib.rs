@@ -22,3 +22,14 @@ pub mod report;
 pub mod skb;
 pub mod testbed;
 pub mod workload;
+
+/// Sets its flag when dropped: a test's helper threads in a `std::thread::scope` loop until a
+/// stop flag, and a failed assertion in the scope's body must still stop them, or the scope
+/// waits for them forever and the test hangs instead of failing.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}

@@ -84,3 +84,53 @@ pub fn mono_now_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// BPF_PROG_TEST_RUN of a tc program by its descriptor, `repeat` times over `frame`, from any
+/// thread (aya's `TestRun` needs the program object, which the datapath's owner holds): the
+/// program's last return value. Runs on the calling thread's CPU.
+pub fn test_run_fd(prog: std::os::fd::BorrowedFd<'_>, frame: &[u8], repeat: u32) -> std::io::Result<u32> {
+    use std::os::fd::AsRawFd as _;
+    /// The `test` member of `union bpf_attr` (include/uapi/linux/bpf.h).
+    #[repr(C)]
+    #[derive(Default)]
+    struct TestAttr {
+        prog_fd: u32,
+        retval: u32,
+        data_size_in: u32,
+        data_size_out: u32,
+        data_in: u64,
+        data_out: u64,
+        repeat: u32,
+        duration: u32,
+        ctx_size_in: u32,
+        ctx_size_out: u32,
+        ctx_in: u64,
+        ctx_out: u64,
+        flags: u32,
+        cpu: u32,
+        batch_size: u32,
+        _pad: u32,
+    }
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+    let mut attr = TestAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        data_size_in: frame.len() as u32,
+        data_in: frame.as_ptr() as u64,
+        repeat,
+        ..TestAttr::default()
+    };
+    // SAFETY: `attr` is a valid bpf_attr prefix of its own size; `frame` outlives the call and
+    // the kernel only reads it (no output buffers are given).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &mut attr as *mut TestAttr,
+            size_of::<TestAttr>() as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(attr.retval)
+}
