@@ -350,14 +350,15 @@ fn failed_row(kernel: &str, what: &str, e: &anyhow::Error) -> Row {
 /// Seconds each cargo-fuzz target runs in `cargo xtask test`.
 pub const FUZZ_SECS: u64 = 20;
 
-/// Integration tests the VM runs leave out (`--skip`): D3's benefit, whose claim is a benefit
-/// in real time, which the emulator does not keep; and the agent's own logic at scale or over
+/// Integration tests the VM runs leave out (`--skip`): D3's and DASR's benefit, whose claims
+/// are benefits in real time, which the emulator does not keep; and the agent's own logic at scale or over
 /// time (a real Prometheus scraping three agents, 100,000-rule policies replaced under
 /// traffic, a minute of reloads and a SIGHUP storm): what they ask of the kernel (loading,
 /// attaching, map swaps) the other tests check on every kernel, and under emulation they took
 /// 94 s, 79 s and 73 s on 6.12 (2026-12-02).
 const HOST_ONLY: &[&str] = &[
     "d3_effect::",
+    "dasr_e2e::against_plain_tcp",
     "prometheus::",
     "agent_scale::",
     "soak::a_reload_soak",
