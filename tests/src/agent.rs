@@ -241,6 +241,18 @@ impl<'a> Agent<'a> {
     }
 
     /// A class's counter by its name in `/status` (`packets`, `tcp_sockets_configured`, ...).
+    /// The slot of `class` in the running policy (its index in the pinned counters).
+    pub fn class_index(&self, class: &str) -> usize {
+        let s = self.live_status().expect("status");
+        s.status
+            .policy
+            .classes
+            .iter()
+            .find(|c| c.name == class)
+            .unwrap_or_else(|| panic!("no class {class} in the running policy"))
+            .index as usize
+    }
+
     pub fn class_counter(&self, class: &str, counter: &str) -> u64 {
         let s = self.live_status().expect("status");
         let c = s

@@ -624,16 +624,7 @@ fn kill9_leaves_the_datapath_running_and_the_next_start_adopts_it() {
     let mode = if sch_fq_available() { "fq" } else { "htb" };
     write(&scratch.path("p.yaml"), &policy(&ifname, mode, "", ""));
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &state);
-    let probe = agent
-        .live_status()
-        .expect("status")
-        .status
-        .policy
-        .classes
-        .iter()
-        .find(|c| c.name == "probe")
-        .expect("class probe")
-        .index as usize;
+    let probe = agent.class_index("probe");
     // fq as root on a single-queue device, mq with an fq per queue on a multi-queue one.
     let root = |snap: &str| {
         ["fq", "mq", "htb"]
@@ -726,19 +717,7 @@ fn a_class_rate_and_a_probe_every_100us_hold_straight_through_kill9_and_a_restar
     let rules = "    - class: capped\n      protocol: udp\n      dst_port: 5301-5304\n";
     write(&scratch.path("p.yaml"), &rate_policy(&ifname, classes, rules));
     let agent = Agent::start(&a, &scratch.path("p.yaml"), &state);
-    let class_index = |name: &str| {
-        agent
-            .live_status()
-            .expect("status")
-            .status
-            .policy
-            .classes
-            .iter()
-            .find(|c| c.name == name)
-            .unwrap_or_else(|| panic!("class {name}"))
-            .index as usize
-    };
-    let probe = class_index("probe");
+    let probe = agent.class_index("probe");
     // Four UDP flows at 15 Mbit/s each (60 Mbit/s offered) into the 20 Mbit/s class, for the
     // whole test.
     let _server = b.spawn(&[PLLOAD, "serve", "--port", "5301"]).expect("server");
@@ -747,7 +726,15 @@ fn a_class_rate_and_a_probe_every_100us_hold_straight_through_kill9_and_a_restar
         let to = format!("{}:{port}", b.ipv4());
         clients.push(
             a.spawn(&[
-                PLLOAD, "bulk", "--udp", "--to", &to, "--rate-bps", "15000000", "--duration", "60",
+                PLLOAD,
+                "bulk",
+                "--udp",
+                "--to",
+                &to,
+                "--rate-bps",
+                "15000000",
+                "--duration",
+                "60",
             ])
             .expect("client"),
         );
@@ -773,7 +760,10 @@ fn a_class_rate_and_a_probe_every_100us_hold_straight_through_kill9_and_a_restar
     };
     assert_eq!(r, 0, "SO_RCVBUFFORCE: {}", std::io::Error::last_os_error());
     rx.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-    let tx = a.in_netns(|| UdpSocket::bind("0.0.0.0:0")).unwrap().expect("bind the probe sender");
+    let tx = a
+        .in_netns(|| UdpSocket::bind("0.0.0.0:0"))
+        .unwrap()
+        .expect("bind the probe sender");
     let dst = (b.ipv4(), 7001);
     let (stop, sent) = (AtomicBool::new(false), AtomicU64::new(0));
     let first_count = pinned_class_packets(&state, probe);
@@ -842,19 +832,32 @@ fn a_class_rate_and_a_probe_every_100us_hold_straight_through_kill9_and_a_restar
         let seen = receiver.join().unwrap();
         let counted = agent.class_counter("probe", "packets") - first_count;
         agent.stop();
-        let report = [("around the kill", ratio(m0, m1)), ("around the restart", ratio(m1, m2))];
+        let report = [
+            ("around the kill", ratio(m0, m1)),
+            ("around the restart", ratio(m1, m2)),
+        ];
         ((n, seen, counted), report)
     });
     drop(clients);
     let (n, seen, counted) = received;
-    let lost: Vec<usize> = (0..n as usize).filter(|&i| !seen.get(i).copied().unwrap_or(false)).collect();
+    let lost: Vec<usize> = (0..n as usize)
+        .filter(|&i| !seen.get(i).copied().unwrap_or(false))
+        .collect();
     eprintln!(
         "{n} probes sent, {} lost, {counted} counted in the probe class; {report:?}",
         lost.len()
     );
     assert!(n > 30_000, "a probe every 100 us for about six seconds: {n} sent");
-    assert!(lost.is_empty(), "{} of {n} probes lost, the first {:?}", lost.len(), &lost[..lost.len().min(10)]);
-    assert_eq!(counted, n, "every probe counted in its class, none left unclassified");
+    assert!(
+        lost.is_empty(),
+        "{} of {n} probes lost, the first {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+    assert_eq!(
+        counted, n,
+        "every probe counted in its class, none left unclassified"
+    );
     for (what, r) in report {
         assert!((0.95..=1.05).contains(&r), "{what}: {r:.3} of the class rate");
     }

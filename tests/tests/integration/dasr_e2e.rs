@@ -228,6 +228,18 @@ fn captured_adverts(host: &Host, ifname: &str, from_port: u16, want: usize) -> V
     .expect("in netns")
 }
 
+/// Root, and a kernel that loads DASR's programs (else SKIPPED, with the kernel's reason).
+fn can_run(test: &str) -> bool {
+    if !privileged(test) {
+        return false;
+    }
+    if let Some(why) = crate::test_run::load().dasr_unavailable().as_deref() {
+        eprintln!("SKIPPED: {test}: DASR is unavailable on this kernel: {why}");
+        return false;
+    }
+    true
+}
+
 /// The star's receiver: accepts on [`PORT`] and counts the bytes read from each sender (by
 /// its address), for as long as the test runs.
 fn count_received(star: &Star) -> Arc<[AtomicU64; 2]> {
@@ -270,11 +282,7 @@ fn count_received(star: &Star) -> Arc<[AtomicU64; 2]> {
 #[test]
 fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_other_stops() {
     let test = "two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_other_stops";
-    if !privileged(test) {
-        return;
-    }
-    if let Some(why) = crate::test_run::load().dasr_unavailable().as_deref() {
-        eprintln!("SKIPPED: {test}: DASR is unavailable on this kernel: {why}");
+    if !can_run(test) {
         return;
     }
     // The emulated VM forwards about 20 Mbit/s; this machine a lot more.
@@ -693,7 +701,11 @@ fn both_send(star: &Star, received: &[AtomicU64; 2], cc: &str, warm: Duration, m
         w.join().unwrap();
     }
     rtts.sort_unstable();
-    let at = |q: f64| rtts.get(((rtts.len() as f64 * q) as usize).min(rtts.len().saturating_sub(1))).copied().unwrap_or(0);
+    let at = |q: f64| {
+        rtts.get(((rtts.len() as f64 * q) as usize).min(rtts.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
     Phase {
         srtt_us: (at(0.5), at(0.9)),
         goodput: [0, 1].map(|i| (b1[i] - b0[i]) as f64 / secs),
@@ -719,11 +731,7 @@ fn both_send(star: &Star, received: &[AtomicU64; 2], cc: &str, warm: Duration, m
 #[test]
 fn against_plain_tcp_two_dasr_senders_keep_the_port_queue_short_at_the_same_goodput() {
     let test = "against_plain_tcp_two_dasr_senders_keep_the_port_queue_short_at_the_same_goodput";
-    if !privileged(test) {
-        return;
-    }
-    if let Some(why) = crate::test_run::load().dasr_unavailable().as_deref() {
-        eprintln!("SKIPPED: {test}: DASR is unavailable on this kernel: {why}");
+    if !can_run(test) {
         return;
     }
     if crate::under_tcg() {

@@ -841,7 +841,8 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
     use std::os::fd::AsFd as _;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::time::{Duration, Instant};
-    if !privileged("a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_one_policy") {
+    if !privileged("a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_one_policy")
+    {
         return;
     }
     let mut dp = load();
@@ -849,14 +850,22 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
         let mut t = table();
         t.classes[1].level = level_of[0];
         t.classes[2].level = level_of[1];
-        (t, vec![Rule::any(probe_class).with_dport(9000, 9000).with_proto(17)])
+        (
+            t,
+            vec![Rule::any(probe_class).with_dport(9000, 9000).with_proto(17)],
+        )
     };
     let a = policy(1, [1, 3]);
     let b = policy(2, [3, 2]);
     dp.write_rules(&a.0, &a.1).unwrap();
     let prog = dp.tc_program().unwrap();
     // The program's own maps, by name (object names are cut to 15 bytes).
-    let map_ids = prog.info().unwrap().map_ids().unwrap().expect("the kernel lists a program's maps");
+    let map_ids = prog
+        .info()
+        .unwrap()
+        .map_ids()
+        .unwrap()
+        .expect("the kernel lists a program's maps");
     let find = |name: &str| {
         let name = &name[..name.len().min(15)];
         let id = map_ids
@@ -867,10 +876,11 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
         Map::from_map_data(MapData::from_id(id).unwrap()).unwrap()
     };
     let mut active: Array<MapData, u32> = find(names::ACTIVE).try_into().unwrap();
-    let mut outers: Vec<ArrayOfMaps<MapData, MapData>> = [names::CTAB_WORDS, names::CTAB_SELS, names::CTAB_RULES]
-        .into_iter()
-        .map(|n| find(n).try_into().unwrap())
-        .collect();
+    let mut outers: Vec<ArrayOfMaps<MapData, MapData>> =
+        [names::CTAB_WORDS, names::CTAB_SELS, names::CTAB_RULES]
+            .into_iter()
+            .map(|n| find(n).try_into().unwrap())
+            .collect();
     let prog = prog.fd().unwrap().as_fd().try_clone_to_owned().unwrap();
     let probe = packet::ipv4(
         [10, 0, 0, 1],
@@ -912,7 +922,7 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
         let start = Instant::now();
         let mut swaps = 0u32;
         while start.elapsed() < Duration::from_secs(8) {
-            let (t, rules) = if swaps % 2 == 0 { &b } else { &a };
+            let (t, rules) = if swaps.is_multiple_of(2) { &b } else { &a };
             dp.write_rules(t, rules).unwrap();
             swaps += 1;
         }
@@ -920,7 +930,7 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
         // their bank after the next swap releases them (its table stays in place).
         let held = active.get(&0, 0).unwrap() & 1;
         let kept: Vec<MapData> = outers.iter().map(|o| o.get(&held, 0).unwrap()).collect();
-        let (t, rules) = if swaps % 2 == 0 { &b } else { &a };
+        let (t, rules) = if swaps.is_multiple_of(2) { &b } else { &a };
         dp.write_rules(t, rules).unwrap();
         swaps += 1;
         for (o, m) in outers.iter_mut().zip(&kept) {
