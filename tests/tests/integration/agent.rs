@@ -296,13 +296,14 @@ fn class_aggregate_rate_enforced_for_udp() {
                 "--rate-bps",
                 "20000000",
                 "--duration",
-                "6",
+                "8",
             ])
             .expect("client"),
         );
     }
     std::thread::sleep(Duration::from_secs(2));
-    let measured = a.tx_rate(&ifname, Duration::from_secs(3)).expect("tx rate") * 8.0 / 1e6;
+    // Over 5 s: a stall of the machine itself (a shared one) cost 5.7% of a 3 s window once.
+    let measured = a.tx_rate(&ifname, Duration::from_secs(5)).expect("tx rate") * 8.0 / 1e6;
     drop(clients);
     let ratio = measured / cap_mbit;
     eprintln!(
@@ -697,7 +698,7 @@ fn kill9_leaves_the_datapath_running_and_the_next_start_adopts_it() {
 ///
 /// Checked (2026-12-03, host 6.18): with the classifier's tcx link left unpinned (so it
 /// detaches when the killed agent's descriptors close), 18,043 of 72,954 probes counted in no
-/// class and the capped class ran at 5.2x its rate around the kill; with the restarted agent
+/// class and the capped class ran at 5.2x its rate around the kill (1 s windows then); with the restarted agent
 /// creating a fresh stats map instead of adopting the pinned one (`Pins::prepare`), 49,829 of
 /// 75,605 probes went uncounted. Both failed here. A restart that replaces the root qdisc
 /// instead of keeping it could not be tried this way: HTB refuses a `replace` of itself, so
@@ -817,14 +818,17 @@ fn a_class_rate_and_a_probe_every_100us_hold_straight_through_kill9_and_a_restar
             let bytes = (b1 - b0).saturating_sub((p1 - p0) * probe_frame);
             bytes as f64 * 8.0 / 1e6 / (t1 - t0).as_secs_f64() / cap_mbit
         };
+        // Windows of about 3 s around each instant: a stall of the machine itself (this one
+        // is shared; the restart's own start-up competes with the senders for two CPUs) cost
+        // 8% of a 1 s window in one CI run, while a gap of the datapath shows in the probes.
         std::thread::sleep(Duration::from_secs(2));
         let m0 = mark();
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(1500));
         agent.kill9();
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(1500));
         let m1 = mark();
         let agent = Agent::start(&a, &state.parent().unwrap().join("p.yaml"), &state);
-        std::thread::sleep(Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(2500));
         let m2 = mark();
         std::thread::sleep(Duration::from_secs(1));
         stop.store(true, Ordering::Relaxed);
