@@ -240,7 +240,6 @@ impl<'a> Agent<'a> {
         })
     }
 
-    /// A class's counter by its name in `/status` (`packets`, `tcp_sockets_configured`, ...).
     /// The slot of `class` in the running policy (its index in the pinned counters).
     pub fn class_index(&self, class: &str) -> usize {
         let s = self.live_status().expect("status");
@@ -253,6 +252,7 @@ impl<'a> Agent<'a> {
             .index as usize
     }
 
+    /// A class's counter by its name in `/status` (`packets`, `tcp_sockets_configured`, ...).
     pub fn class_counter(&self, class: &str, counter: &str) -> u64 {
         let s = self.live_status().expect("status");
         let c = s
