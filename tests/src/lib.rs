@@ -6,6 +6,8 @@
 //! - [`experiments`]: the seeds' experiments (`plexp`), normally run in the VM by xtask.
 //! - [`agent`]: the agent run inside a testbed host (start, status, stop, kill -9).
 //! - [`skb`]: the `__sk_buff` mirror for BPF_PROG_TEST_RUN contexts.
+//! - [`stolen`]: the time the machine stood still (a hypervisor's steal), which rate tests' lower
+//!   bounds give up.
 //! - [`packet`]: test packet builders and checkers.
 //! - [`frames`]: random and mutated frames for the datapath's differential test, and what the
 //!   reference parser and classifier in `paceline_common` expect of each.
@@ -20,6 +22,7 @@ pub mod packet;
 pub mod policygen;
 pub mod report;
 pub mod skb;
+pub mod stolen;
 pub mod testbed;
 pub mod workload;
 

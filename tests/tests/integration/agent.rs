@@ -236,7 +236,9 @@ fn tcp_flow_paced_at_its_class_rate() {
         .expect("client");
     // Skip the start (slow start, the first RTTs), then measure 4 s of steady state.
     std::thread::sleep(Duration::from_secs(2));
+    let mark = paceline_tests::stolen::Mark::now();
     let measured = a.tx_rate(&ifname, Duration::from_secs(4)).expect("tx rate") * 8.0 / 1e6;
+    let stolen = mark.fraction();
     drop(client);
     let configured = agent.class_counter("paced", "tcp_sockets_configured");
     let errors = agent.class_counter("paced", "tcp_sockopt_errors");
@@ -247,16 +249,21 @@ fn tcp_flow_paced_at_its_class_rate() {
     );
     assert_eq!(errors, 0, "the kernel refused a socket option");
     let ratio = measured / rate_mbit as f64;
-    eprintln!("mode {mode}: {measured:.2} Mbit/s on the wire for a {rate_mbit} Mbit/s class ({ratio:.3})");
+    eprintln!(
+        "mode {mode}: {measured:.2} Mbit/s on the wire for a {rate_mbit} Mbit/s class ({ratio:.3}); {:.1}% of the window stolen",
+        stolen * 100.0
+    );
     // Unpaced, a flow on a veth runs at Gbit/s. Paced, its frames leave at the class rate:
     // rates are wire rates, whether fq holds EDT timestamps or TCP paces its payload. Within
     // 5% over 4 s (the bound for this check). Measured in the VM with the counters
     // read in-process: 0.999-1.000 (0.964-0.967 earlier, when spawning `ip` for each read
     // added its start-up under TCG to the window).
     // Precision is the pacing benchmark's job: 0.997-1.000 for TCP over 8 s windows.
+    // The lower bound gives up the part of the window the machine stood still (`stolen`).
     assert!(
-        (0.95..=1.03).contains(&ratio),
-        "paced rate {measured:.2} Mbit/s vs {rate_mbit} Mbit/s in mode {mode}"
+        (0.95 * (1.0 - stolen)..=1.03).contains(&ratio),
+        "paced rate {measured:.2} Mbit/s vs {rate_mbit} Mbit/s in mode {mode}, {:.1}% stolen",
+        stolen * 100.0
     );
     agent.stop();
 }
@@ -302,19 +309,23 @@ fn class_aggregate_rate_enforced_for_udp() {
         );
     }
     std::thread::sleep(Duration::from_secs(2));
-    // Over 5 s: a stall of the machine itself (a shared one) cost 5.7% of a 3 s window once.
+    let mark = paceline_tests::stolen::Mark::now();
     let measured = a.tx_rate(&ifname, Duration::from_secs(5)).expect("tx rate") * 8.0 / 1e6;
+    let stolen = mark.fraction();
     drop(clients);
     let ratio = measured / cap_mbit;
     eprintln!(
-        "mode {mode}: 4 UDP flows, {measured:.2} Mbit/s on the wire for a {cap_mbit} Mbit/s class ({ratio:.3}); horizon drops {}",
-        agent.class_counter("capped", "dropped_horizon")
+        "mode {mode}: 4 UDP flows, {measured:.2} Mbit/s on the wire for a {cap_mbit} Mbit/s class ({ratio:.3}); horizon drops {}; {:.1}% of the window stolen",
+        agent.class_counter("capped", "dropped_horizon"),
+        stolen * 100.0
     );
     // HTB (no fq) or the class's EDT clock with fq holds the aggregate at its rate (VM, read
-    // in-process: 0.998-0.999 in three runs; CI once failed at 0.941 with a read per `ip`).
+    // in-process: 0.998-0.999 in three runs). The lower bound gives up the part of the window
+    // the machine stood still: on the shared host, 0.970 with 5% stolen and 0.895 with 12%.
     assert!(
-        (0.95..=1.03).contains(&ratio),
-        "aggregate {measured:.2} Mbit/s vs {cap_mbit} Mbit/s in mode {mode}"
+        (0.95 * (1.0 - stolen)..=1.03).contains(&ratio),
+        "aggregate {measured:.2} Mbit/s vs {cap_mbit} Mbit/s in mode {mode}, {:.1}% stolen",
+        stolen * 100.0
     );
     agent.stop();
 }
@@ -810,17 +821,21 @@ fn a_class_rate_and_a_probe_every_100us_hold_straight_through_kill9_and_a_restar
         });
         // The capped class's bytes on the wire between two instants: the device's bytes less
         // the probes' (the only other traffic).
+        // With each mark the machine's stolen time, which a window's lower bound gives up.
         let mark = || {
             let c = a.dev_counters(&ifname).expect("device counters");
-            (Instant::now(), c.tx_bytes, sent.load(Ordering::Relaxed))
+            let stolen = paceline_tests::stolen::Mark::now();
+            (stolen, c.tx_bytes, sent.load(Ordering::Relaxed))
         };
-        let ratio = |(t0, b0, p0): (Instant, u64, u64), (t1, b1, p1): (Instant, u64, u64)| {
+        type M = (paceline_tests::stolen::Mark, u64, u64);
+        let ratio = |(s0, b0, p0): &M, (s1, b1, p1): &M| {
             let bytes = (b1 - b0).saturating_sub((p1 - p0) * probe_frame);
-            bytes as f64 * 8.0 / 1e6 / (t1 - t0).as_secs_f64() / cap_mbit
+            let secs = (s1.at() - s0.at()).as_secs_f64();
+            (bytes as f64 * 8.0 / 1e6 / secs / cap_mbit, s1.fraction_since(s0))
         };
-        // Windows of about 3 s around each instant: a stall of the machine itself (this one
-        // is shared; the restart's own start-up competes with the senders for two CPUs) cost
-        // 8% of a 1 s window in one CI run, while a gap of the datapath shows in the probes.
+        // Windows of about 3 s around each instant, each giving up the part of it the machine
+        // stood still (this one is shared: 0.78 of the rate with about 20% stolen), while a
+        // gap of the datapath shows in the probes.
         std::thread::sleep(Duration::from_secs(2));
         let m0 = mark();
         std::thread::sleep(Duration::from_millis(1500));
@@ -837,8 +852,8 @@ fn a_class_rate_and_a_probe_every_100us_hold_straight_through_kill9_and_a_restar
         let counted = agent.class_counter("probe", "packets") - first_count;
         agent.stop();
         let report = [
-            ("around the kill", ratio(m0, m1)),
-            ("around the restart", ratio(m1, m2)),
+            ("around the kill", ratio(&m0, &m1)),
+            ("around the restart", ratio(&m1, &m2)),
         ];
         ((n, seen, counted), report)
     });
@@ -862,8 +877,12 @@ fn a_class_rate_and_a_probe_every_100us_hold_straight_through_kill9_and_a_restar
         counted, n,
         "every probe counted in its class, none left unclassified"
     );
-    for (what, r) in report {
-        assert!((0.95..=1.05).contains(&r), "{what}: {r:.3} of the class rate");
+    for (what, (r, stolen)) in report {
+        assert!(
+            (0.95 * (1.0 - stolen)..=1.05).contains(&r),
+            "{what}: {r:.3} of the class rate, {:.1}% of the window stolen",
+            stolen * 100.0
+        );
     }
 }
 
