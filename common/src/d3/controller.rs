@@ -370,15 +370,14 @@ mod tests {
         }
     }
 
-    /// Two long flows take the link (119 units each at 1 Gbit/s), then their hosts die without
-    /// a FIN: their allocations stay counted.
+    /// Two deadline flows whose desired rates take the link (119 units each at 1 Gbit/s), then
+    /// their hosts die without a FIN: their desired rates and allocations stay counted. (A
+    /// leaked fair share alone would not starve a deadline flow, which preempts it.)
     fn leak_two_long_flows(st: &mut D3LinkState, cfg: &D3LinkConfig) {
-        let reqs: Vec<D3Request> = (0..2).map(|_| request(FLAG_NEW, 8, 0)).collect();
-        for r in &reqs {
-            process_request(st, cfg, r);
-        }
-        for r in &reqs {
-            process_request(st, cfg, &follow_up(r, 0, 0));
+        let reqs: Vec<D3Request> = (0..2).map(|_| request(FLAG_NEW, 8, 119)).collect();
+        let units: Vec<u8> = reqs.iter().map(|r| process_request(st, cfg, r).units).collect();
+        for (r, u) in reqs.iter().zip(units) {
+            process_request(st, cfg, &follow_up(r, u, 119));
         }
     }
 
@@ -386,8 +385,8 @@ mod tests {
     fn leaked_allocations_wash_out() {
         let cfg = cfg_1g();
         let mut st = D3LinkState::new(&cfg);
-        // Two long flows take the link (119 units each, all but 219_456 B/s), then their hosts
-        // die without a FIN.
+        // Two deadline flows take the link (119 units each, all but 219_456 B/s), then their
+        // hosts die without a FIN.
         leak_two_long_flows(&mut st, &cfg);
         assert_eq!(st.allocated, 238 * U8);
         let leaked = st.allocated;
@@ -455,11 +454,12 @@ mod tests {
             }
             g
         };
-        // Two long flows take the link, then their hosts die without a FIN.
+        // Two deadline flows whose desired rates take the link, then their hosts die without a
+        // FIN.
         for i in 0..2 {
-            let r = request(FLAG_NEW, 8, 0);
+            let r = request(FLAG_NEW, 8, 119);
             let g = rewrite(&mut st, &r, now, &mut records, i);
-            rewrite(&mut st, &follow_up(&r, g.units, 0), now, &mut records, i);
+            rewrite(&mut st, &follow_up(&r, g.units, 119), now, &mut records, i);
         }
         let leaked = st.allocated;
         assert!(leaked > GBPS * 9 / 10, "the two flows hold the link: {leaked}");
