@@ -64,9 +64,10 @@ pub const MAX_LEVELS: usize = 8;
 /// Entries of [`names::AGG_CLOCKS`] and of [`names::STATS`].
 pub const AGG_SLOTS: usize = MAX_CLASSES + MAX_LEVELS;
 const _: () = assert!(MAX_CLASSES.is_power_of_two() && MAX_LEVELS.is_power_of_two());
-/// Default entries of [`names::FLOWS`] (`spec.flow_table_size`): 65 536 flows, about 9 MiB of
-/// kernel memory (the map's memlock, which `paceline status` reports). The agent resizes the map
-/// at load time; this is also the size compiled into the object.
+/// Default entries of [`names::FLOWS`] (`spec.flow_table_size`): 65 536 flows (about 9 MiB of
+/// kernel memory while the value was 16 bytes; 40 since the class is cached there: the map's
+/// memlock is what `paceline status` reports). The agent resizes the map at load time; this is
+/// also the size compiled into the object.
 pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
 
 /// Index of level `l`'s slot in [`names::AGG_CLOCKS`] / [`names::STATS`].
@@ -245,7 +246,18 @@ pub struct FlowKey {
 }
 const _: () = assert!(size_of::<FlowKey>() == 40);
 
-/// Per-flow state.
+/// Per-flow state of traffic without a local TCP socket (UDP, forwarded traffic, a
+/// container's packets at the host's device): the flow clock, and the flow's class with the
+/// inputs it was computed from, so that the flow's later packets skip classification
+/// ([`FlowState::class_for`]). The class is keyed like [`SockState`]'s, and also on the cgroup
+/// and on the fields the packet did not show: the 5-tuple alone does not fix them.
+///
+/// Several CPUs may send one flow's packets at once, and nothing locks an entry. The class and
+/// the generation of the policy it belongs to share one word ([`FlowState::class_gen`]),
+/// written and read in one access, so a packet never takes one policy's class index into
+/// another policy's table. The other inputs are written before that word; a flow whose packets
+/// carry two marks (or DSCPs, or cgroups) on two CPUs at the same instant may have one packet
+/// take the class computed for the other's, a class of the policy in force.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlowState {
@@ -253,8 +265,89 @@ pub struct FlowState {
     pub t_next: u64,
     /// A rate that overrides the class's per-flow rate (bytes/s), e.g. a D3 grant; 0 = none.
     pub rate_override: u64,
+    /// `generation << 16 | class`: the class and the policy generation (its low 48 bits) it
+    /// was computed under; 0: none.
+    pub class_gen: u64,
+    /// The cgroup id the class was computed for (0 when the policy matches no cgroup).
+    pub cgroup_id: u64,
+    /// The mark, DSCP and unknown-field bits (`PacketInfo::unknown`) the class was computed for.
+    pub mark: u32,
+    pub dscp: u8,
+    pub unknown: u8,
+    pub _pad: u16,
 }
-const _: () = assert!(size_of::<FlowState>() == 16);
+const _: () = assert!(size_of::<FlowState>() == 40);
+const _: () = assert!(MAX_CLASSES <= 1 << 16);
+
+impl FlowState {
+    /// [`FlowState::class_gen`] of `class` under policy `generation`.
+    #[inline(always)]
+    pub const fn class_gen(generation: u64, class: u32) -> u64 {
+        (generation << 16) | (class as u64 & 0xffff)
+    }
+
+    /// The cached class, if it was computed under policy `generation` for a packet with
+    /// `pkt`'s mark, DSCP, cgroup and unknown fields (the 5-tuple is the table's key).
+    #[inline(always)]
+    pub fn class_for(&self, generation: u64, pkt: &crate::classify::PacketInfo) -> Option<u32> {
+        let cg = self.class_gen;
+        (cg >> 16 == generation & ((1 << 48) - 1)
+            && generation != 0
+            && self.mark == pkt.mark
+            && self.dscp == pkt.dscp
+            && self.unknown == pkt.unknown
+            && self.cgroup_id == pkt.cgroup_id)
+            .then_some((cg & 0xffff) as u32)
+    }
+
+    /// Caches `class`, computed under policy `generation` for `pkt` (the inputs first, the
+    /// class last); the clock is kept.
+    #[inline(always)]
+    pub fn set_class(&mut self, generation: u64, pkt: &crate::classify::PacketInfo, class: u32) {
+        self.cgroup_id = pkt.cgroup_id;
+        self.mark = pkt.mark;
+        self.dscp = pkt.dscp;
+        self.unknown = pkt.unknown;
+        // SAFETY: a field of a live value; volatile keeps the store one access, and last.
+        unsafe { core::ptr::write_volatile(&mut self.class_gen, Self::class_gen(generation, class)) };
+    }
+}
+
+#[cfg(test)]
+mod flow_state_tests {
+    use super::*;
+    use crate::classify::PacketInfo;
+
+    #[test]
+    fn a_cached_class_holds_only_for_its_policy_and_its_packet_fields() {
+        let pkt = PacketInfo {
+            mark: 7,
+            dscp: 46,
+            cgroup_id: 99,
+            ..Default::default()
+        };
+        let mut f = FlowState {
+            t_next: 123,
+            ..Default::default()
+        };
+        assert_eq!(f.class_for(1, &pkt), None, "nothing cached yet");
+        f.set_class(5, &pkt, 1023);
+        assert_eq!(f.class_for(5, &pkt), Some(1023));
+        assert_eq!(f.t_next, 123, "the clock is kept");
+        assert_eq!(f.class_for(6, &pkt), None, "another policy");
+        for other in [
+            PacketInfo { mark: 8, ..pkt },
+            PacketInfo { dscp: 0, ..pkt },
+            PacketInfo { cgroup_id: 0, ..pkt },
+            PacketInfo { unknown: 1, ..pkt },
+        ] {
+            assert_eq!(f.class_for(5, &other), None, "{other:?}");
+        }
+        // Generations beyond 48 bits compare on their low 48 (2^48 policy writes apart).
+        f.set_class(1 << 48 | 5, &pkt, 2);
+        assert_eq!(f.class_for(5, &pkt), Some(2));
+    }
+}
 
 /// What the tc program keeps per local TCP socket (socket storage, `names::SOCK`): the socket's
 /// flow clock, and its class with the inputs it was computed from. A TCP socket is one flow for
@@ -382,9 +475,10 @@ pub struct GlobalCounters {
     /// an IPv4 header length below 20 bytes or beyond the total length, a TCP data offset
     /// below 5: passed untouched.
     pub malformed: u64,
-    /// Flows given a clock in the flow table ([`names::FLOWS`]). The table is an LRU map:
-    /// once it is full, each insert evicts the least recently paced flow, so evictions are
-    /// inserts minus the entries present (the agent counts them).
+    /// Flows entered in the flow table ([`names::FLOWS`]): every flow without a local TCP
+    /// socket, for its class and its clock. The table is an LRU map: once it is full, each
+    /// insert evicts the least recently seen flow, so evictions are inserts minus the entries
+    /// present (the agent counts them).
     pub flow_inserts: u64,
 }
 const _: () = assert!(size_of::<GlobalCounters>() == 64);
@@ -419,7 +513,7 @@ pub struct CpuState {
     pub flow_key: FlowKey,
     pub flow_state: FlowState,
 }
-const _: () = assert!(size_of::<CpuState>() == 64 + 56 + 8 + 40 + 16);
+const _: () = assert!(size_of::<CpuState>() == 64 + 56 + 8 + 40 + 40);
 
 // ---------------------------------------------------------------------------------------
 // D3 (see crate::d3 and docs/d3.md)

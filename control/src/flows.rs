@@ -1,7 +1,8 @@
 //! `paceline flows`: the flows the agent paces, as rows, from two places:
 //!
 //! - the per-flow table (`PL_FLOWS`, an LRU hash of `FlowKey -> FlowState`): UDP and forwarded
-//!   flows of paced classes (per-flow clocks run with fq): the 5-tuple, the class its 5-tuple
+//!   flows, every flow without a local TCP socket (its class cached for its later packets; the
+//!   per-flow clocks run with fq): the 5-tuple, the class its 5-tuple
 //!   selects under the policy in force, the rate the flow's clock runs at (a D3 grant overrides
 //!   the class's `flow_rate`), its next departure relative to now (positive: the clock runs
 //!   ahead, packets wait; negative: idle that long); the table keeps no byte count;
@@ -11,8 +12,9 @@
 //!
 //! Served by the agent at `/flows?top=N&class=C`.
 //!
-//! The class is what the 5-tuple alone selects: rules on DSCP, socket mark or cgroup cannot be
-//! evaluated from the flow table, and are skipped.
+//! A table row's class is the one the datapath cached for the flow under the policy in force;
+//! for an entry not yet seen under it (and for socket rows), what the 5-tuple alone selects:
+//! rules on DSCP, socket mark or cgroup cannot be evaluated from the 5-tuple, and are skipped.
 
 use std::net::IpAddr;
 
@@ -104,9 +106,14 @@ pub fn tcp_key(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> FlowKey {
     }
 }
 
-/// The row of one table entry; `now_ns`: CLOCK_MONOTONIC now.
-pub fn row(c: &Compiled, k: &FlowKey, s: &FlowState, now_ns: u64) -> FlowRow {
-    let class = class_of(c, k);
+/// The row of one table entry under the policy `c` of datapath generation `generation`;
+/// `now_ns`: CLOCK_MONOTONIC now. The class is the one the datapath cached for the flow under
+/// this policy (its answer, DSCP, mark and cgroup included), else what the 5-tuple selects.
+pub fn row(c: &Compiled, generation: u64, k: &FlowKey, s: &FlowState, now_ns: u64) -> FlowRow {
+    let cached = (s.class_gen != 0 && s.class_gen >> 16 == generation & ((1 << 48) - 1))
+        .then_some((s.class_gen & 0xffff) as u16)
+        .and_then(|i| c.classes.iter().find(|k| k.index == i));
+    let class = cached.or_else(|| class_of(c, k));
     let ports = protocols::has_ports(k.proto);
     let (rate, grant) = if s.rate_override != 0 {
         (Some(s.rate_override), true)
@@ -242,10 +249,11 @@ spec:
         };
         let r = row(
             &c,
+            3,
             &key,
             &FlowState {
                 t_next: 1_002_000_000,
-                rate_override: 0,
+                ..FlowState::default()
             },
             1_000_000_000,
         );
@@ -258,14 +266,24 @@ spec:
         let other = FlowKey { dport: 80, ..key };
         let o = row(
             &c,
+            3,
             &other,
             &FlowState {
-                t_next: 0,
                 rate_override: 5,
+                ..FlowState::default()
             },
             1_000_000_000,
         );
         assert_eq!(o.class, "other");
+        // The class the datapath cached under the policy in force wins over the 5-tuple's (a
+        // DSCP or mark rule may have chosen it); a class cached under another policy does not.
+        let web = c.classes.iter().find(|k| k.name == "web").unwrap().index;
+        let cached = FlowState {
+            class_gen: FlowState::class_gen(3, web.into()),
+            ..FlowState::default()
+        };
+        assert_eq!(row(&c, 3, &other, &cached, 0).class, "web");
+        assert_eq!(row(&c, 4, &other, &cached, 0).class, "other");
         assert!(o.d3_grant && o.next_departure_seconds.unwrap() < 0.0);
         let sock = FlowRow {
             source: "socket".into(),

@@ -132,6 +132,7 @@ pub async fn run(opts: Options) -> Result<()> {
         flow_table_size: compiled.flow_table_size,
         count_only: false,
         bench_any_socket: false,
+        bench_flow_miss: false,
         pins: Some(pins.clone()),
     })?;
     dir.write_json(

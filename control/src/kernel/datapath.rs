@@ -49,6 +49,9 @@ pub struct LoadOptions {
     /// Benchmark only: treat any full socket as a TCP socket's (BPF_PROG_TEST_RUN's socket is
     /// a placeholder that is not TCP), so the per-socket fast path can be measured.
     pub bench_any_socket: bool,
+    /// Benchmark only: take every flow-table lookup for a miss (classify, then insert), so a
+    /// flow's first packet can be measured with BPF_PROG_TEST_RUN's repeated runs.
+    pub bench_flow_miss: bool,
     /// Pin every map here (`<dir>/maps/<NAME>`), reusing the maps already pinned there (the
     /// caller checks their layouts first: [`crate::kernel::persist::Pins::prepare`]).
     pub pins: Option<crate::kernel::persist::Pins>,
@@ -60,6 +63,7 @@ impl Default for LoadOptions {
             flow_table_size: DEFAULT_FLOW_TABLE_SIZE,
             count_only: false,
             bench_any_socket: false,
+            bench_flow_miss: false,
             pins: None,
         }
     }
@@ -125,12 +129,14 @@ impl Datapath {
     pub fn load(opts: &LoadOptions) -> Result<Self> {
         let count_only: u32 = opts.count_only.into();
         let any_sock: u32 = opts.bench_any_socket.into();
+        let flow_miss: u32 = opts.bench_flow_miss.into();
         let netns = own_netns_cookie().context("reading this process's network namespace cookie")?;
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(names::FLOWS, opts.flow_table_size)
             .override_global("PL_COUNT_ONLY", &count_only, true)
             .override_global("PL_ANY_SOCK", &any_sock, true)
+            .override_global("PL_BENCH_FLOW_MISS", &flow_miss, true)
             .override_global("PL_NETNS_COOKIE", &netns, true);
         let pinned: Vec<(String, std::path::PathBuf)> = match &opts.pins {
             Some(pins) => crate::kernel::persist::expected_layouts(EBPF_OBJECT, opts.flow_table_size)?

@@ -402,7 +402,7 @@ pub fn render_with(
     counter(
         &r,
         "paceline_flow_table_inserts_total",
-        "Flows the datapath gave a clock in the per-flow table.",
+        "Flows the datapath entered in the per-flow table (every flow without a local TCP socket: its class and clock).",
         &[],
     )?
     .with_label_values(&[] as &[&str])

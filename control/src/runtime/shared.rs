@@ -159,7 +159,7 @@ impl Shared {
         let now = flows::monotonic_ns();
         let mut rows: Vec<flows::FlowRow> = entries
             .iter()
-            .map(|(k, s)| flows::row(&g.compiled, k, s, now))
+            .map(|(k, s)| flows::row(&g.compiled, dp.generation(), k, s, now))
             .collect();
         let sockets = crate::kernel::sockdiag::socket_rows(|t| {
             flows::class_of(&g.compiled, &flows::tcp_key(t.0, t.1, t.2, t.3))

@@ -25,15 +25,23 @@ use paceline_common::{
     ctab::{self, CT_CGROUP},
     edt::delay_bucket,
     maps::{
-        CLASS_SET_PRIORITY, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_CLASSES, MAX_LEVELS, TABLE_NO_FLOW_CLOCKS,
-        level_slot,
+        CLASS_SET_PRIORITY, FlowKey, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_CLASSES, MAX_LEVELS,
+        TABLE_NO_FLOW_CLOCKS, level_slot,
     },
 };
+
+use maps::FLOWS;
 
 /// Read-only at load (the agent overrides it): 1 when the agent asked for tagging and pacing to
 /// be skipped entirely, so the program only counts (used by the benchmark's floor).
 #[unsafe(no_mangle)]
 static PL_COUNT_ONLY: u32 = 0;
+
+/// Read-only at load: 1 only in the benchmark's build that measures a flow's first packet
+/// (every flow-table lookup taken for a miss: look up, classify, insert); the agent leaves it
+/// 0.
+#[unsafe(no_mangle)]
+static PL_BENCH_FLOW_MISS: u32 = 0;
 
 /// tc egress: classify, pace, tag, count. Returns TC_ACT_UNSPEC (continue to the next tcx
 /// program or filter) for every packet it does not drop.
@@ -76,35 +84,80 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let pkt = maps::launder(cpu, &pkt);
     // A local TCP socket keeps its class (and its flow clock) in socket storage: a packet whose
     // socket holds a class computed under this policy, for this mark and DSCP, skips
-    // classification. (Nothing of the socket stays live across `classify`, so the verifier
-    // walks the classifier once, not once per socket case.)
+    // classification. Every other flow keeps them in the flow table, keyed by its 5-tuple and
+    // checked against the policy generation, mark, DSCP, cgroup and unknown fields the same
+    // way. (Neither the socket nor the table entry stays live across `classify`: the verifier
+    // walks the classifier once, not once per case.)
     let is_tcp = pkt.proto == 6;
+    let mut has_sock = false;
     let mut sock_state = None;
-    if is_tcp
-        && let Some(st) = sock::tcp_sock(ctx).and_then(|s| sock::state(s, false))
-        && st.generation == table.generation
-        && st.mark == pkt.mark
-        && st.dscp == pkt.dscp
-    {
-        sock_state = Some(st);
+    if is_tcp && let Some(s) = sock::tcp_sock(ctx) {
+        has_sock = true;
+        if let Some(st) = sock::state(s, false)
+            && st.generation == table.generation
+            && st.mark == pkt.mark
+            && st.dscp == pkt.dscp
+        {
+            sock_state = Some(st);
+        }
     }
-    let class_idx = match &sock_state {
-        Some(st) => u32::from(st.class),
-        None => {
+    // The flow clock: the socket's, the table entry's, or (a flow not in the table yet) the
+    // per-CPU value inserted after pacing. Null: none (a socket without storage).
+    let mut clock: *mut u64 = core::ptr::null_mut();
+    let mut insert = false;
+    let mut in_table = false;
+    let mut cached = None;
+    if !has_sock {
+        set_flow_key(&mut cpu.flow_key, &pkt);
+        // SAFETY: volatile read of a load-time constant.
+        let bench_miss = unsafe { core::ptr::read_volatile(&PL_BENCH_FLOW_MISS) } != 0;
+        if let Some(f) = FLOWS.get_ptr_mut(&cpu.flow_key)
+            && !bench_miss
+        {
+            in_table = true;
+            // SAFETY: a map value of this type, valid for this program run.
+            let f = unsafe { &mut *f };
+            if let Some(c) = f.class_for(table.generation, &pkt) {
+                cached = Some(c);
+                clock = &mut f.t_next;
+            }
+        }
+    }
+    let class_idx = match (&sock_state, cached) {
+        (Some(st), _) => u32::from(st.class),
+        (None, Some(c)) => c,
+        (None, None) => {
             let c = match maps::ctab(bank) {
                 Some(tables) => ctab::classify(&table.ctab, &tables, &pkt, table.default_class),
                 None => table.default_class,
             };
-            if is_tcp && let Some(st) = sock::tcp_sock(ctx).and_then(|s| sock::state(s, true)) {
-                st.generation = table.generation;
-                st.mark = pkt.mark;
-                st.dscp = pkt.dscp;
-                st.class = c as u16;
-                sock_state = Some(st);
+            if has_sock {
+                if let Some(st) = sock::tcp_sock(ctx).and_then(|s| sock::state(s, true)) {
+                    st.generation = table.generation;
+                    st.mark = pkt.mark;
+                    st.dscp = pkt.dscp;
+                    st.class = c as u16;
+                    sock_state = Some(st);
+                }
+            } else if in_table && let Some(f) = FLOWS.get_ptr_mut(&cpu.flow_key) {
+                // A flow classified under another policy (or for another mark, DSCP or
+                // cgroup): the new class, the same clock.
+                // SAFETY: as above.
+                let f = unsafe { &mut *f };
+                f.set_class(table.generation, &pkt, c);
+                clock = &mut f.t_next;
+            } else {
+                cpu.flow_state = paceline_common::maps::FlowState::default();
+                cpu.flow_state.set_class(table.generation, &pkt, c);
+                clock = &mut cpu.flow_state.t_next;
+                insert = true;
             }
             c
         }
     };
+    if let Some(st) = &mut sock_state {
+        clock = &mut st.t_next;
+    }
     let class_idx = class_idx & (MAX_CLASSES as u32 - 1);
     let class = &table.classes[class_idx as usize];
     let level_idx = class.level & (MAX_LEVELS as u32 - 1);
@@ -179,11 +232,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             level_slot,
             horizon_ns: table.horizon_ns,
         };
-        let sock_clock: *mut u64 = match sock_state {
-            Some(st) => &mut st.t_next,
-            None => core::ptr::null_mut(),
-        };
-        match pacer::pace(&pkt, len, now, stack_ts, &cfg, sock_clock, cpu) {
+        match pacer::pace(len, now, stack_ts, &cfg, clock) {
             pacer::Outcome::Untouched => {}
             pacer::Outcome::Send { depart, added_delay } => {
                 // SAFETY: tc programs may write skb->tstamp.
@@ -236,8 +285,26 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     if tagged {
         how |= TAGGED;
     }
+    if insert {
+        // A flood of new flows evicts the least recently used entries (LRU map).
+        if FLOWS.insert(&cpu.flow_key, &cpu.flow_state, 0).is_ok() {
+            cpu.global.flow_inserts += 1;
+        }
+    }
     count(class_idx, level_slot, len, delay, how);
     Ok(TC_ACT_UNSPEC)
+}
+
+/// Writes the packet's 5-tuple into `k` (a per-CPU map value, as the key of a map operation
+/// must not be on the stack of a program this large: see `CpuState::flow_key`).
+#[inline(always)]
+fn set_flow_key(k: &mut FlowKey, p: &PacketInfo) {
+    k.src = p.src;
+    k.dst = p.dst;
+    k.sport = p.sport;
+    k.dport = p.dport;
+    k.proto = p.proto;
+    k._pad = [0; 3];
 }
 
 /// [`count`]'s `how` bits: the packet's DSCP or PCP was rewritten.

@@ -1,4 +1,4 @@
-//! EDT pacing: the per-flow clock (in the LRU flow table) and the class and level aggregate
+//! EDT pacing: the per-flow clock (a socket's or the LRU flow table's) and the class and level aggregate
 //! clocks (shared by all CPUs, advanced with compare-and-swap). The arithmetic is
 //! `paceline_common::edt`, the same code the unit tests cover.
 
@@ -7,13 +7,9 @@ use core::{
     ptr::NonNull,
 };
 
-use paceline_common::{
-    classify::PacketInfo,
-    edt::{self, Verdict},
-    maps::{CpuState, FlowKey},
-};
+use paceline_common::edt::{self, Verdict};
 
-use super::maps::{AGG_CLOCKS, FLOWS};
+use super::maps::AGG_CLOCKS;
 
 /// Reserves `len` bytes at `rate` on an aggregate clock; returns the start of the slot the
 /// packet got. Each compare-and-swap that succeeds reserves one slot no other CPU holds, so the
@@ -64,48 +60,21 @@ pub enum Outcome {
     Drop,
 }
 
-/// Writes the packet's 5-tuple into `k` (a per-CPU map value: see [`CpuState::flow_key`]).
-#[inline(always)]
-fn set_flow_key(k: &mut FlowKey, p: &PacketInfo) {
-    k.src = p.src;
-    k.dst = p.dst;
-    k.sport = p.sport;
-    k.dport = p.dport;
-    k.proto = p.proto;
-    k._pad = [0; 3];
-}
-
 /// Decides the departure of a `len`-byte packet, advancing the clocks that apply. The flow
-/// clock is `sock_clock` (a local TCP socket's, in socket storage) or, when that is null, the
-/// flow table's entry for the packet's 5-tuple (created if missing). A raw pointer rather than
-/// an enum: an enum's unused payload is undefined, and LLVM may spill such a register, which
-/// the verifier refuses to read.
+/// clock is `flow_clock`: a local TCP socket's (socket storage), the flow table's entry, or the
+/// per-CPU value the caller inserts into the table afterwards (a new flow); null: none. A raw
+/// pointer rather than an enum: an enum's unused payload is undefined, and LLVM may spill such
+/// a register, which the verifier refuses to read.
 #[inline(always)]
-pub fn pace(
-    pkt: &PacketInfo,
-    len: u64,
-    now: u64,
-    stack_ts: u64,
-    cfg: &Pacing,
-    sock_clock: *mut u64,
-    cpu: &mut CpuState,
-) -> Outcome {
+pub fn pace(len: u64, now: u64, stack_ts: u64, cfg: &Pacing, flow_clock: *mut u64) -> Outcome {
     let flow_rate = cfg.flow_rate;
     // NonNull, not raw pointers, inside these Options: `Option<*mut T>` carries an undefined
     // payload when None, which LLVM may spill and the verifier refuses to read.
-    let mut flow: Option<NonNull<u64>> = None;
-    let from_table = sock_clock.is_null();
-    if flow_rate != 0 {
-        flow = if from_table {
-            set_flow_key(&mut cpu.flow_key, pkt);
-            // `t_next` is FlowState's first field.
-            FLOWS
-                .get_ptr_mut(&cpu.flow_key)
-                .and_then(|f| NonNull::new(f.cast::<u64>()))
-        } else {
-            NonNull::new(sock_clock)
-        };
-    }
+    let flow: Option<NonNull<u64>> = if flow_rate != 0 {
+        NonNull::new(flow_clock)
+    } else {
+        None
+    };
     let class_clock = if cfg.class_rate != 0 {
         AGG_CLOCKS
             .get_ptr_mut(cfg.class_slot)
@@ -156,21 +125,10 @@ pub fn pace(
             depart = s;
         }
     }
-    if flow_rate != 0 {
+    if let Some(f) = flow {
         let t_next = edt::flow_clock_after(depart, len, flow_rate);
-        match flow {
-            // SAFETY: map value pointer valid for this program run.
-            Some(f) => unsafe { f.as_ptr().write_volatile(t_next) },
-            None if from_table => {
-                // A flood of new flows evicts the least recently used state (LRU map).
-                cpu.flow_state.t_next = t_next;
-                cpu.flow_state.rate_override = 0;
-                if FLOWS.insert(&cpu.flow_key, &cpu.flow_state, 0).is_ok() {
-                    cpu.global.flow_inserts += 1;
-                }
-            }
-            None => {}
-        }
+        // SAFETY: a map value (or per-CPU value) pointer valid for this program run.
+        unsafe { f.as_ptr().write_volatile(t_next) };
     }
     Outcome::Send {
         depart,

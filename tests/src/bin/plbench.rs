@@ -193,9 +193,14 @@ enum Prog {
     Floor,
     Clock,
     Reference,
-    /// The tc program; BPF_PROG_TEST_RUN's placeholder socket is not TCP, so every packet is
-    /// classified: a flow's first packet.
+    /// The tc program loaded to take every flow-table lookup for a miss: each run looks the
+    /// flow up, classifies and inserts, as a flow's first packet does.
     Full,
+    /// The tc program as the agent loads it; BPF_PROG_TEST_RUN's placeholder socket is not
+    /// TCP, so after the first run every packet finds its class (and its flow clock) in the
+    /// flow table, as the later packets of a flow without a local socket do (UDP, forwarded
+    /// traffic, a container's packets at the host's device).
+    Table,
     /// The tc program loaded to take the placeholder socket for a TCP one: after the first
     /// run, every packet finds its class (and its flow clock) in the socket's storage, as a
     /// TCP flow's later packets do.
@@ -216,6 +221,19 @@ struct Case {
 
 fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) -> Result<()> {
     let tcp4 = tcp4_to([10, 0, 0, 2], 0, None);
+    let udp4 = packet::ipv4(
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+        L4::Udp {
+            sport: 40000,
+            dport: 11211,
+        },
+        0,
+        0,
+        &[],
+        None,
+        64,
+    );
     // TCP stamps its segments with its EDT departure, taken microseconds earlier.
     let tcp_ts = paceline_tests::skb::mono_now_ns();
     let mut policies: Vec<Policy> = vec![
@@ -262,6 +280,27 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
             full4,
             &tcp4,
             tcp_ts,
+        ),
+        case(
+            "IPv4/TCP full, later packets without a local socket (flow table: forwarded, a container's)",
+            Prog::Table,
+            full4,
+            &tcp4,
+            tcp_ts,
+        ),
+        case(
+            "IPv4/UDP full, a flow's later packets (class and flow clock in the flow table)",
+            Prog::Table,
+            full4,
+            &udp4,
+            0,
+        ),
+        case(
+            "IPv4/UDP full path: a flow's first packet",
+            Prog::Full,
+            full4,
+            &udp4,
+            0,
         ),
         case(
             "IPv4/TCP full, a TCP flow's later packets (class and flow clock in the socket)",
@@ -378,9 +417,20 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
             &tcp4_to(last4, 0, None),
             tcp_ts,
         ));
+        cases.push(case(
+            &format!("IPv4/TCP full path, {n} rules, the last matches: later packets, no local socket"),
+            Prog::Table,
+            pf,
+            &tcp4_to(last4, 0, None),
+            tcp_ts,
+        ));
     }
 
     let mut dp = Datapath::load(&LoadOptions::default())?;
+    let mut first = Datapath::load(&LoadOptions {
+        bench_flow_miss: true,
+        ..LoadOptions::default()
+    })?;
     let mut cached = Datapath::load(&LoadOptions {
         bench_any_socket: true,
         ..LoadOptions::default()
@@ -410,6 +460,7 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
     for _ in 0..trials {
         for (pi, p) in policies.iter().enumerate() {
             dp.write_policy(&p.table, &p.image)?;
+            first.write_policy(&p.table, &p.image)?;
             cached.write_policy(&p.table, &p.image)?;
             count_only.write_policy(&p.table, &p.image)?;
             for (i, c) in cases.iter().enumerate().filter(|(_, c)| c.policy == pi) {
@@ -417,7 +468,8 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
                     Prog::Floor => (&mut dp, Some(paceline::kernel::datapath::TC_FLOOR)),
                     Prog::Clock => (&mut dp, Some(paceline::kernel::datapath::TC_CLOCK)),
                     Prog::Reference => (&mut dp, Some(paceline::kernel::datapath::TC_REF_EDT)),
-                    Prog::Full => (&mut dp, None),
+                    Prog::Full => (&mut first, None),
+                    Prog::Table => (&mut dp, None),
                     Prog::Cached => (&mut cached, None),
                     Prog::CountOnly => (&mut count_only, None),
                 };
