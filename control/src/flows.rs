@@ -106,16 +106,30 @@ pub fn tcp_key(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> FlowKey {
     }
 }
 
-/// The row of one table entry under the policy `c` of datapath generation `generation`;
-/// `now_ns`: CLOCK_MONOTONIC now. The class is the one the datapath cached for the flow under
-/// this policy (its answer, DSCP, mark and cgroup included), else what the 5-tuple selects.
-pub fn row(c: &Compiled, generation: u64, k: &FlowKey, s: &FlowState, now_ns: u64) -> FlowRow {
+/// Where a table row's class and clock come from: the policy in force, the datapath
+/// generation it was written as, and whether the datapath keeps flow clocks (only where fq
+/// enforces them; elsewhere an entry holds the flow's class alone).
+#[derive(Clone, Copy)]
+pub struct TableView<'a> {
+    pub compiled: &'a Compiled,
+    pub generation: u64,
+    pub clocks: bool,
+}
+
+/// The row of one table entry; `now_ns`: CLOCK_MONOTONIC now. The class is the one the
+/// datapath cached for the flow under the policy in force (its answer, DSCP, mark and cgroup
+/// included), else what the 5-tuple selects; without flow clocks the row has no rate and no
+/// departure.
+pub fn row(view: TableView<'_>, k: &FlowKey, s: &FlowState, now_ns: u64) -> FlowRow {
+    let (c, generation) = (view.compiled, view.generation);
     let cached = (s.class_gen != 0 && s.class_gen >> 16 == generation & ((1 << 48) - 1))
         .then_some((s.class_gen & 0xffff) as u16)
         .and_then(|i| c.classes.iter().find(|k| k.index == i));
     let class = cached.or_else(|| class_of(c, k));
     let ports = protocols::has_ports(k.proto);
-    let (rate, grant) = if s.rate_override != 0 {
+    let (rate, grant) = if !view.clocks {
+        (None, false)
+    } else if s.rate_override != 0 {
         (Some(s.rate_override), true)
     } else {
         (class.and_then(|k| k.flow_rate), false)
@@ -129,7 +143,9 @@ pub fn row(c: &Compiled, generation: u64, k: &FlowKey, s: &FlowState, now_ns: u6
         class: class.map(|k| k.name.clone()).unwrap_or_else(|| "?".into()),
         rate_bytes_per_second: rate,
         d3_grant: grant,
-        next_departure_seconds: Some((s.t_next as i128 - now_ns as i128) as f64 * 1e-9),
+        next_departure_seconds: view
+            .clocks
+            .then_some((s.t_next as i128 - now_ns as i128) as f64 * 1e-9),
         bytes: None,
         source: "table".into(),
     }
@@ -247,9 +263,13 @@ spec:
             proto: 6,
             _pad: [0; 3],
         };
+        let view = TableView {
+            compiled: &c,
+            generation: 3,
+            clocks: true,
+        };
         let r = row(
-            &c,
-            3,
+            view,
             &key,
             &FlowState {
                 t_next: 1_002_000_000,
@@ -265,8 +285,7 @@ spec:
         assert!((r.next_departure_seconds.unwrap() - 0.002).abs() < 1e-9);
         let other = FlowKey { dport: 80, ..key };
         let o = row(
-            &c,
-            3,
+            view,
             &other,
             &FlowState {
                 rate_override: 5,
@@ -282,8 +301,26 @@ spec:
             class_gen: FlowState::class_gen(3, web.into()),
             ..FlowState::default()
         };
-        assert_eq!(row(&c, 3, &other, &cached, 0).class, "web");
-        assert_eq!(row(&c, 4, &other, &cached, 0).class, "other");
+        assert_eq!(row(view, &other, &cached, 0).class, "web");
+        let next = TableView {
+            generation: 4,
+            ..view
+        };
+        assert_eq!(row(next, &other, &cached, 0).class, "other");
+        // Without flow clocks (no fq) an entry holds the class alone.
+        let classes_only = TableView {
+            clocks: false,
+            ..view
+        };
+        let n = row(classes_only, &key, &cached, 0);
+        assert_eq!(
+            (
+                n.class.as_str(),
+                n.rate_bytes_per_second,
+                n.next_departure_seconds
+            ),
+            ("web", None, None)
+        );
         assert!(o.d3_grant && o.next_departure_seconds.unwrap() < 0.0);
         let sock = FlowRow {
             source: "socket".into(),

@@ -157,10 +157,16 @@ impl Shared {
         // (spec.flow_table_size).
         let (entries, total) = dp.flows(usize::MAX)?;
         let now = flows::monotonic_ns();
-        let mut rows: Vec<flows::FlowRow> = entries
-            .iter()
-            .map(|(k, s)| flows::row(&g.compiled, dp.generation(), k, s, now))
-            .collect();
+        let view = flows::TableView {
+            compiled: &g.compiled,
+            generation: dp.generation(),
+            clocks: dp
+                .live_policy()
+                .map(|t| t.flags & paceline_common::maps::TABLE_NO_FLOW_CLOCKS == 0)
+                .unwrap_or(true),
+        };
+        let mut rows: Vec<flows::FlowRow> =
+            entries.iter().map(|(k, s)| flows::row(view, k, s, now)).collect();
         let sockets = crate::kernel::sockdiag::socket_rows(|t| {
             flows::class_of(&g.compiled, &flows::tcp_key(t.0, t.1, t.2, t.3))
                 .map(|c| c.name.clone())

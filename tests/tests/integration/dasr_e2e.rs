@@ -736,7 +736,8 @@ fn both_send(star: &Star, received: &[AtomicU64; 2], cc: &str, warm: Duration, m
 /// CPUs, cubic 7.40, BBR 7.09, DASR 3.97 ms (0.54 of cubic's) at 88.9 Mbit/s against 87.7. With
 /// the sender's cap patched out (`apply` in `datapath-ebpf/src/ebpf/dasr.rs` given a share of
 /// 0), DASR's median was 7.33 ms against cubic's 7.03 and this failed (with the policy RTT at
-/// 1 ms before it, 7.11 against 7.09).
+/// 1 ms before it, 7.11 against 7.09); with the three rounds, patched the same way, all three
+/// missed (7.01, 7.13 and 6.95 ms, 0.1-0.2% of the CPUs stolen) and this failed.
 #[test]
 fn against_plain_tcp_two_dasr_senders_keep_the_port_queue_short_at_the_same_goodput() {
     let test = "against_plain_tcp_two_dasr_senders_keep_the_port_queue_short_at_the_same_goodput";
@@ -775,7 +776,32 @@ fn against_plain_tcp_two_dasr_senders_keep_the_port_queue_short_at_the_same_good
             Agent::start(&star.senders[i], &p, &scratch.path(&format!("s{i}")))
         })
         .collect();
-    let dasr = both_send(&star, &received, "cubic", warm, measure);
+    // The DASR phase, judged on its own, in up to three rounds: the first that meets every
+    // bound passes. On this shared machine a round can be spoiled by its stalls (a CI run
+    // measured DASR at cubic's RTT and 77% of its goodput, where the same build passed before
+    // and after; one run here missed twice with 17% of the CPUs stolen). With the cap patched
+    // out every round misses.
+    let judge = |d: &Phase| {
+        d.srtt_us.0 as f64 <= 0.6 * cubic.srtt_us.0 as f64
+            && d.srtt_us.0 <= bbr.srtt_us.0
+            && d.total() >= 0.85 * cubic.total()
+    };
+    let mut rounds = Vec::new();
+    let dasr = loop {
+        let mark = paceline_tests::stolen::Mark::now();
+        let d = both_send(&star, &received, "cubic", warm, measure);
+        rounds.push(format!(
+            "round {}: {:.2} ms, {:.1} Mbit/s, {:.1}% stolen",
+            rounds.len() + 1,
+            d.srtt_us.0 as f64 / 1e3,
+            d.total() * 8e-6,
+            mark.fraction() * 100.0
+        ));
+        if judge(&d) || rounds.len() == 3 {
+            break d;
+        }
+    };
+    let rounds = rounds.join("; ");
     let rates_set = agents[0]
         .live_status()
         .expect("sender status")
@@ -796,7 +822,7 @@ fn against_plain_tcp_two_dasr_senders_keep_the_port_queue_short_at_the_same_good
         )
     };
     let msg = format!(
-        "{rate_mbit} Mbit/s port, {adv_mbit} Mbit/s advertised\n  cubic: {}\n  bbr:   {}\n  dasr:  {} ({rates_set} rates set)",
+        "{rate_mbit} Mbit/s port, {adv_mbit} Mbit/s advertised\n  cubic: {}\n  bbr:   {}\n  dasr:  {} ({rates_set} rates set; {rounds})",
         show(&cubic),
         show(&bbr),
         show(&dasr)
