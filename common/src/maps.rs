@@ -286,18 +286,25 @@ impl FlowState {
         (generation << 16) | (class as u64 & 0xffff)
     }
 
+    /// The cached class, if it was computed under policy `generation` (whatever packet it was
+    /// computed for: `paceline flows` reads it this way).
+    #[inline(always)]
+    pub fn class_under(&self, generation: u64) -> Option<u32> {
+        // One load of the word: class and generation from the same write.
+        let cg = self.class_gen;
+        (cg >> 16 == generation & ((1 << 48) - 1) && generation != 0).then_some((cg & 0xffff) as u32)
+    }
+
     /// The cached class, if it was computed under policy `generation` for a packet with
     /// `pkt`'s mark, DSCP, cgroup and unknown fields (the 5-tuple is the table's key).
     #[inline(always)]
     pub fn class_for(&self, generation: u64, pkt: &crate::classify::PacketInfo) -> Option<u32> {
-        let cg = self.class_gen;
-        (cg >> 16 == generation & ((1 << 48) - 1)
-            && generation != 0
-            && self.mark == pkt.mark
+        let class = self.class_under(generation)?;
+        (self.mark == pkt.mark
             && self.dscp == pkt.dscp
             && self.unknown == pkt.unknown
             && self.cgroup_id == pkt.cgroup_id)
-            .then_some((cg & 0xffff) as u32)
+            .then_some(class)
     }
 
     /// Caches `class`, computed under policy `generation` for `pkt` (the inputs first, the

@@ -1,11 +1,11 @@
 //! `paceline flows`: the flows the agent paces, as rows, from two places:
 //!
-//! - the per-flow table (`PL_FLOWS`, an LRU hash of `FlowKey -> FlowState`): UDP and forwarded
-//!   flows, every flow without a local TCP socket (its class cached for its later packets; the
-//!   per-flow clocks run with fq): the 5-tuple, the class its 5-tuple
-//!   selects under the policy in force, the rate the flow's clock runs at (a D3 grant overrides
-//!   the class's `flow_rate`), its next departure relative to now (positive: the clock runs
-//!   ahead, packets wait; negative: idle that long); the table keeps no byte count;
+//! - the per-flow table (`PL_FLOWS`, an LRU hash of `FlowKey -> FlowState`): every flow without
+//!   a local TCP socket (UDP, forwarded traffic; its class cached for its later packets, its
+//!   clock kept only with fq): the 5-tuple, the class (see below), the rate the flow's clock
+//!   runs at (a D3 grant overrides the class's `flow_rate`), its next departure relative to now
+//!   (positive: the clock runs ahead, packets wait; negative: idle that long); the table keeps
+//!   no byte count;
 //! - this host's established TCP connections ([`crate::kernel::sockdiag`]): a local TCP socket
 //!   keeps its class and clock in socket storage, not in the table; their rows carry the bytes sent
 //!   and the pacing rate the kernel applies, and no departure.
@@ -122,9 +122,9 @@ pub struct TableView<'a> {
 /// departure.
 pub fn row(view: TableView<'_>, k: &FlowKey, s: &FlowState, now_ns: u64) -> FlowRow {
     let (c, generation) = (view.compiled, view.generation);
-    let cached = (s.class_gen != 0 && s.class_gen >> 16 == generation & ((1 << 48) - 1))
-        .then_some((s.class_gen & 0xffff) as u16)
-        .and_then(|i| c.classes.iter().find(|k| k.index == i));
+    let cached = s
+        .class_under(generation)
+        .and_then(|i| c.classes.iter().find(|k| u32::from(k.index) == i));
     let class = cached.or_else(|| class_of(c, k));
     let ports = protocols::has_ports(k.proto);
     let (rate, grant) = if !view.clocks {

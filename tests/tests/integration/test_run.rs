@@ -984,7 +984,7 @@ fn udp4(sport: u16, dport: u16, dscp: u8) -> Vec<u8> {
 fn cached_class(dp: &Datapath, dport: u16, generation: u64) -> Option<u32> {
     let (flows, _) = dp.flows(1024).expect("flow table");
     let (_, s) = flows.iter().find(|(k, _)| k.dport == dport)?;
-    (s.class_gen >> 16 == generation).then_some((s.class_gen & 0xffff) as u32)
+    s.class_under(generation)
 }
 
 /// A flow without a local socket (UDP here; forwarded traffic and containers' traffic at the
