@@ -337,8 +337,12 @@ fn deadline_flows_get_grants_through_a_d3_router_and_meet_their_deadlines() {
     // emulator's bursts, which the controller sees as queue. Measured with k = 16 (2.4 s
     // deadline): 52-85% on 6.1 (52, 74, 82, 85), 58-78% on 6.12 (58, 58, 73, 78); 52% in the run
     // that took twice as long as the others (the 2-core host at its busiest). With k = 32:
-    // 52-97% on 6.1 and 6.12 (18 runs). The host keeps the 56% bound (k = 2: 63-76%).
-    let bound = if tcg() { 50 } else { 56 };
+    // 52-97% on 6.1 and 6.12 (18 runs), and 44% (7 of 16) in one CI run on 6.12; so under
+    // emulation a third of the grants must carry a share. The host keeps the 56% bound
+    // (k = 2: 63-76%). Checked: with the fair share patched out of `process_request` (a
+    // deadline flow granted r_t1 alone), 0 of 28 and 0 of 31 grants were above the bound
+    // (host, PACELINE_D3_E2E_SCALE=32, the emulator's scale), and the test failed.
+    let bound = if tcg() { 34 } else { 56 };
     eprintln!("{above} of {grants} grants above 4 MB/s / {k} (at least {bound}% wanted)");
     assert!(
         grants > 0 && above * 100 >= grants * bound,
