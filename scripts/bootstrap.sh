@@ -26,6 +26,8 @@ if [ "$want_test" = 1 ]; then
   pkgs+=(qemu-system-x86 qemu-system-data busybox-static cpio ethtool)
   # tcpdump: the D3 bench's per-response timelines (PLEXP_D3_CAPTURE=1).
   pkgs+=(tcpdump)
+  # tshark: the trace tests read `paceline trace --pcap`'s pcapng back, comments included.
+  pkgs+=(tshark)
   # promtool and amtool: the deployment tests check and unit-test the alerting rules and the
   # Alertmanager example with them; the prometheus server itself: the privileged test
   # tests/tests/integration/prometheus.rs starts one scraping several agents.

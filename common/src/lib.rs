@@ -18,6 +18,7 @@
 //! - [`qjump`]: QJump network epoch and per-level rate limits (NSDI 2015).
 //! - [`d3`]: D3 deadline-driven rate allocation (SIGCOMM 2011), cut by role: wire format,
 //!   option scanning and checksum, units, host, router, capacity controller.
+//! - [`trace`]: per-packet verdicts for `paceline trace` (the record, the filters, which clock bound).
 //! - [`dasr`]: Dart's direct apportioning of sending rates for TCP: the option, counting the
 //!   senders per local address in epochs, the share line / N.
 #![no_std]
@@ -34,3 +35,4 @@ pub mod edt;
 pub mod maps;
 pub mod parse;
 pub mod qjump;
+pub mod trace;

@@ -52,6 +52,12 @@ pub mod names {
     /// `Array<CodelState>` (shared by all CPUs): CoDel per class at `[0, MAX_CLASSES)`, per
     /// level after them, like [`AGG_CLOCKS`].
     pub const CODEL: &str = "PL_CODEL";
+    /// `Array<TraceConfig>` with one entry: whether and what `paceline trace` records.
+    pub const TRACE_CFG: &str = "PL_TRACE_CFG";
+    /// `ProgramArray` with one entry: the trace program the tc egress program tail-calls.
+    pub const TRACE_PROG: &str = "PL_TRACE_PROG";
+    /// `RingBuf` of `TraceRecord`s (see `crate::trace`).
+    pub const TRACE_RING: &str = "PL_TRACE_RING";
 }
 
 /// Rules a policy may hold after its address lists are expanded. The classifier's cost per
@@ -519,8 +525,10 @@ pub struct CpuState {
     /// the tc program and the CoDel function it calls 512 bytes of stack together.
     pub flow_key: FlowKey,
     pub flow_state: FlowState,
+    /// `paceline trace`: the cap's window, the clocks of the packet being decided, counters.
+    pub trace: crate::trace::TraceCpu,
 }
-const _: () = assert!(size_of::<CpuState>() == 64 + 56 + 8 + 40 + 40);
+const _: () = assert!(size_of::<CpuState>() == 64 + 56 + 8 + 40 + 40 + 112);
 
 // ---------------------------------------------------------------------------------------
 // D3 (see crate::d3 and docs/d3.md)
@@ -785,6 +793,8 @@ mod pod {
     unsafe impl aya::Pod for D3Seen {}
     unsafe impl aya::Pod for BenchEdt {}
     unsafe impl aya::Pod for CodelState {}
+    unsafe impl aya::Pod for crate::trace::TraceConfig {}
+    unsafe impl aya::Pod for crate::trace::TraceRecord {}
     unsafe impl aya::Pod for crate::ctab::SelKey {}
     unsafe impl aya::Pod for crate::ctab::SelList {}
     unsafe impl aya::Pod for crate::ctab::RuleKey {}

@@ -4,7 +4,7 @@
 //!
 //! # Layout
 //! - [`cli`]: the subcommands (`agent`, `policy check|schema|diff|history|rollback`, `status`,
-//!   `reload`, `top`, `flows`, `classify`, `events`, `fleet status`, `cleanup`), one per file.
+//!   `reload`, `top`, `flows`, `trace`, `classify`, `events`, `fleet status`, `cleanup`), one per file.
 //! - [`agent`]: the agent in stages: start-up ([`agent::run`]), host changes and their undo
 //!   ([`agent::install`]), reloads ([`agent::reload`]), the event loop ([`agent::watch`]), the
 //!   HTTP listeners ([`agent::http`]).
@@ -24,7 +24,8 @@
 //! - What the agent shows: [`status`] (the typed status model: `/status`, `status.json`,
 //!   `paceline status`), [`metrics`] (the Prometheus text, one module per family),
 //!   [`classify`] (which class, level and rule a 5-tuple gets), [`flows`] (the per-flow table
-//!   as rows), [`fleet`] (the inventory of many agents, from Prometheus or their `/metrics`).
+//!   as rows), [`trace`] (per-packet verdicts as lines, text and pcapng), [`fleet`] (the
+//!   inventory of many agents, from Prometheus or their `/metrics`).
 pub mod agent;
 pub mod classify;
 pub mod cli;
@@ -38,3 +39,4 @@ pub mod kernel;
 pub mod metrics;
 pub mod runtime;
 pub mod status;
+pub mod trace;

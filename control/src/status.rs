@@ -638,6 +638,8 @@ pub(crate) mod tests {
             classes: vec![maps::Counters::default(); maps::MAX_CLASSES],
             levels: vec![maps::Counters::default(); maps::MAX_LEVELS],
             global: Default::default(),
+            trace: Default::default(),
+            tracing: false,
             flow_entries: Some(3),
         };
         snap.classes[1].packets = 5;

@@ -173,6 +173,8 @@ fn rendered_metrics() -> String {
             flow_inserts: 9,
             ..Default::default()
         },
+        trace: Default::default(),
+        tracing: false,
         flow_entries: Some(4),
     };
     let mut d = D3ClassStats {

@@ -4,7 +4,9 @@
 //!   (Prometheus text format), `/healthz` (liveness) and `/readyz` (readiness);
 //! - `--api-addr` (loopback by default: it reveals the policy and the flows and changes state):
 //!   `/status` (JSON: the status plus live counters), `/policy` (the text in force), `/events`
-//!   (JSON lines, `?since=SEQ&limit=N`), `/flows` (`?top=N&class=C`), `/classify`
+//!   (JSON lines, `?since=SEQ&limit=N`), `/flows` (`?top=N&class=C`), `/trace` (a stream of
+//!   JSON lines, one per traced packet: `?count=&seconds=&class=&proto=&src=&dst=&drops=1&sample=&per_sec=`,
+//!   [`crate::runtime::trace`]), `/classify`
 //!   (`?proto=tcp&src=A:P&dst=B:P[&dscp=&mark=&cgroup_id=]`), `/history`, `/history/GEN`,
 //!   `POST /reload` (apply the file now, answer with the outcome), `POST /rollback[?generation=N]`,
 //!   and `/healthz`, `/readyz` again.
@@ -44,6 +46,7 @@ pub async fn serve(
         .route("/policy", get(policy_text))
         .route("/events", get(events))
         .route("/flows", get(flows))
+        .route("/trace", get(trace))
         .route("/classify", get(classify_q))
         .route("/history", get(history))
         .route("/history/{generation}", get(history_text))
@@ -92,6 +95,40 @@ fn bad_request(e: impl std::fmt::Display) -> Response {
 /// Runs `f` off the async workers (it takes the shared lock and may do many syscalls).
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f).await.context("request task")
+}
+
+/// `/trace`: starts a trace session and streams its lines until it ends (409 while another
+/// runs, 400 for a bad query).
+async fn trace(State(shared): State<Arc<Shared>>, Query(q): Params) -> Response {
+    use crate::runtime::trace::{self, StartError};
+    let req = match trace::Request::from_query(&q) {
+        Ok(r) => r,
+        Err(e) => return bad_request(format!("{e:#}")),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(4096);
+    let started = blocking(move || trace::start(shared, req, tx)).await;
+    match started {
+        Ok(Ok(())) => {}
+        Ok(Err(StartError::Busy)) => {
+            return (
+                StatusCode::CONFLICT,
+                "a trace is already running; one at a time\n",
+            )
+                .into_response();
+        }
+        Ok(Err(StartError::Bad(e))) => return bad_request(e),
+        Ok(Err(StartError::Failed(e))) | Err(e) => return internal(e),
+    }
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|l| (Ok::<_, std::convert::Infallible>(l), rx))
+    });
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 /// `/policy`: the text of the policy in force (`paceline policy diff --running`).

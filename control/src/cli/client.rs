@@ -55,6 +55,35 @@ pub fn get(url: &str, limit: usize) -> Result<(u16, String)> {
     body(resp, url, limit)
 }
 
+/// How long a stream (`paceline trace`) may go without a byte: the agent sends a heartbeat
+/// every second.
+pub const STREAM_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// GETs `url` and hands each line of the answer to `line` as it arrives, until the answer
+/// ends or `line` returns false. A status other than 200 returns (status, body) unread.
+pub fn get_lines(url: &str, mut line: impl FnMut(&str) -> bool) -> Result<(u16, String)> {
+    use std::io::BufRead as _;
+    let a = ureq::Agent::config_builder()
+        .timeout_connect(Some(CONNECT_TIMEOUT))
+        .timeout_recv_response(Some(TIMEOUT))
+        .timeout_per_read(Some(STREAM_READ_TIMEOUT))
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    let mut resp = a.get(url).call().with_context(|| format!("asking {url}"))?;
+    if resp.status().as_u16() != 200 {
+        return body(resp, url, MAX_ANSWER);
+    }
+    let r = std::io::BufReader::new(resp.body_mut().as_reader());
+    for l in r.lines() {
+        let l = l.with_context(|| format!("reading the answer from {url}"))?;
+        if !line(&l) {
+            break;
+        }
+    }
+    Ok((200, String::new()))
+}
+
 /// POSTs an empty body to `url`: (HTTP status, body), refusing a body over `limit` bytes.
 pub fn post(url: &str, limit: usize) -> Result<(u16, String)> {
     let resp = agent(APPLY_TIMEOUT)

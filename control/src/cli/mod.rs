@@ -15,6 +15,7 @@ pub mod policy;
 pub mod reload;
 pub mod status;
 pub mod top;
+pub mod trace;
 
 use clap::{Parser, Subcommand};
 
@@ -49,6 +50,10 @@ pub enum Command {
     Top(top::Args),
     /// The running agent's flow table: 5-tuple, class, rate, next departure, bytes.
     Flows(flows::Args),
+    /// Why packets were late or dropped: per-packet verdicts from the running agent's datapath
+    /// (class, the clock that held each packet and for how long, drops, marks), as text, JSON
+    /// lines or pcapng for Wireshark. Ctrl-C stops it and tracing with it.
+    Trace(trace::Args),
     /// Which class and level a 5-tuple gets, and by which rule (from the running agent, or
     /// from a policy file with --policy).
     Classify(classify::Args),
@@ -81,6 +86,7 @@ pub fn run(cli: Cli) -> i32 {
         Command::Reload(r) => reload::run(r),
         Command::Top(t) => top::run(t),
         Command::Flows(f) => flows::run(f),
+        Command::Trace(t) => trace::run(t),
         Command::Classify(c) => classify::run(c),
         Command::Events(e) => events::run(e),
         Command::Fleet(f) => fleet::run(f),
@@ -133,6 +139,15 @@ impl ApiAddr {
     /// GET `path`: (HTTP status, body), the body at most [`client::MAX_ANSWER`] bytes.
     pub fn get(&self, path: &str) -> Result<(u16, String), Unreachable> {
         self.get_limited(path, client::MAX_ANSWER)
+    }
+
+    /// GET `path` as a stream of lines (see [`client::get_lines`]).
+    pub fn get_lines(
+        &self,
+        path: &str,
+        line: impl FnMut(&str) -> bool,
+    ) -> Result<(u16, String), Unreachable> {
+        client::get_lines(&self.url(path), line).map_err(|e| self.unreachable(e))
     }
 
     /// GET `path`: (HTTP status, body), the body at most `limit` bytes.

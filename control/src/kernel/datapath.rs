@@ -6,7 +6,7 @@ use std::os::fd::AsFd;
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray},
+    maps::{Array, ArrayOfMaps, HashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{SchedClassifier, SockOps},
 };
 use paceline_common::{
@@ -17,6 +17,7 @@ use paceline_common::{
         D3LinkCtl, D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES,
         MAX_LEVELS, PolicyTable, SockState, names,
     },
+    trace::{TraceConfig, TraceCpu},
 };
 
 use crate::kernel::bpfsys;
@@ -32,6 +33,9 @@ pub const SOCK_OPS: &str = "pl_sock_ops";
 pub const D3_ROUTER: &str = "pl_d3_router";
 /// DASR's tc ingress program (receiver: counts senders; sender: reads shares).
 pub const TC_INGRESS: &str = "pl_tc_ingress";
+/// The trace program the egress program tail-calls while `paceline trace` runs (verified when
+/// the first trace starts).
+pub const TC_TRACE: &str = "pl_tc_trace";
 /// An empty classifier, loaded only by the benchmark as its floor.
 pub const TC_FLOOR: &str = "pl_tc_floor";
 /// A classifier that only reads the clock: what `bpf_ktime_get_ns` costs (benchmark only).
@@ -75,6 +79,10 @@ pub struct Snapshot {
     pub classes: Vec<Counters>,
     pub levels: Vec<Counters>,
     pub global: GlobalCounters,
+    /// `paceline trace`'s counters (records written, capped, lost).
+    pub trace: TraceCpu,
+    /// A trace is on in the datapath (its configuration's flags).
+    pub tracing: bool,
     /// Entries in the flow table, counted at most every [`FLOW_COUNT_EVERY`] (`None` where
     /// nobody counted).
     pub flow_entries: Option<u64>,
@@ -121,6 +129,10 @@ pub struct Datapath {
     dasr_addrs: HashMap<MapData, [u32; 4], DasrAddr>,
     dasr_stats: PerCpuArray<MapData, DasrStats>,
     sock: aya::maps::SkStorage<MapData, SockState>,
+    trace_cfg: Array<MapData, TraceConfig>,
+    trace_prog: ProgramArray<MapData>,
+    /// Until a trace session takes it ([`Datapath::take_trace_ring`]).
+    trace_ring: Option<RingBuf<MapData>>,
     generation: u64,
 }
 
@@ -197,7 +209,24 @@ impl Datapath {
         let dasr_addrs = HashMap::try_from(take(&mut ebpf, dasr::names::DASR_ADDRS)?)?;
         let dasr_stats = PerCpuArray::try_from(take(&mut ebpf, dasr::names::DASR_STATS)?)?;
         let sock = aya::maps::SkStorage::try_from(take(&mut ebpf, names::SOCK)?)?;
+        let mut trace_cfg = Array::try_from(take(&mut ebpf, names::TRACE_CFG)?)?;
+        let mut trace_prog = ProgramArray::try_from(take(&mut ebpf, names::TRACE_PROG)?)?;
+        // A trace the previous agent left on (killed mid-trace) ends here, and its trace
+        // program (of another build, maybe) leaves the array: the next trace installs this
+        // build's.
+        trace_cfg
+            .set(0, TraceConfig::default(), 0)
+            .context("turning tracing off")?;
+        match trace_prog.clear_index(&0) {
+            Ok(()) => {}
+            Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e).context("emptying the trace program array"),
+        }
+        let trace_ring = Some(RingBuf::try_from(take(&mut ebpf, names::TRACE_RING)?)?);
         Ok(Datapath {
+            trace_cfg,
+            trace_prog,
+            trace_ring,
             dasr_ifaces,
             dasr_addrs,
             dasr_stats,
@@ -233,7 +262,7 @@ impl Datapath {
     /// Instructions the verifier processed for each loaded program (5.16+; `None` before): how
     /// close each is to the verifier's limit of 1,000,000.
     pub fn verified_insns(&self) -> Vec<(&'static str, Option<u32>)> {
-        [TC_EGRESS, SOCK_OPS, D3_ROUTER, TC_INGRESS]
+        [TC_EGRESS, SOCK_OPS, D3_ROUTER, TC_INGRESS, TC_TRACE]
             .into_iter()
             .map(|name| {
                 let n = self
@@ -244,6 +273,56 @@ impl Datapath {
                 (name, n)
             })
             .collect()
+    }
+
+    /// Starts recording what `cfg` asks for: verifies the trace program the first time, installs
+    /// it for the egress program's tail call, then writes the configuration.
+    pub fn start_trace(&mut self, cfg: &TraceConfig) -> Result<()> {
+        let p = sched_loaded(&mut self.ebpf, TC_TRACE)?;
+        let fd = p.fd().context("the trace program's fd")?;
+        self.trace_prog
+            .set(0, fd, 0)
+            .context("installing the trace program")?;
+        self.trace_cfg
+            .set(0, *cfg, 0)
+            .context("writing the trace configuration")?;
+        Ok(())
+    }
+
+    /// Stops recording (the egress program no longer calls the trace program).
+    pub fn stop_trace(&mut self) -> Result<()> {
+        self.trace_cfg
+            .set(0, TraceConfig::default(), 0)
+            .context("turning tracing off")
+    }
+
+    /// The trace configuration in force (`flags` 0: off).
+    pub fn trace_config(&self) -> Result<TraceConfig> {
+        Ok(self.trace_cfg.get(&0, 0)?)
+    }
+
+    /// The ring buffer the trace records arrive in, for the one reader; `None` once taken.
+    pub fn take_trace_ring(&mut self) -> Option<RingBuf<MapData>> {
+        self.trace_ring.take()
+    }
+
+    /// The records waiting in the ring buffer, if this handle still holds it (tests, the
+    /// benchmark).
+    pub fn drain_trace(&mut self) -> Vec<paceline_common::trace::TraceRecord> {
+        let mut out = Vec::new();
+        if let Some(r) = self.trace_ring.as_mut() {
+            while let Some(item) = r.next() {
+                if let Some(rec) = paceline_common::trace::TraceRecord::from_bytes(&item) {
+                    out.push(rec);
+                }
+            }
+        }
+        out
+    }
+
+    /// Gives the ring buffer back after a trace session.
+    pub fn return_trace_ring(&mut self, r: RingBuf<MapData>) {
+        self.trace_ring = Some(r);
     }
 
     pub fn tc_program(&mut self) -> Result<&mut SchedClassifier> {
@@ -263,7 +342,7 @@ impl Datapath {
     /// serving traffic keeps its clocks and counters.
     pub fn clear(&mut self) -> Result<()> {
         let mut ids = std::collections::BTreeSet::new();
-        for name in [TC_EGRESS, SOCK_OPS, D3_ROUTER, TC_INGRESS] {
+        for name in [TC_EGRESS, SOCK_OPS, D3_ROUTER, TC_INGRESS, TC_TRACE] {
             let Some(Ok(info)) = self.ebpf.program(name).map(|p| p.info()) else {
                 continue; // not loaded
             };
@@ -294,6 +373,7 @@ impl Datapath {
     pub fn load_all(&mut self) -> Result<()> {
         self.sock_ops_program()?;
         self.d3_router_program()?;
+        sched_loaded(&mut self.ebpf, TC_TRACE)?;
         let _ = self.ingress_program();
         Ok(())
     }
@@ -540,10 +620,13 @@ impl Datapath {
             classes: vec![Counters::default(); MAX_CLASSES],
             levels: vec![Counters::default(); MAX_LEVELS],
             global: GlobalCounters::default(),
+            trace: TraceCpu::default(),
+            tracing: self.trace_config().map(|c| c.flags != 0).unwrap_or(false),
             flow_entries: self.flow_entries(),
         };
         for cpu in self.cpu.get(&0, 0).context("reading PL_CPU")?.iter() {
             s.global.add(&cpu.global);
+            s.trace.add(&cpu.trace);
         }
         for slot in 0..(MAX_CLASSES + MAX_LEVELS) as u32 {
             let sum = if (slot as usize) < MAX_CLASSES {

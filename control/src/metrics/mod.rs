@@ -407,6 +407,35 @@ pub fn render_with(
     )?
     .with_label_values(&[] as &[&str])
     .inc_by(snap.global.flow_inserts);
+    for (name, help, v) in [
+        (
+            "paceline_trace_records_total",
+            "Records `paceline trace` sessions received from the datapath.",
+            snap.trace.emitted,
+        ),
+        (
+            "paceline_trace_capped_total",
+            "Packets a trace wanted but its per-second cap left out.",
+            snap.trace.capped,
+        ),
+        (
+            "paceline_trace_lost_total",
+            "Trace records the ring buffer had no room for (the reader fell behind).",
+            snap.trace.lost,
+        ),
+    ] {
+        counter(&r, name, help, &[])?
+            .with_label_values(&[] as &[&str])
+            .inc_by(v);
+    }
+    igauge(
+        &r,
+        "paceline_trace_running",
+        "1 while a `paceline trace` session has the datapath recording.",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .set(snap.tracing as i64);
     if let Some(m) = status.flow_table.memlock_bytes {
         igauge(
             &r,

@@ -5,8 +5,10 @@
 //! - [`health`]: `/healthz` and `/readyz` from the kernel's real state; the systemd watchdog.
 //! - [`events`]: the structured event log (`/events`, `paceline events`).
 //! - [`history`]: the policies applied, and rollback to one of them.
+//! - [`trace`]: a `paceline trace` session: the datapath's records, named, to the reader.
 pub mod events;
 pub mod health;
 pub mod history;
 pub mod shared;
 pub mod state;
+pub mod trace;

@@ -87,6 +87,27 @@ fn state(ctx: &SockOpsContext, create: bool) -> Option<&'static mut D3Sock> {
     }
 }
 
+/// The pacing rate D3 last applied to the full socket `sk` (bytes/s; 0: none), for the tc
+/// program's trace records.
+#[inline(always)]
+pub fn applied_rate(sk: *mut c_void) -> u64 {
+    // SAFETY: as above, without creating; `sk` came from bpf_sk_fullsock.
+    let p = unsafe {
+        bpf_sk_storage_get(
+            core::ptr::addr_of!(PL_D3_SOCK) as *mut c_void,
+            sk,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    if p.is_null() {
+        0
+    } else {
+        // SAFETY: a socket storage value of this map's type, valid for this program run.
+        unsafe { (*p.cast::<D3Sock>()).applied_rate }
+    }
+}
+
 #[inline(always)]
 fn app(ctx: &SockOpsContext) -> Option<D3App> {
     let sk = sk(ctx);

@@ -4,7 +4,7 @@
 use aya_ebpf::{
     btf_maps::{Array as BtfArray, ArrayOfMaps, HashMap as BtfHashMap},
     macros::{btf_map, map},
-    maps::{Array, LruHashMap, PerCpuArray},
+    maps::{Array, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use paceline_common::{
     abi,
@@ -13,6 +13,7 @@ use paceline_common::{
     maps::{
         AGG_SLOTS, AggClock, Counters, CpuState, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, PolicyTable,
     },
+    trace::{TRACE_RING_BYTES, TraceConfig},
 };
 
 #[map(name = "PL_ACTIVE")]
@@ -30,6 +31,19 @@ pub static AGG_CLOCKS: Array<AggClock> = Array::with_max_entries(AGG_SLOTS as u3
 /// Global counters and the scratch slot, one value per CPU.
 #[map(name = "PL_CPU")]
 pub static CPU: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
+
+/// `paceline trace`: what to record (the agent writes it; flags 0: off).
+#[map(name = "PL_TRACE_CFG")]
+pub static TRACE_CFG: Array<TraceConfig> = Array::with_max_entries(1, 0);
+
+/// `paceline trace`: the program the egress program tail-calls while a trace runs (index 0;
+/// the agent installs it when a trace starts).
+#[map(name = "PL_TRACE_PROG")]
+pub static TRACE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// `paceline trace`: the records, for the agent to read.
+#[map(name = "PL_TRACE_RING")]
+pub static TRACE_RING: RingBuf = RingBuf::with_byte_size(TRACE_RING_BYTES, 0);
 
 /// Per class and per level counters, one value per CPU.
 #[map(name = "PL_STATS")]

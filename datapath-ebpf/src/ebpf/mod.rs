@@ -12,6 +12,7 @@ mod sock;
 mod sockops;
 mod tag;
 mod tcp;
+mod trace;
 
 use aya_ebpf::{
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC},
@@ -28,6 +29,7 @@ use paceline_common::{
         CLASS_SET_PRIORITY, FlowKey, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_CLASSES, MAX_LEVELS,
         TABLE_NO_FLOW_CLOCKS, level_slot,
     },
+    trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action},
 };
 
 use maps::FLOWS;
@@ -66,11 +68,31 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let layout = match parse::parse(ctx, &mut pkt) {
         Ok(l) => l,
         Err(why) => {
-            match why {
-                parse::Unparsed::NonIp => cpu.global.non_ip += 1,
-                parse::Unparsed::Truncated => cpu.global.truncated += 1,
-                parse::Unparsed::Malformed => cpu.global.malformed += 1,
-                parse::Unparsed::V6ExtLimit => cpu.global.ipv6_ext_limit += 1,
+            let a = match why {
+                parse::Unparsed::NonIp => {
+                    cpu.global.non_ip += 1;
+                    action::UNPARSED_NON_IP
+                }
+                parse::Unparsed::Truncated => {
+                    cpu.global.truncated += 1;
+                    action::UNPARSED_TRUNCATED
+                }
+                parse::Unparsed::Malformed => {
+                    cpu.global.malformed += 1;
+                    action::UNPARSED_MALFORMED
+                }
+                parse::Unparsed::V6ExtLimit => {
+                    cpu.global.ipv6_ext_limit += 1;
+                    action::UNPARSED_V6_EXT
+                }
+            };
+            if trace::on() {
+                cpu.trace.pending = TracePending {
+                    action: a,
+                    flags: TR_UNPARSED,
+                    ..TracePending::default()
+                };
+                trace::hand_over(ctx);
             }
             return Ok(TC_ACT_UNSPEC);
         }
@@ -123,6 +145,11 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             }
         }
     }
+    // For a trace record: stored now, unconditionally and without a branch, so that no
+    // register carries it through classification and pacing (the verifier would walk them
+    // once for each value).
+    cpu.trace.pending.flags =
+        (has_sock as u8) * TR_SOCKET | ((sock_state.is_some() || cached.is_some()) as u8) * TR_CACHED;
     let class_idx = match (&sock_state, cached) {
         (Some(st), _) => u32::from(st.class),
         (None, Some(c)) => c,
@@ -191,6 +218,19 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     } else {
         paceline_common::dasr::cap(class.flow_rate, dasr_rate)
     };
+    // What a trace record says of this packet, in this CPU's state (not on the stack: see
+    // `CpuState::flow_key`); written only while a trace runs, but for the bits the exits
+    // below set.
+    if trace::on() {
+        let t = &mut cpu.trace.pending;
+        t.flow_rate = flow_rate;
+        t.dasr_rate = dasr_rate;
+        t.wire_len = len as u32;
+        t.class = class_idx as u16;
+        t.level = level_idx as u8;
+        t.action = action::PASSED;
+        t.flags |= (pkt.is_v6 != 0) as u8 * TR_V6 | (segs > 1) as u8 * TR_GSO;
+    }
     // Only packets that some clock applies to pay for reading the time.
     if flow_rate | class.class_rate | level.rate != 0 {
         // SAFETY: reading __sk_buff fields allowed for tc programs.
@@ -222,6 +262,10 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                     c.drops_codel += 1;
                 }
             }
+            cpu.trace.pending.action = action::DROP_CODEL;
+            if trace::on() {
+                trace::hand_over(ctx);
+            }
             return Ok(TC_ACT_SHOT);
         }
         let cfg = pacer::Pacing {
@@ -232,13 +276,14 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             level_slot,
             horizon_ns: table.horizon_ns,
         };
-        match pacer::pace(len, now, stack_ts, &cfg, clock) {
+        match pacer::pace(len, now, stack_ts, &cfg, clock, &mut cpu.trace.clocks) {
             pacer::Outcome::Untouched => {}
             pacer::Outcome::Send { depart, added_delay } => {
                 // SAFETY: tc programs may write skb->tstamp.
                 unsafe { (*skb).tstamp = depart };
                 delay = added_delay;
                 how |= PACED;
+                cpu.trace.pending.flags |= TP_PACED;
                 if signal & codel::MARK != 0 {
                     match codel::set_ce(ctx, layout.l3_off, pkt.is_v6 != 0) {
                         Ok(()) => how |= MARKED,
@@ -253,6 +298,11 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                         c.bytes += len;
                         c.drops_horizon += 1;
                     }
+                }
+                cpu.trace.pending.action = action::DROP_HORIZON;
+                cpu.trace.pending.flags |= TP_PACED;
+                if trace::on() {
+                    trace::hand_over(ctx);
                 }
                 return Ok(TC_ACT_SHOT);
             }
@@ -292,6 +342,12 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         }
     }
     count(class_idx, level_slot, len, delay, how);
+    if trace::on() {
+        if how & MARKED != 0 {
+            cpu.trace.pending.action = action::MARK_CODEL;
+        }
+        trace::hand_over(ctx);
+    }
     Ok(TC_ACT_UNSPEC)
 }
 

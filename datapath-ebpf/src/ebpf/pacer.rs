@@ -7,7 +7,10 @@ use core::{
     ptr::NonNull,
 };
 
-use paceline_common::edt::{self, Verdict};
+use paceline_common::{
+    edt::{self, Verdict},
+    trace::TraceClocks,
+};
 
 use super::maps::AGG_CLOCKS;
 
@@ -65,8 +68,20 @@ pub enum Outcome {
 /// per-CPU value the caller inserts into the table afterwards (a new flow); null: none. A raw
 /// pointer rather than an enum: an enum's unused payload is undefined, and LLVM may spill such
 /// a register, which the verifier refuses to read.
+///
+/// `trace` receives each clock's slot and the departure (for a horizon drop, the departure the
+/// packet would have had), for `paceline trace`: five stores into the CPU's state and no
+/// branch, whether a trace runs or not (a branch or a value kept for it made the verifier walk
+/// the pacer more often).
 #[inline(always)]
-pub fn pace(len: u64, now: u64, stack_ts: u64, cfg: &Pacing, flow_clock: *mut u64) -> Outcome {
+pub fn pace(
+    len: u64,
+    now: u64,
+    stack_ts: u64,
+    cfg: &Pacing,
+    flow_clock: *mut u64,
+    trace: &mut TraceClocks,
+) -> Outcome {
     let flow_rate = cfg.flow_rate;
     // NonNull, not raw pointers, inside these Options: `Option<*mut T>` carries an undefined
     // payload when None, which LLVM may spill and the verifier refuses to read.
@@ -107,9 +122,18 @@ pub fn pace(len: u64, now: u64, stack_ts: u64, cfg: &Pacing, flow_clock: *mut u6
         Some(c) => edt::slot_start(unsafe { c.as_ptr().read_volatile() }, floor),
         None => floor,
     };
+    // For a trace record: the slots as read (a clock that does not apply reads as `floor`;
+    // another CPU's reservation in between is not seen here), stored without a branch.
+    trace.floor_ns = floor;
+    trace.flow_ns = flow_slot;
+    trace.class_ns = class_slot;
+    trace.level_ns = level_slot;
     // Decide with the values read, before any clock moves: a drop advances nothing.
     let mut depart = match edt::decide(now, floor, [flow_slot, class_slot, level_slot], cfg.horizon_ns) {
-        Verdict::Drop { .. } => return Outcome::Drop,
+        Verdict::Drop { depart } => {
+            trace.depart_ns = depart;
+            return Outcome::Drop;
+        }
         Verdict::Send { depart, .. } => depart,
     };
     // Commit the aggregates; concurrent CPUs may have taken earlier slots meanwhile.
@@ -125,6 +149,7 @@ pub fn pace(len: u64, now: u64, stack_ts: u64, cfg: &Pacing, flow_clock: *mut u6
             depart = s;
         }
     }
+    trace.depart_ns = depart;
     if let Some(f) = flow {
         let t_next = edt::flow_clock_after(depart, len, flow_rate);
         // SAFETY: a map value (or per-CPU value) pointer valid for this program run.

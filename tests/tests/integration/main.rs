@@ -19,6 +19,7 @@ mod parse;
 mod prometheus;
 mod soak;
 mod test_run;
+mod trace;
 
 /// True when the test can use BPF and netlink; otherwise prints why it is skipped (and under
 /// CI fails: CI runs as root).

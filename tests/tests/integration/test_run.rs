@@ -102,7 +102,7 @@ pub(crate) fn run(dp: &mut Datapath, frame: &[u8], ctx_in: SkBuff) -> Out {
     }
 }
 
-fn tcp4(sport: u16, dport: u16, payload: usize) -> Vec<u8> {
+pub(crate) fn tcp4(sport: u16, dport: u16, payload: usize) -> Vec<u8> {
     packet::ipv4(
         [10, 0, 0, 1],
         [10, 0, 0, 2],
@@ -145,7 +145,7 @@ fn programs_verify_well_inside_the_verifier_limit() {
     // verified_insns, Linux 5.16). Until 2026-12-02 a program without one was skipped, so a
     // kernel that reported nothing passed this test with nothing asserted; now it fails.
     let counts = dp.verified_insns();
-    assert_eq!(counts.len(), 4, "the datapath's four programs");
+    assert_eq!(counts.len(), 5, "the datapath's five programs");
     for (name, n) in counts {
         println!("{name}: {n:?} instructions verified");
         let n = n.unwrap_or_else(|| {
@@ -526,7 +526,7 @@ fn truncated_and_unknown_frames_pass_untouched_and_count() {
     assert_eq!(s.classes[0].packets, 0, "unparsed packets are not classified");
 }
 
-fn paced_table(flow_rate: u64, class_rate: u64, level_rate: u64, horizon_ns: u64) -> PolicyTable {
+pub(crate) fn paced_table(flow_rate: u64, class_rate: u64, level_rate: u64, horizon_ns: u64) -> PolicyTable {
     let mut t = table();
     t.classes[0] = ClassConfig {
         flow_rate,
@@ -967,7 +967,7 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
     assert!(at(1) > 0 && at(2) > 0, "packets ran under both policies: {msg}");
 }
 
-fn udp4(sport: u16, dport: u16, dscp: u8) -> Vec<u8> {
+pub(crate) fn udp4(sport: u16, dport: u16, dscp: u8) -> Vec<u8> {
     packet::ipv4(
         [10, 0, 0, 1],
         [10, 0, 0, 2],
