@@ -423,8 +423,11 @@ pub struct Counters {
     pub marks_codel: u64,
     /// Packets some pacing clock applied to, by the delay pacing added (`edt::delay_bucket`).
     pub delay_hist: [u64; DELAY_BUCKETS],
+    /// Delayed packets by the clock that held them: flow, class, level
+    /// (`crate::trace::held_index`).
+    pub held_by: [u64; 3],
 }
-const _: () = assert!(size_of::<Counters>() == 80 + 8 * DELAY_BUCKETS);
+const _: () = assert!(size_of::<Counters>() == 80 + 8 * DELAY_BUCKETS + 24);
 
 impl Default for Counters {
     fn default() -> Self {
@@ -440,6 +443,7 @@ impl Default for Counters {
             drops_codel: 0,
             marks_codel: 0,
             delay_hist: [0; DELAY_BUCKETS],
+            held_by: [0; 3],
         }
     }
 }
@@ -458,6 +462,9 @@ impl Counters {
         self.drops_codel = self.drops_codel.wrapping_add(other.drops_codel);
         self.marks_codel = self.marks_codel.wrapping_add(other.marks_codel);
         for (a, b) in self.delay_hist.iter_mut().zip(other.delay_hist.iter()) {
+            *a = a.wrapping_add(*b);
+        }
+        for (a, b) in self.held_by.iter_mut().zip(other.held_by.iter()) {
             *a = a.wrapping_add(*b);
         }
     }

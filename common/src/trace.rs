@@ -183,24 +183,43 @@ pub enum Admit {
 }
 
 impl TraceGate {
-    /// One in `sample` packets (0 and 1: each), at most `per_sec` a one-second window.
+    /// One in `sample` packets (0 and 1: each); needs no clock, so the packets sampled out
+    /// do not pay for reading it.
     #[inline(always)]
-    pub fn admit(&mut self, now: u64, sample: u32, per_sec: u32) -> Admit {
+    pub fn sampled(&mut self, sample: u32) -> bool {
         if sample > 1 {
             self.skipped += 1;
             if self.skipped < sample {
-                return Admit::Sampled;
+                return false;
             }
             self.skipped = 0;
         }
+        true
+    }
+
+    /// At most `per_sec` a one-second window ending at `now`.
+    #[inline(always)]
+    pub fn within_cap(&mut self, now: u64, per_sec: u32) -> bool {
         if now.wrapping_sub(self.window_ns) >= 1_000_000_000 {
             self.window_ns = now;
             self.in_window = 0;
         }
         if self.in_window >= per_sec {
-            return Admit::Capped;
+            return false;
         }
         self.in_window += 1;
+        true
+    }
+
+    /// Both, in that order.
+    #[inline(always)]
+    pub fn admit(&mut self, now: u64, sample: u32, per_sec: u32) -> Admit {
+        if !self.sampled(sample) {
+            return Admit::Sampled;
+        }
+        if !self.within_cap(now, per_sec) {
+            return Admit::Capped;
+        }
         Admit::Yes
     }
 }
@@ -317,6 +336,26 @@ pub fn binding(floor: u64, flow: u64, class: u64, level: u64, depart: u64) -> u8
     }
 }
 
+/// Which of [`Counters::held_by`](crate::maps::Counters::held_by) a delayed packet counts in:
+/// 0 its flow clock, 1 its class clock, 2 its level clock; the clock whose slot is the
+/// departure, in [`binding`]'s order on a tie (flow, class, level). A departure that no slot
+/// equals (another CPU reserved the class's or level's clock in between) counts as the
+/// level's. Call it only for a delayed packet (a clock that does not apply reads as the floor,
+/// which a delayed packet's departure lies past).
+#[inline(always)]
+pub fn held_index(flow_ns: u64, class_ns: u64, depart_ns: u64) -> usize {
+    if flow_ns == depart_ns {
+        0
+    } else if class_ns == depart_ns {
+        1
+    } else {
+        2
+    }
+}
+
+/// The names of [`held_index`]'s values.
+pub const HELD_BY: [&str; 3] = ["flow", "class", "level"];
+
 /// The name of an [`action`] (`"?"` for a value this build does not know).
 pub fn action_name(a: u8) -> &'static str {
     match a {
@@ -367,6 +406,24 @@ mod tests {
         assert_eq!(binding(100, 0, 150, 0, 150), binding::CLASS);
         assert_eq!(binding(100, 150, 150, 150, 150), binding::FLOW);
         assert_eq!(binding(100, 0, 150, 150, 150), binding::CLASS);
+    }
+
+    #[test]
+    fn held_index_agrees_with_the_binding_clock() {
+        let floor = 100;
+        for (f, c, l) in [
+            (150, 120, 110),
+            (120, 150, 110),
+            (120, 130, 150),
+            (150, 150, 150),
+            (100, 150, 150),
+            (100, 100, 150),
+            (150, 100, 100),
+        ] {
+            let depart = f.max(c).max(l);
+            let b = binding(floor, f, c, l, depart);
+            assert_eq!(HELD_BY[held_index(f, c, depart)], binding_name(b), "{f} {c} {l}");
+        }
     }
 
     #[test]

@@ -527,6 +527,17 @@ pub struct TrafficCounters {
     /// Marked CE by CoDel instead of dropped.
     #[serde(default)]
     pub ecn_marked_codel: u64,
+    /// Delayed packets by the clock that set their departure: flow, class, level.
+    #[serde(default)]
+    pub held_by: HeldBy,
+}
+
+/// Delayed packets by the clock that held them (the binding limit).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HeldBy {
+    pub flow: u64,
+    pub class: u64,
+    pub level: u64,
 }
 
 impl From<&maps::Counters> for TrafficCounters {
@@ -542,6 +553,11 @@ impl From<&maps::Counters> for TrafficCounters {
             tcp_sockopt_errors: c.sockopt_errors,
             dropped_codel: c.drops_codel,
             ecn_marked_codel: c.marks_codel,
+            held_by: HeldBy {
+                flow: c.held_by[0],
+                class: c.held_by[1],
+                level: c.held_by[2],
+            },
         }
     }
 }

@@ -130,10 +130,8 @@ pub async fn run(opts: Options) -> Result<()> {
     }
     let mut dp = Datapath::load(&LoadOptions {
         flow_table_size: compiled.flow_table_size,
-        count_only: false,
-        bench_any_socket: false,
-        bench_flow_miss: false,
         pins: Some(pins.clone()),
+        ..LoadOptions::default()
     })?;
     dir.write_json(
         PINS_FILE,

@@ -88,8 +88,24 @@ pub struct Rate {
     pub delayed_share: f64,
     pub drops_per_second: f64,
     pub tags_per_second: f64,
+    /// The clock that held most of the interval's delayed packets and its share of them
+    /// (`class 97%`), `-` when none was held.
+    pub held_by: String,
     /// The configured rate, as text (`-`, `unlimited`, `10.0 Mbit/s`).
     pub limit: String,
+}
+
+/// The clock that held most of `d` (flow, class, level counts) and its share.
+fn held_by(d: [f64; 3]) -> String {
+    let total: f64 = d.iter().sum();
+    if total <= 0.0 {
+        return "-".into();
+    }
+    let (i, n) = d.iter().enumerate().fold(
+        (0, 0.0),
+        |(bi, bn), (i, n)| if *n > bn { (i, *n) } else { (bi, bn) },
+    );
+    format!("{} {:.0}%", paceline_common::trace::HELD_BY[i], n / total * 100.0)
 }
 
 fn rates(
@@ -115,6 +131,11 @@ fn rates(
                 delayed_share: if packets > 0.0 { delayed / packets } else { 0.0 },
                 drops_per_second: d(|x| x.counters.dropped_horizon as f64).max(0.0) / dt,
                 tags_per_second: d(|x| x.counters.tagged_packets as f64).max(0.0) / dt,
+                held_by: held_by([
+                    d(|x| x.counters.held_by.flow as f64).max(0.0),
+                    d(|x| x.counters.held_by.class as f64).max(0.0),
+                    d(|x| x.counters.held_by.level as f64).max(0.0),
+                ]),
                 limit,
             }
         })
@@ -202,7 +223,7 @@ fn delay(s: f64) -> String {
 
 fn table<'a>(title: String, first: &'a str, rows: &[Rate], by: SortBy) -> Table<'a> {
     let head = [
-        first, "", "RATE", "PKT/S", "DELAY", "DELAYED", "DROP/S", "TAG/S", "LIMIT",
+        first, "", "RATE", "PKT/S", "DELAY", "DELAYED", "HELD BY", "DROP/S", "TAG/S", "LIMIT",
     ];
     let marked: Vec<Cell> = head
         .iter()
@@ -214,8 +235,8 @@ fn table<'a>(title: String, first: &'a str, rows: &[Rate], by: SortBy) -> Table<
                     | (2, SortBy::Rate)
                     | (3, SortBy::Packets)
                     | (4, SortBy::Delay)
-                    | (6, SortBy::Drops)
-                    | (7, SortBy::Tags)
+                    | (7, SortBy::Drops)
+                    | (8, SortBy::Tags)
             );
             let text = if sorted { format!("{h}*") } else { h.to_string() };
             Cell::from(text)
@@ -231,6 +252,7 @@ fn table<'a>(title: String, first: &'a str, rows: &[Rate], by: SortBy) -> Table<
                 Cell::from(format!("{:.0}", r.packets_per_second)),
                 Cell::from(delay(r.mean_delay)),
                 Cell::from(format!("{:.0}%", r.delayed_share * 100.0)),
+                Cell::from(r.held_by.clone()),
                 Cell::from(format!("{:.1}", r.drops_per_second)),
                 Cell::from(format!("{:.0}", r.tags_per_second)),
                 Cell::from(r.limit.clone()),
@@ -246,6 +268,7 @@ fn table<'a>(title: String, first: &'a str, rows: &[Rate], by: SortBy) -> Table<
             Constraint::Length(9),
             Constraint::Length(10),
             Constraint::Length(8),
+            Constraint::Length(11),
             Constraint::Length(8),
             Constraint::Length(8),
             Constraint::Min(10),
@@ -390,6 +413,9 @@ mod tests {
         other.counters.packets += 1000;
         other.counters.delayed_packets += 100;
         other.counters.added_delay_seconds += 0.1;
+        // 90 of the 100 held by the class clock, 10 by the flow's.
+        other.counters.held_by.class += 90;
+        other.counters.held_by.flow += 10;
         let rpc = b.counters.classes.iter_mut().find(|c| c.name == "rpc").unwrap();
         rpc.counters.packets += 10;
         rpc.counters.dropped_horizon += 2;
@@ -401,6 +427,7 @@ mod tests {
         assert!((classes[0].mean_delay - 0.001).abs() < 1e-12);
         assert!((classes[0].delayed_share - 0.1).abs() < 1e-12);
         assert_eq!(classes[0].detail, "bulk");
+        assert_eq!(classes[0].held_by, "class 90%");
         sort(&mut classes, SortBy::Drops, false);
         assert_eq!(classes[0].name, "rpc");
         assert_eq!(classes[0].drops_per_second, 1.0);

@@ -56,6 +56,9 @@ pub struct LoadOptions {
     /// Benchmark only: take every flow-table lookup for a miss (classify, then insert), so a
     /// flow's first packet can be measured with BPF_PROG_TEST_RUN's repeated runs.
     pub bench_flow_miss: bool,
+    /// Benchmark only: the trace ring buffer's size in bytes (a power of two pages), for runs
+    /// that record more packets than the default ring holds between two reads.
+    pub trace_ring_bytes: Option<u32>,
     /// Pin every map here (`<dir>/maps/<NAME>`), reusing the maps already pinned there (the
     /// caller checks their layouts first: [`crate::kernel::persist::Pins::prepare`]).
     pub pins: Option<crate::kernel::persist::Pins>,
@@ -68,6 +71,7 @@ impl Default for LoadOptions {
             count_only: false,
             bench_any_socket: false,
             bench_flow_miss: false,
+            trace_ring_bytes: None,
             pins: None,
         }
     }
@@ -150,6 +154,9 @@ impl Datapath {
             .override_global("PL_ANY_SOCK", &any_sock, true)
             .override_global("PL_BENCH_FLOW_MISS", &flow_miss, true)
             .override_global("PL_NETNS_COOKIE", &netns, true);
+        if let Some(n) = opts.trace_ring_bytes {
+            loader.map_max_entries(names::TRACE_RING, n);
+        }
         let pinned: Vec<(String, std::path::PathBuf)> = match &opts.pins {
             Some(pins) => crate::kernel::persist::expected_layouts(EBPF_OBJECT, opts.flow_table_size)?
                 .into_keys()

@@ -139,11 +139,21 @@ pub fn render_with(
         "Socket options the kernel refused (check the policy's TCP values).",
         cl,
     )?;
+    let held = counter(
+        &r,
+        "paceline_class_held_packets_total",
+        "Delayed packets by the clock that set their departure: flow, class or level (the binding limit).",
+        &["class", "level", "clock"],
+    )?;
     for c in &status.policy.classes {
         let Some(v) = snap.classes.get(c.index as usize) else {
             continue;
         };
         let l = [c.name.as_str(), c.level.as_str()];
+        for (clock, n) in paceline_common::trace::HELD_BY.iter().zip(v.held_by) {
+            held.with_label_values(&[c.name.as_str(), c.level.as_str(), clock])
+                .inc_by(n);
+        }
         packets.with_label_values(&l).inc_by(v.packets);
         bytes.with_label_values(&l).inc_by(v.bytes);
         delayed.with_label_values(&l).inc_by(v.delayed_packets);
@@ -205,12 +215,23 @@ pub fn render_with(
         "The level's QJump network epoch.",
         lv,
     )?;
+    let lheld = counter(
+        &r,
+        "paceline_level_held_packets_total",
+        "Delayed packets of the level by the clock that set their departure: flow, class or level.",
+        &["level", "priority", "clock"],
+    )?;
     for l in &status.policy.levels {
         let Some(v) = snap.levels.get(l.index as usize) else {
             continue;
         };
         let p = l.priority.to_string();
         let lab = [l.name.as_str(), p.as_str()];
+        for (clock, n) in paceline_common::trace::HELD_BY.iter().zip(v.held_by) {
+            lheld
+                .with_label_values(&[l.name.as_str(), p.as_str(), clock])
+                .inc_by(n);
+        }
         lpackets.with_label_values(&lab).inc_by(v.packets);
         lbytes.with_label_values(&lab).inc_by(v.bytes);
         ldelayed.with_label_values(&lab).inc_by(v.delayed_packets);

@@ -202,7 +202,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
 
     // SAFETY: volatile read of a load-time constant.
     if unsafe { core::ptr::read_volatile(&PL_COUNT_ONLY) } != 0 {
-        count(class_idx, level_slot, len, 0, 0);
+        count(class_idx, level_slot, len, 0, 0, 3);
         return Ok(TC_ACT_UNSPEC);
     }
 
@@ -341,7 +341,15 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             cpu.global.flow_inserts += 1;
         }
     }
-    count(class_idx, level_slot, len, delay, how);
+    // Which clock held a delayed packet (from the slots the pacer stored).
+    let held = if delay != 0 {
+        // SAFETY: a field of this CPU's map value.
+        let c = unsafe { core::ptr::addr_of!(cpu.trace.clocks).read_volatile() };
+        paceline_common::trace::held_index(c.flow_ns, c.class_ns, c.depart_ns)
+    } else {
+        3
+    };
+    count(class_idx, level_slot, len, delay, how, held);
     if trace::on() {
         if how & MARKED != 0 {
             cpu.trace.pending.action = action::MARK_CODEL;
@@ -411,7 +419,7 @@ fn time_base(stack_ts: u64) -> (u64, u64) {
 }
 
 #[inline(always)]
-fn count(class_idx: u32, level_slot: u32, len: u64, delay: u64, how: u32) {
+fn count(class_idx: u32, level_slot: u32, len: u64, delay: u64, how: u32, held: usize) {
     let bucket = delay_bucket(delay);
     for slot in [class_idx, level_slot] {
         if let Some(c) = maps::stats(slot) {
@@ -431,6 +439,9 @@ fn count(class_idx: u32, level_slot: u32, len: u64, delay: u64, how: u32) {
             }
             if how & MARKED != 0 {
                 c.marks_codel += 1;
+            }
+            if let Some(h) = c.held_by.get_mut(held) {
+                *h += 1;
             }
         }
     }

@@ -18,8 +18,8 @@ use aya_ebpf::{
 use paceline_common::{
     maps::CpuState,
     trace::{
-        Admit, TP_PACED, TR_SOCKET, TR_UNPARSED, TRACE_CLASS, TRACE_DROPS_ONLY, TRACE_FLOW, TRACE_HEAD,
-        TRACE_ON, TraceConfig, TraceRecord, is_drop_or_mark,
+        TP_PACED, TR_SOCKET, TR_UNPARSED, TRACE_CLASS, TRACE_DROPS_ONLY, TRACE_FLOW, TRACE_HEAD, TRACE_ON,
+        TraceConfig, TraceRecord, is_drop_or_mark,
     },
 };
 
@@ -102,11 +102,9 @@ fn decided(ctx: &TcContext, cfg: &TraceConfig, cpu: &mut CpuState) {
             return;
         }
     }
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if !admit(cpu, cfg, now) {
+    let Some(now) = admit(cpu, cfg) else {
         return;
-    }
+    };
     let Some(mut e) = TRACE_RING.reserve::<TraceRecord>(0) else {
         cpu.trace.lost += 1;
         return;
@@ -150,11 +148,9 @@ fn unparsed(ctx: &TcContext, cfg: &TraceConfig, cpu: &mut CpuState, action: u8) 
     if cfg.flags & (TRACE_DROPS_ONLY | TRACE_CLASS | TRACE_FLOW) != 0 {
         return;
     }
-    // SAFETY: helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if !admit(cpu, cfg, now) {
+    let Some(now) = admit(cpu, cfg) else {
         return;
-    }
+    };
     let Some(mut e) = TRACE_RING.reserve::<TraceRecord>(0) else {
         cpu.trace.lost += 1;
         return;
@@ -201,16 +197,19 @@ unsafe fn clear(r: *mut TraceRecord) {
     }
 }
 
+/// The sampling, then (reading the clock only for the packets sampled in) the cap.
 #[inline(always)]
-fn admit(cpu: &mut CpuState, cfg: &TraceConfig, now: u64) -> bool {
-    match cpu.trace.gate.admit(now, cfg.sample, cfg.per_sec) {
-        Admit::Yes => true,
-        Admit::Sampled => false,
-        Admit::Capped => {
-            cpu.trace.capped += 1;
-            false
-        }
+fn admit(cpu: &mut CpuState, cfg: &TraceConfig) -> Option<u64> {
+    if !cpu.trace.gate.sampled(cfg.sample) {
+        return None;
     }
+    // SAFETY: helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if !cpu.trace.gate.within_cap(now, cfg.per_sec) {
+        cpu.trace.capped += 1;
+        return None;
+    }
+    Some(now)
 }
 
 /// The fields every record has: the interface, the lengths and the packet's first bytes.

@@ -19,7 +19,10 @@ use clap::Parser;
 use paceline::kernel::datapath::{Datapath, LoadOptions};
 use paceline_common::{
     classify::Rule,
-    maps::{BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, PolicyTable},
+    maps::{
+        BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, MAX_CLASSES, PolicyTable,
+    },
+    trace::{TRACE_CLASS, TRACE_ON, TraceConfig},
 };
 use paceline_policy::ctab::{self, Image};
 use paceline_tests::{
@@ -188,7 +191,7 @@ fn tcp6_to(dst: [u8; 16]) -> Vec<u8> {
     packet::ipv6(src, dst, l4, 0, 0, false, 64)
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Prog {
     Floor,
     Clock,
@@ -206,7 +209,21 @@ enum Prog {
     /// TCP flow's later packets do.
     Cached,
     CountOnly,
+    /// The tc program as the agent loads it ([`Prog::Table`]'s path) while a trace runs for a
+    /// class the packet is not of: the tail call and the filter.
+    TraceFiltered,
+    /// While a trace records one packet in 1,000 (at most 100,000 a second on each CPU).
+    TraceSampled,
+    /// While a trace records every packet: runs of at most [`TRACE_EVERY_RUNS`] packets, each
+    /// recorded (the ring is read between runs).
+    TraceEvery,
 }
+
+/// Packets per measurement of [`Prog::TraceEvery`]: every one of them is recorded, within the
+/// per-second cap of 100,000 and a ring of [`TRACE_RING_BYTES`].
+const TRACE_EVERY_RUNS: u32 = 20_000;
+/// The benchmark's trace ring: 64 MiB, about 240,000 records.
+const TRACE_RING_BYTES: u32 = 64 << 20;
 
 /// One row: the program, the policy (index into the policies), the frame, the stack
 /// timestamp, the mark.
@@ -291,6 +308,27 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
         case(
             "IPv4/UDP full, a flow's later packets (class and flow clock in the flow table)",
             Prog::Table,
+            full4,
+            &udp4,
+            0,
+        ),
+        case(
+            "IPv4/UDP later packets, a trace running for another class (tail call, filter)",
+            Prog::TraceFiltered,
+            full4,
+            &udp4,
+            0,
+        ),
+        case(
+            "IPv4/UDP later packets, a trace recording 1 packet in 1,000",
+            Prog::TraceSampled,
+            full4,
+            &udp4,
+            0,
+        ),
+        case(
+            "IPv4/UDP later packets, a trace recording every packet",
+            Prog::TraceEvery,
             full4,
             &udp4,
             0,
@@ -439,6 +477,18 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
         count_only: true,
         ..LoadOptions::default()
     })?;
+    let mut traced = Datapath::load(&LoadOptions {
+        trace_ring_bytes: Some(TRACE_RING_BYTES),
+        ..LoadOptions::default()
+    })?;
+    let trace_cfg = |flags: u32, class: u32, sample: u32| TraceConfig {
+        flags: TRACE_ON | flags,
+        class,
+        sample,
+        per_sec: 100_000,
+        session: 1,
+        ..TraceConfig::default()
+    };
     for name in [
         paceline::kernel::datapath::TC_FLOOR,
         paceline::kernel::datapath::TC_CLOCK,
@@ -463,7 +513,22 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
             first.write_policy(&p.table, &p.image)?;
             cached.write_policy(&p.table, &p.image)?;
             count_only.write_policy(&p.table, &p.image)?;
+            traced.write_policy(&p.table, &p.image)?;
             for (i, c) in cases.iter().enumerate().filter(|(_, c)| c.policy == pi) {
+                let mut runs = repeat;
+                match c.prog {
+                    Prog::TraceFiltered => {
+                        traced.start_trace(&trace_cfg(TRACE_CLASS, MAX_CLASSES as u32 - 1, 1))?
+                    }
+                    Prog::TraceSampled => traced.start_trace(&trace_cfg(0, 0, 1000))?,
+                    Prog::TraceEvery => {
+                        traced.start_trace(&trace_cfg(0, 0, 1))?;
+                        runs = repeat.min(TRACE_EVERY_RUNS);
+                        // A new second: the cap's window opens fresh.
+                        std::thread::sleep(std::time::Duration::from_millis(1000));
+                    }
+                    _ => {}
+                }
                 let (d, name) = match c.prog {
                     Prog::Floor => (&mut dp, Some(paceline::kernel::datapath::TC_FLOOR)),
                     Prog::Clock => (&mut dp, Some(paceline::kernel::datapath::TC_CLOCK)),
@@ -472,12 +537,29 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
                     Prog::Table => (&mut dp, None),
                     Prog::Cached => (&mut cached, None),
                     Prog::CountOnly => (&mut count_only, None),
+                    Prog::TraceFiltered | Prog::TraceSampled | Prog::TraceEvery => (&mut traced, None),
                 };
                 let prog = match name {
                     Some(n) => d.bench_program(n)?,
                     None => d.tc_program()?,
                 };
-                samples[i].push(measure(prog, &c.frame, c.ts, c.mark, repeat)?);
+                samples[i].push(measure(prog, &c.frame, c.ts, c.mark, runs)?);
+                if matches!(
+                    c.prog,
+                    Prog::TraceFiltered | Prog::TraceSampled | Prog::TraceEvery
+                ) {
+                    let n = traced.drain_trace().len();
+                    traced.stop_trace()?;
+                    if c.prog == Prog::TraceEvery && (n as u32) < runs {
+                        let t = traced.snapshot()?.trace;
+                        anyhow::bail!(
+                            "{}: {n} of {runs} packets recorded ({} capped, {} lost since the start): the row would not measure what it says",
+                            c.name,
+                            t.capped,
+                            t.lost
+                        );
+                    }
+                }
             }
         }
     }

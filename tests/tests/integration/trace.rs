@@ -72,6 +72,20 @@ fn second_packet_binds(t: &PolicyTable, rate: u64) -> Line {
         "the record's departure is the one written"
     );
     let l = Line::from_record(&r[1], &names(t), 0);
+    // The class's counters agree: the one delayed packet counted under its binding clock
+    // (what `paceline top` shows as HELD BY).
+    let held = dp.snapshot().unwrap().classes[0].held_by;
+    match paceline_common::trace::HELD_BY
+        .iter()
+        .position(|h| *h == l.binding)
+    {
+        Some(i) => {
+            let mut want = [0; 3];
+            want[i] = 1;
+            assert_eq!(held, want, "held_by of {l:?}");
+        }
+        None => assert_eq!(held, [0; 3]),
+    }
     if rate != 0 {
         let packet = tx_time_ns(f.len() as u64, rate);
         assert_eq!(r[1].clocks.depart_ns - r[0].clocks.depart_ns, packet);
@@ -337,12 +351,27 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
     let p = scratch.path("p.yaml");
     std::fs::write(&p, e2e_policy(&ib)).unwrap();
     let agent = Agent::start(&a, &p, &scratch.path("state"));
-    let fq = agent.status().map(|s| s["enforcement"]["mode"] == "fq").unwrap_or(false);
+    let fq = agent
+        .status()
+        .map(|s| s["enforcement"]["mode"] == "fq")
+        .unwrap_or(false);
     let _server = b.spawn(&[PLLOAD, "serve", "--port", "5502"]).expect("server");
     let to = format!("{}:5502", b.ipv4());
     // 8 Mbit/s of UDP into a 2 Mbit/s class, for the whole test.
     let _load = a
-        .spawn(&[PLLOAD, "bulk", "--to", &to, "--flows", "1", "--duration", "60", "--udp", "--rate-bps", "8000000"])
+        .spawn(&[
+            PLLOAD,
+            "bulk",
+            "--to",
+            &to,
+            "--flows",
+            "1",
+            "--duration",
+            "60",
+            "--udp",
+            "--rate-bps",
+            "8000000",
+        ])
         .expect("UDP sender");
     std::thread::sleep(Duration::from_millis(500));
 
@@ -361,17 +390,28 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
         .collect();
     assert_eq!(lines.len(), 5, "{}", cli_out(&out));
     for l in &lines {
-        assert_eq!((l["class"].as_str(), l["proto"].as_str(), l["dst"].as_str()), (Some("bulk"), Some("udp"), Some(to.as_str())), "{l:#}");
+        assert_eq!(
+            (l["class"].as_str(), l["proto"].as_str(), l["dst"].as_str()),
+            (Some("bulk"), Some("udp"), Some(to.as_str())),
+            "{l:#}"
+        );
         assert_eq!(l["iface"].as_str(), Some(ib.as_str()), "{l:#}");
         if fq {
             // 8 Mbit/s into 2 Mbit/s: the class clock holds every packet once the queue stands.
-            assert!(l["binding"] == "class" || l["action"] == "dropped-horizon", "{l:#}");
+            assert!(
+                l["binding"] == "class" || l["action"] == "dropped-horizon",
+                "{l:#}"
+            );
         } else {
             // Without fq no clock runs in the datapath (HTB enforces the class).
             assert_eq!(l["binding"], "none", "{l:#}");
         }
     }
-    assert!(String::from_utf8_lossy(&out.stderr).contains("count reached"), "{}", cli_out(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("count reached"),
+        "{}",
+        cli_out(&out)
+    );
     // tshark reads the file back: five Ethernet frames, each with its verdict as its comment.
     match std::process::Command::new("tshark")
         .args(["-r"])
@@ -381,15 +421,25 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
     {
         Ok(t) => {
             let s = String::from_utf8_lossy(&t.stdout);
-            assert!(t.status.success(), "tshark: {}", String::from_utf8_lossy(&t.stderr));
+            assert!(
+                t.status.success(),
+                "tshark: {}",
+                String::from_utf8_lossy(&t.stderr)
+            );
             let rows: Vec<&str> = s.lines().collect();
             assert_eq!(rows.len(), 5, "{s}");
             for r in rows {
-                assert!(r.starts_with("paceline: class bulk level low: ") && r.ends_with("\t5502"), "{r:?}");
+                assert!(
+                    r.starts_with("paceline: class bulk level low: ") && r.ends_with("\t5502"),
+                    "{r:?}"
+                );
             }
         }
         Err(e) => {
-            assert!(std::env::var_os("CI").is_none(), "tshark is not installed (bootstrap.sh --test installs it): {e}");
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "tshark is not installed (bootstrap.sh --test installs it): {e}"
+            );
             eprintln!("SKIPPED (part): tshark is not installed: {e}");
         }
     }
@@ -415,26 +465,54 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
     // One trace at a time.
     let second = a.command(AGENT).args(["trace", "--count", "1"]).output().unwrap();
     assert_eq!(second.status.code(), Some(1), "{}", cli_out(&second));
-    assert!(String::from_utf8_lossy(&second.stderr).contains("already running"), "{}", cli_out(&second));
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("already running"),
+        "{}",
+        cli_out(&second)
+    );
     reader.kill().unwrap();
     reader.wait().unwrap();
     let t0 = Instant::now();
     while running(&agent) {
-        assert!(t0.elapsed() < Duration::from_secs(5), "tracing still on 5 s after its reader was killed");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "tracing still on 5 s after its reader was killed"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!("tracing off {:?} after the reader was killed", t0.elapsed());
     // And the next trace starts: drops only, for a second (none without fq).
-    let out = a.command(AGENT).args(["trace", "--drops", "--seconds", "1", "--json"]).output().unwrap();
+    let out = a
+        .command(AGENT)
+        .args(["trace", "--drops", "--seconds", "1", "--json"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", cli_out(&out));
     for l in String::from_utf8_lossy(&out.stdout).lines() {
         let v: serde_json::Value = serde_json::from_str(l).unwrap();
-        assert!(v["action"].as_str().is_some_and(|a| a.starts_with("dropped") || a.starts_with("marked")), "{v:#}");
+        assert!(
+            v["action"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("dropped") || a.starts_with("marked")),
+            "{v:#}"
+        );
     }
-    assert!(String::from_utf8_lossy(&out.stderr).contains("time is up"), "{}", cli_out(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("time is up"),
+        "{}",
+        cli_out(&out)
+    );
     // A bad request names what is wrong.
-    let bad = a.command(AGENT).args(["trace", "--class", "nosuch", "--count", "1"]).output().unwrap();
+    let bad = a
+        .command(AGENT)
+        .args(["trace", "--class", "nosuch", "--count", "1"])
+        .output()
+        .unwrap();
     assert_eq!(bad.status.code(), Some(2), "{}", cli_out(&bad));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("no such class"), "{}", cli_out(&bad));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("no such class"),
+        "{}",
+        cli_out(&bad)
+    );
     agent.stop();
 }
