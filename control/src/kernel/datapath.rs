@@ -134,6 +134,8 @@ pub struct Datapath {
     dasr_stats: PerCpuArray<MapData, DasrStats>,
     sock: aya::maps::SkStorage<MapData, SockState>,
     trace_cfg: Array<MapData, TraceConfig>,
+    /// The egress program's switch: its `.bss` (the global `PL_TRACE_ON`, nothing else).
+    trace_on: Array<MapData, u32>,
     trace_prog: ProgramArray<MapData>,
     /// Until a trace session takes it ([`Datapath::take_trace_ring`]).
     trace_ring: Option<RingBuf<MapData>>,
@@ -230,7 +232,10 @@ impl Datapath {
             Err(e) => return Err(e).context("emptying the trace program array"),
         }
         let trace_ring = Some(RingBuf::try_from(take(&mut ebpf, names::TRACE_RING)?)?);
+        let trace_on = Array::try_from(take(&mut ebpf, ".bss")?)
+            .context("the egress program's .bss (PL_TRACE_ON, one u32)")?;
         Ok(Datapath {
+            trace_on,
             trace_cfg,
             trace_prog,
             trace_ring,
@@ -293,11 +298,15 @@ impl Datapath {
         self.trace_cfg
             .set(0, *cfg, 0)
             .context("writing the trace configuration")?;
+        self.trace_on
+            .set(0, u32::from(cfg.flags != 0), 0)
+            .context("turning tracing on")?;
         Ok(())
     }
 
     /// Stops recording (the egress program no longer calls the trace program).
     pub fn stop_trace(&mut self) -> Result<()> {
+        self.trace_on.set(0, 0, 0).context("turning tracing off")?;
         self.trace_cfg
             .set(0, TraceConfig::default(), 0)
             .context("turning tracing off")

@@ -343,9 +343,17 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     }
     // Which clock held a delayed packet (from the slots the pacer stored).
     let held = if delay != 0 {
-        // SAFETY: a field of this CPU's map value.
-        let c = unsafe { core::ptr::addr_of!(cpu.trace.clocks).read_volatile() };
-        paceline_common::trace::held_index(c.flow_ns, c.class_ns, c.depart_ns)
+        let c = &cpu.trace.clocks;
+        // SAFETY: fields of this CPU's map value (volatile: the verifier sees unknown values,
+        // not the pacer's, so the paths that reach here stay one).
+        let (f, k, d) = unsafe {
+            (
+                core::ptr::addr_of!(c.flow_ns).read_volatile(),
+                core::ptr::addr_of!(c.class_ns).read_volatile(),
+                core::ptr::addr_of!(c.depart_ns).read_volatile(),
+            )
+        };
+        paceline_common::trace::held_index(f, k, d)
     } else {
         3
     };

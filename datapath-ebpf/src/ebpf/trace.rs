@@ -25,13 +25,17 @@ use paceline_common::{
 
 use super::maps::{self, TRACE_CFG, TRACE_PROG, TRACE_RING};
 
+/// Nonzero while a trace runs: a global the agent flips (the `.bss` map), so that a packet
+/// pays one load for it at each point that asks, where a map lookup would cost several
+/// instructions. The trace program checks `PL_TRACE_CFG` itself.
+#[unsafe(no_mangle)]
+static mut PL_TRACE_ON: u32 = 0;
+
 /// Whether a trace runs (one load).
 #[inline(always)]
 pub fn on() -> bool {
-    match TRACE_CFG.get(0) {
-        Some(c) => c.flags & TRACE_ON != 0,
-        None => false,
-    }
+    // SAFETY: a plain load of a 4-byte global; the agent's writes are whole words.
+    unsafe { core::ptr::read_volatile(core::ptr::addr_of!(PL_TRACE_ON)) != 0 }
 }
 
 /// Hands the packet to [`pl_tc_trace`] (its facts in `CpuState::trace.pending`); returns only

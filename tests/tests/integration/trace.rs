@@ -379,7 +379,18 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
     let pcap = scratch.path("t.pcapng");
     let out = a
         .command(AGENT)
-        .args(["trace", "--count", "5", "--class", "bulk", "--json", "--pcap"])
+        // --seconds: a datapath that recorded nothing must fail the test, not hang it.
+        .args([
+            "trace",
+            "--count",
+            "5",
+            "--seconds",
+            "30",
+            "--class",
+            "bulk",
+            "--json",
+            "--pcap",
+        ])
         .arg(&pcap)
         .output()
         .expect("paceline trace");
@@ -447,7 +458,7 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
     // A trace that runs until its reader goes: killed, the agent turns tracing off.
     let mut reader = a
         .command(AGENT)
-        .args(["trace", "--json"])
+        .args(["trace", "--json", "--seconds", "60"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -463,7 +474,11 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
     };
     assert!(running(&agent), "tracing is on while the reader reads");
     // One trace at a time.
-    let second = a.command(AGENT).args(["trace", "--count", "1"]).output().unwrap();
+    let second = a
+        .command(AGENT)
+        .args(["trace", "--count", "1", "--seconds", "10"])
+        .output()
+        .unwrap();
     assert_eq!(second.status.code(), Some(1), "{}", cli_out(&second));
     assert!(
         String::from_utf8_lossy(&second.stderr).contains("already running"),
