@@ -161,6 +161,7 @@ fn rendered_metrics() -> String {
             h[12] = 4;
             h
         },
+        held_by: [1, 2, 1],
     };
     let snap = Snapshot {
         classes: vec![c; 3],
