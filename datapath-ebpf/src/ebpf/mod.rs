@@ -202,7 +202,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
 
     // SAFETY: volatile read of a load-time constant.
     if unsafe { core::ptr::read_volatile(&PL_COUNT_ONLY) } != 0 {
-        count(class_idx, level_slot, len, 0, 0, 3);
+        count(cpu, class_idx, level_slot, len, 0, 0, 3);
         return Ok(TC_ACT_UNSPEC);
     }
 
@@ -357,7 +357,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     } else {
         3
     };
-    count(class_idx, level_slot, len, delay, how, held);
+    count(cpu, class_idx, level_slot, len, delay, how, held);
     if trace::on() {
         if how & MARKED != 0 {
             cpu.trace.pending.action = action::MARK_CODEL;
@@ -427,8 +427,15 @@ fn time_base(stack_ts: u64) -> (u64, u64) {
 }
 
 #[inline(always)]
-fn count(class_idx: u32, level_slot: u32, len: u64, delay: u64, how: u32, held: usize) {
-    let bucket = delay_bucket(delay);
+fn count(
+    cpu: &mut paceline_common::maps::CpuState,
+    class_idx: u32,
+    level_slot: u32,
+    len: u64,
+    delay: u64,
+    how: u32,
+    held: usize,
+) {
     for slot in [class_idx, level_slot] {
         if let Some(c) = maps::stats(slot) {
             c.packets += 1;
@@ -440,10 +447,15 @@ fn count(class_idx: u32, level_slot: u32, len: u64, delay: u64, how: u32, held: 
             if how & TAGGED != 0 {
                 c.tagged_packets += 1;
             }
-            if how & PACED != 0
-                && let Some(b) = c.delay_hist.get_mut(bucket)
-            {
-                *b += 1;
+            if how & PACED != 0 {
+                // The bucket passes through memory and is bounds-checked right where it is
+                // used: Linux 6.1's verifier loses the bound of `delay_bucket`'s arithmetic
+                // (a leading-zero count is a sequence of shifts in BPF) when LLVM checks one
+                // copy of it and spills another.
+                let bucket = codel::opaque(&mut cpu.opaque[1], delay_bucket(delay) as u32) as usize;
+                if let Some(b) = c.delay_hist.get_mut(bucket) {
+                    *b += 1;
+                }
             }
             if how & MARKED != 0 {
                 c.marks_codel += 1;

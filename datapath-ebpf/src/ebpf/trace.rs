@@ -229,13 +229,19 @@ fn finish(ctx: &TcContext, cpu: &mut CpuState, r: *mut TraceRecord) {
         if n > TRACE_HEAD as u32 {
             n = TRACE_HEAD as u32;
         }
-        if n > 0
-            && bpf_skb_load_bytes(
-                skb as *const c_void,
-                0,
-                core::ptr::addr_of_mut!((*r).head).cast::<c_void>(),
-                n,
-            ) == 0
+        // In 1..=128 in a form the verifier can bound (Linux 6.1 refuses a length that may be
+        // 0, and LLVM's own bounds of `n` do not reach it): through memory, so that LLVM
+        // cannot fold the expression back to `n`. A packet of 0 bytes asks for 128, which
+        // the helper refuses, and no bytes are recorded.
+        let p = core::ptr::addr_of_mut!(cpu.opaque[1]);
+        p.write_volatile(n);
+        let n = ((p.read_volatile().wrapping_sub(1)) & (TRACE_HEAD as u32 - 1)) + 1;
+        if bpf_skb_load_bytes(
+            skb as *const c_void,
+            0,
+            core::ptr::addr_of_mut!((*r).head).cast::<c_void>(),
+            n,
+        ) == 0
         {
             (*r).head_len = n as u16;
         }
