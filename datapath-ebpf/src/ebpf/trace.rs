@@ -106,6 +106,56 @@ fn decided(ctx: &TcContext, cfg: &TraceConfig, cpu: &mut CpuState) {
             return;
         }
     }
+    // A pointer, not a copy: a packet sampled out or capped pays nothing for it.
+    let clocks = core::ptr::addr_of!(cpu.trace.clocks);
+    record(ctx, cfg, cpu, |r| {
+        // SAFETY: the reserved record `record` hands over.
+        unsafe {
+            if d.flags & TP_PACED != 0 {
+                (*r).clocks = *clocks;
+            }
+            (*r).dasr_rate = d.dasr_rate;
+            (*r).flow_rate = d.flow_rate;
+            if d.flags & TR_SOCKET != 0
+                && let Some(sk) = super::sock::tcp_sock(ctx)
+            {
+                (*r).d3_rate = super::d3host::applied_rate(sk);
+            }
+            (*r).key.src = p.src;
+            (*r).key.dst = p.dst;
+            (*r).key.sport = p.sport;
+            (*r).key.dport = p.dport;
+            (*r).key.proto = p.proto;
+            (*r).class = d.class;
+            (*r).level = d.level;
+            (*r).action = d.action;
+            (*r).dscp_before = p.dscp;
+            (*r).flags = d.flags & !TP_PACED;
+            (*r).wire_len = d.wire_len;
+        }
+    });
+}
+
+/// Records a packet the parser gave up on (`action` says why), if the trace wants it: only
+/// without a class or flow filter.
+#[inline(always)]
+fn unparsed(ctx: &TcContext, cfg: &TraceConfig, cpu: &mut CpuState, action: u8) {
+    if cfg.flags & (TRACE_DROPS_ONLY | TRACE_CLASS | TRACE_FLOW) != 0 {
+        return;
+    }
+    record(ctx, cfg, cpu, |r| {
+        // SAFETY: the reserved record `record` hands over.
+        unsafe {
+            (*r).action = action;
+            (*r).flags = TR_UNPARSED;
+        }
+    });
+}
+
+/// The sampling and the cap, then a record reserved, cleared, stamped with the time and the
+/// session, filled by `fill`, finished (`finish`) and submitted; a full ring is counted.
+#[inline(always)]
+fn record(ctx: &TcContext, cfg: &TraceConfig, cpu: &mut CpuState, fill: impl FnOnce(*mut TraceRecord)) {
     let Some(now) = admit(cpu, cfg) else {
         return;
     };
@@ -119,55 +169,8 @@ fn decided(ctx: &TcContext, cfg: &TraceConfig, cpu: &mut CpuState) {
         clear(r);
         (*r).time_ns = now;
         (*r).session = cfg.session;
-        if d.flags & TP_PACED != 0 {
-            (*r).clocks = cpu.trace.clocks;
-        }
-        (*r).dasr_rate = d.dasr_rate;
-        (*r).flow_rate = d.flow_rate;
-        if d.flags & TR_SOCKET != 0
-            && let Some(sk) = super::sock::tcp_sock(ctx)
-        {
-            (*r).d3_rate = super::d3host::applied_rate(sk);
-        }
-        (*r).key.src = p.src;
-        (*r).key.dst = p.dst;
-        (*r).key.sport = p.sport;
-        (*r).key.dport = p.dport;
-        (*r).key.proto = p.proto;
-        (*r).class = d.class;
-        (*r).level = d.level;
-        (*r).action = d.action;
-        (*r).dscp_before = p.dscp;
-        (*r).flags = d.flags & !TP_PACED;
-        (*r).wire_len = d.wire_len;
     }
-    finish(ctx, cpu, r);
-    e.submit(0);
-}
-
-/// Records a packet the parser gave up on (`action` says why), if the trace wants it: only
-/// without a class or flow filter.
-#[inline(always)]
-fn unparsed(ctx: &TcContext, cfg: &TraceConfig, cpu: &mut CpuState, action: u8) {
-    if cfg.flags & (TRACE_DROPS_ONLY | TRACE_CLASS | TRACE_FLOW) != 0 {
-        return;
-    }
-    let Some(now) = admit(cpu, cfg) else {
-        return;
-    };
-    let Some(mut e) = TRACE_RING.reserve::<TraceRecord>(0) else {
-        cpu.trace.lost += 1;
-        return;
-    };
-    let r = e.as_mut_ptr();
-    // SAFETY: as in `decided`.
-    unsafe {
-        clear(r);
-        (*r).time_ns = now;
-        (*r).session = cfg.session;
-        (*r).action = action;
-        (*r).flags = TR_UNPARSED;
-    }
+    fill(r);
     finish(ctx, cpu, r);
     e.submit(0);
 }
