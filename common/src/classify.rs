@@ -34,6 +34,21 @@ pub struct PacketInfo {
 }
 const _: () = assert!(core::mem::size_of::<PacketInfo>() == 56);
 
+/// A flow's 5-tuple as seen on egress: the key of the per-flow table
+/// ([`crate::maps::names::FLOWS`]) and of a trace's flow filter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// Host byte order; 0 for protocols without ports.
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
+
 /// One classification rule, as the linear reference matcher reads it
 /// (`classify::rule_matches`): every condition is a masked compare; a zero mask or a full port
 /// span means "any". Build rules with the `with_*` methods, which keep the derived fields

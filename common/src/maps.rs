@@ -238,19 +238,8 @@ impl PolicyTable {
     }
 }
 
-/// Key of the per-flow table: the 5-tuple as seen on egress.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct FlowKey {
-    pub src: [u32; 4],
-    pub dst: [u32; 4],
-    /// Host byte order; 0 for protocols without ports.
-    pub sport: u16,
-    pub dport: u16,
-    pub proto: u8,
-    pub _pad: [u8; 3],
-}
-const _: () = assert!(size_of::<FlowKey>() == 40);
+/// Key of the per-flow table (defined beside the packet view it is cut from).
+pub use crate::classify::FlowKey;
 
 /// Per-flow state of traffic without a local TCP socket (UDP, forwarded traffic, a
 /// container's packets at the host's device): the flow clock, and the flow's class with the

@@ -9,7 +9,7 @@
 //! A [`TraceRecord`] names each clock's slot (flow, class, QJump level: when each would have
 //! let the packet go), the departure written and the clock that set it ([`binding`]).
 
-use crate::maps::FlowKey;
+use crate::classify::FlowKey;
 
 /// [`TraceConfig::flags`]: tracing is on.
 pub const TRACE_ON: u32 = 1 << 0;

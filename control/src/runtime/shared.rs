@@ -33,8 +33,6 @@ pub struct Shared {
     pub history: History,
     /// The policy file, the state directory, where maps are pinned.
     pub ctl: Ctl,
-    /// `paceline trace`'s session, if one runs.
-    pub tracing: crate::runtime::trace::Tracing,
 }
 
 /// What the agent was started with that reloads and requests need.
@@ -86,7 +84,6 @@ impl Shared {
             history: History::new(ctl.dir.path()),
             events,
             ctl,
-            tracing: Default::default(),
         }
     }
 

@@ -195,19 +195,11 @@ pub enum StartError {
     Failed(anyhow::Error),
 }
 
-/// The session in progress, if any (one at a time: the ring buffer has one reader).
-#[derive(Default)]
-pub struct Tracing {
-    running: Mutex<Option<u64>>,
-    next: AtomicU64,
-}
-
-impl Tracing {
-    /// The running session's id.
-    pub fn running(&self) -> Option<u64> {
-        *self.running.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
+/// The session in progress, if any (one at a time: the ring buffer has one reader; one agent
+/// a process).
+static RUNNING: Mutex<Option<u64>> = Mutex::new(None);
+/// The last session's id.
+static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// Starts a session for `req`; its lines go to `tx`.
 pub fn start(shared: Arc<Shared>, req: Request, tx: mpsc::Sender<String>) -> Result<(), StartError> {
@@ -216,7 +208,7 @@ pub fn start(shared: Arc<Shared>, req: Request, tx: mpsc::Sender<String>) -> Res
     let names;
     let before;
     {
-        let mut running = shared.tracing.running.lock().unwrap_or_else(|e| e.into_inner());
+        let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
         if running.is_some() {
             return Err(StartError::Busy);
         }
@@ -253,7 +245,7 @@ pub fn start(shared: Arc<Shared>, req: Request, tx: mpsc::Sender<String>) -> Res
         let dp = g.dp_mut().map_err(StartError::Failed)?;
         before = dp.snapshot().map_err(StartError::Failed)?.trace;
         ring = dp.take_trace_ring().ok_or(StartError::Busy)?;
-        session = shared.tracing.next.fetch_add(1, Ordering::Relaxed) + 1;
+        session = NEXT.fetch_add(1, Ordering::Relaxed) + 1;
         let mut flags = TRACE_ON;
         if req.drops {
             flags |= TRACE_DROPS_ONLY;
@@ -297,7 +289,7 @@ pub fn start(shared: Arc<Shared>, req: Request, tx: mpsc::Sender<String>) -> Res
                 dp.return_trace_ring(ring);
             }
             drop(g);
-            *shared.tracing.running.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *RUNNING.lock().unwrap_or_else(|e| e.into_inner()) = None;
             log::info!(
                 "trace {session} ended ({reason}): {} records, {} capped, {} lost",
                 totals.records,
