@@ -247,10 +247,13 @@ fn new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_c
         entries >= CAPACITY as u64 / 2,
         "a flooded table is mostly full: {entries}"
     );
-    // Every new flow got a clock (a few may have been sent twice: port 0 became port 1).
+    // Every new flow got a clock (a few may have been sent twice: port 0 became port 1). The
+    // namespace's own packets are flows of the table too (IPv6 neighbour discovery and MLD on
+    // its interface; one CI run counted 131,073 inserts for 131,072 datagrams): a few more.
+    const OWN_PACKETS: u64 = 64;
     assert!(
-        inserts >= flows && inserts <= sent,
-        "{inserts} inserts for {flows} flows ({sent} datagrams)"
+        inserts >= flows && inserts <= sent + OWN_PACKETS,
+        "{inserts} inserts for {flows} flows ({sent} datagrams, and at most {OWN_PACKETS} of the namespace's own)"
     );
     assert_eq!(evictions, inserts - entries);
     // The table's memory is allocated once: a flood does not grow it.
