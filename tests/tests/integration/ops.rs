@@ -64,7 +64,8 @@ fn cli(host: &Host, args: &[&str]) -> Output {
     host.command(AGENT).args(args).output().expect("run plagent")
 }
 
-fn text(o: &Output) -> String {
+/// A command's exit status and output, for assertion messages.
+pub(crate) fn text(o: &Output) -> String {
     format!(
         "exit {:?}\nstdout:\n{}\nstderr:\n{}",
         o.status.code(),

@@ -317,15 +317,6 @@ spec:
     )
 }
 
-fn cli_out(o: &std::process::Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
 /// `paceline trace` against a running agent: the packets of the class asked for, named, as
 /// JSON lines and as pcapng that tshark reads with the verdicts as comments; one trace at a
 /// time; and a reader that goes away (SIGKILL) turns tracing off.
@@ -394,12 +385,12 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
         .arg(&pcap)
         .output()
         .expect("paceline trace");
-    assert_eq!(out.status.code(), Some(0), "{}", cli_out(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", crate::ops::text(&out));
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).expect("a JSON line"))
         .collect();
-    assert_eq!(lines.len(), 5, "{}", cli_out(&out));
+    assert_eq!(lines.len(), 5, "{}", crate::ops::text(&out));
     for l in &lines {
         assert_eq!(
             (l["class"].as_str(), l["proto"].as_str(), l["dst"].as_str()),
@@ -421,7 +412,7 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("count reached"),
         "{}",
-        cli_out(&out)
+        crate::ops::text(&out)
     );
     // tshark reads the file back: five Ethernet frames, each with its verdict as its comment.
     match std::process::Command::new("tshark")
@@ -479,11 +470,11 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
         .args(["trace", "--count", "1", "--seconds", "10"])
         .output()
         .unwrap();
-    assert_eq!(second.status.code(), Some(1), "{}", cli_out(&second));
+    assert_eq!(second.status.code(), Some(1), "{}", crate::ops::text(&second));
     assert!(
         String::from_utf8_lossy(&second.stderr).contains("already running"),
         "{}",
-        cli_out(&second)
+        crate::ops::text(&second)
     );
     reader.kill().unwrap();
     reader.wait().unwrap();
@@ -502,7 +493,7 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
         .args(["trace", "--drops", "--seconds", "1", "--json"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", cli_out(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", crate::ops::text(&out));
     for l in String::from_utf8_lossy(&out.stdout).lines() {
         let v: serde_json::Value = serde_json::from_str(l).unwrap();
         assert!(
@@ -515,7 +506,7 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("time is up"),
         "{}",
-        cli_out(&out)
+        crate::ops::text(&out)
     );
     // A bad request names what is wrong.
     let bad = a
@@ -523,11 +514,11 @@ fn trace_shows_a_running_agents_packets_and_stops_when_its_reader_goes() {
         .args(["trace", "--class", "nosuch", "--count", "1"])
         .output()
         .unwrap();
-    assert_eq!(bad.status.code(), Some(2), "{}", cli_out(&bad));
+    assert_eq!(bad.status.code(), Some(2), "{}", crate::ops::text(&bad));
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("no such class"),
         "{}",
-        cli_out(&bad)
+        crate::ops::text(&bad)
     );
     agent.stop();
 }
