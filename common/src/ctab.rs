@@ -479,11 +479,17 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
 /// The class of `p`: its first matching rule's class, else `default_class`.
 #[inline(always)]
 pub fn classify<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo, default_class: u32) -> u32 {
+    classify_rule(h, t, p, default_class).0
+}
+
+/// [`classify`], and the index of the rule that matched ([`NONE`]: none did).
+#[inline(always)]
+pub fn classify_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo, default_class: u32) -> (u32, u32) {
     match first_rule(h, t, p) {
-        NONE => default_class,
+        NONE => (default_class, NONE),
         r => match t.word(h.rule_class_off.wrapping_add(r)) {
-            NONE => default_class,
-            c => c,
+            NONE => (default_class, r),
+            c => (c, r),
         },
     }
 }

@@ -269,7 +269,10 @@ pub struct FlowState {
     pub mark: u32,
     pub dscp: u8,
     pub unknown: u8,
-    pub _pad: u16,
+    /// Which limit held the flow's last paced packet (a `crate::trace::binding` value, from
+    /// `crate::trace::held_binding`; 0: none paced yet), for `paceline flows`.
+    pub binding: u8,
+    pub _pad: u8,
 }
 const _: () = assert!(size_of::<FlowState>() == 40);
 const _: () = assert!(MAX_CLASSES <= 1 << 16);
@@ -367,7 +370,8 @@ pub struct SockState {
     pub mark: u32,
     pub class: u16,
     pub dscp: u8,
-    pub _pad: u8,
+    /// Which limit held the socket's last paced packet (as [`FlowState::binding`]).
+    pub binding: u8,
     /// DASR: the share its receiver advertised, line / N (wire bytes/s; 0: none), set by the
     /// ingress program from the receiver's ACKs; it caps the flow clock (`crate::dasr::cap`).
     pub dasr_rate: u64,

@@ -91,6 +91,13 @@ pub const TR_GSO: u8 = 1 << 3;
 pub const TR_TAGGED: u8 = 1 << 4;
 /// The fields after `action` are unknown: the packet was not parsed.
 pub const TR_UNPARSED: u8 = 1 << 5;
+/// The packet carries a VLAN tag outside its bytes (`skb->vlan_tci`, a hardware-accelerated
+/// tag): [`TraceRecord::vlan_tci`] holds it. A tag inside the bytes is in `head`.
+pub const TR_VLAN: u8 = 1 << 6;
+
+/// [`TraceRecord::rule`]: no rule matched (the default class), or the class came from a cache.
+pub const NO_RULE: u32 = u32::MAX;
+const _: () = assert!(NO_RULE == crate::ctab::NONE);
 
 /// The ring buffer's size (a power of two pages): about 1,900 records.
 pub const TRACE_RING_BYTES: u32 = 512 * 1024;
@@ -122,12 +129,16 @@ pub struct TracePending {
     pub flow_rate: u64,
     pub dasr_rate: u64,
     pub wire_len: u32,
+    /// The rule the classifier matched ([`NO_RULE`]: none, the default class). Stored by the
+    /// classifier's path only, whether a trace runs or not; a cached packet's (`TR_CACHED`) is
+    /// stale and not recorded.
+    pub rule: u32,
     pub class: u16,
     pub level: u8,
     pub action: u8,
     /// `TR_*` bits, and [`TP_PACED`].
     pub flags: u8,
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 3],
 }
 const _: () = assert!(size_of::<TracePending>() == 32);
 
@@ -257,10 +268,15 @@ pub struct TraceRecord {
     pub flags: u8,
     /// How many bytes of `head` hold the packet.
     pub head_len: u16,
-    pub _pad: [u8; 2],
+    /// The VLAN tag outside the packet's bytes, with [`TR_VLAN`] (see [`TraceRecord::vlan`]).
+    pub vlan_tci: u16,
+    /// The index of the policy's rule that selected the class ([`NO_RULE`]: none matched, or
+    /// the class came from a cache and the classifier did not run).
+    pub rule: u32,
+    pub _pad: u32,
     pub head: [u8; TRACE_HEAD],
 }
-const _: () = assert!(size_of::<TraceRecord>() == 16 + 40 + 24 + 40 + 12 + 8 + 4 + TRACE_HEAD);
+const _: () = assert!(size_of::<TraceRecord>() == 16 + 40 + 24 + 40 + 12 + 8 + 4 + 8 + TRACE_HEAD);
 
 impl TraceRecord {
     /// A record of zeroes (what the datapath starts from).
@@ -296,7 +312,9 @@ impl TraceRecord {
         _pad1: 0,
         flags: 0,
         head_len: 0,
-        _pad: [0; 2],
+        vlan_tci: 0,
+        rule: NO_RULE,
+        _pad: 0,
         head: [0; TRACE_HEAD],
     };
 
@@ -313,6 +331,32 @@ impl TraceRecord {
     /// The delay the clocks added beyond the stack's own departure (ns).
     pub fn added_delay_ns(&self) -> u64 {
         self.clocks.depart_ns.saturating_sub(self.clocks.floor_ns)
+    }
+
+    /// The packet's VLAN id: the tag outside its bytes ([`TR_VLAN`]), else the outer 802.1Q
+    /// or 802.1ad tag of the Ethernet frame in `head`; `None`: untagged.
+    pub fn vlan(&self) -> Option<u16> {
+        if self.flags & TR_VLAN != 0 {
+            return Some(self.vlan_tci & 0x0fff);
+        }
+        let head = &self.head[..(self.head_len as usize).min(TRACE_HEAD)];
+        match head.get(12..16)? {
+            [0x81, 0x00, hi, lo] | [0x88, 0xa8, hi, lo] => Some(u16::from_be_bytes([*hi, *lo]) & 0x0fff),
+            _ => None,
+        }
+    }
+}
+
+/// The [`binding`] value a paced packet's flow keeps (`FlowState::binding`,
+/// `SockState::binding`): the clock that held it ([`held_index`]'s value, when `delayed`), or
+/// [`binding::NOT_HELD`].
+#[inline(always)]
+pub const fn held_binding(delayed: bool, held: usize) -> u8 {
+    match (delayed, held) {
+        (false, _) => binding::NOT_HELD,
+        (true, 0) => binding::FLOW,
+        (true, 1) => binding::CLASS,
+        _ => binding::LEVEL,
     }
 }
 
@@ -423,6 +467,7 @@ mod tests {
             let depart = f.max(c).max(l);
             let b = binding(floor, f, c, l, depart);
             assert_eq!(HELD_BY[held_index(f, c, depart)], binding_name(b), "{f} {c} {l}");
+            assert_eq!(held_binding(depart > floor, held_index(f, c, depart)), b, "{f} {c} {l}");
         }
     }
 
@@ -461,6 +506,7 @@ mod tests {
         };
         assert_eq!(TraceRecord::from_bytes(bytes), Some(r));
         assert_eq!(TraceRecord::from_bytes(&bytes[..10]), None);
+        assert_eq!(r.rule, NO_RULE);
         assert!(is_drop_or_mark(r.action));
         assert!(!is_drop_or_mark(action::PASSED));
         for a in 0..action::COUNT as u8 {
@@ -469,5 +515,25 @@ mod tests {
         for b in 0..binding::COUNT as u8 {
             assert_ne!(binding_name(b), "?");
         }
+    }
+
+    #[test]
+    fn a_record_names_its_vlan_in_or_outside_the_bytes() {
+        let mut r = TraceRecord::ZERO;
+        assert_eq!(r.vlan(), None, "no bytes");
+        // dst, src, 802.1Q tag (PCP 5, VLAN 100), IPv4
+        let frame = [0u8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0x81, 0x00, 0xa0, 100, 0x08, 0x00];
+        r.head[..frame.len()].copy_from_slice(&frame);
+        r.head_len = frame.len() as u16;
+        assert_eq!(r.vlan(), Some(100));
+        r.head[12] = 0x88;
+        r.head[13] = 0xa8;
+        assert_eq!(r.vlan(), Some(100), "802.1ad");
+        r.head[12] = 0x08;
+        r.head[13] = 0x00;
+        assert_eq!(r.vlan(), None, "untagged IPv4");
+        r.flags |= TR_VLAN;
+        r.vlan_tci = 0xe000 | 42;
+        assert_eq!(r.vlan(), Some(42), "the accelerated tag, without its priority bits");
     }
 }

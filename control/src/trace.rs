@@ -5,13 +5,15 @@
 //! The datapath's record is `paceline_common::trace::TraceRecord`; [`Line::from_record`]
 //! names what it holds with the policy in force when the trace started ([`Names`]).
 
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 use anyhow::{Context as _, Result};
 use paceline_common::maps::{MAX_CLASSES, MAX_LEVELS, PolicyTable};
 use paceline_common::trace::{
-    TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TraceRecord, action_name, binding, binding_name,
+    NO_RULE, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TraceRecord, action_name, binding,
+    binding_name,
 };
+use paceline_policy::RuleInfo;
 use serde::{Deserialize, Serialize};
 
 /// What a line of `/trace` carries.
@@ -75,6 +77,15 @@ pub struct Line {
     pub class: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub level: Option<String>,
+    /// The policy's rule that selected the class, where it is in the file and what it matches
+    /// (`spec.rules[2]: udp dst_port 53`); absent when no rule matched (the default class) or
+    /// the class came from the socket's or the flow table's cache (`cached` in `flags`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// The VLAN id the packet carries (the tag in its bytes or the one the stack keeps beside
+    /// them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
     /// `passed`, `dropped-horizon`, `dropped-codel`, `marked-codel`, `unparsed-*`.
     pub action: String,
     /// Which limit set the departure: `flow`, `class`, `level`, `not-held` (clocks apply, none
@@ -123,13 +134,21 @@ pub struct Names {
     pub levels: Vec<String>,
     pub class_rates: Vec<u64>,
     pub level_rates: Vec<u64>,
+    /// The table's rules by index (shared with the compiled policy, not copied).
+    pub rules: Arc<[RuleInfo]>,
 }
 
 impl Names {
-    pub fn new(table: &PolicyTable, classes: &[Option<String>], levels: &[String]) -> Names {
+    pub fn new(
+        table: &PolicyTable,
+        classes: &[Option<String>],
+        levels: &[String],
+        rules: &Arc<[RuleInfo]>,
+    ) -> Names {
         Names {
             classes: classes.to_vec(),
             levels: levels.to_vec(),
+            rules: rules.clone(),
             class_rates: table
                 .classes
                 .iter()
@@ -243,6 +262,8 @@ impl Line {
             dst: None,
             class: None,
             level: None,
+            rule: None,
+            vlan: r.vlan(),
             action: action_name(r.action).to_string(),
             binding: binding_name(binding::NONE).to_string(),
             delay_ns: 0,
@@ -306,6 +327,12 @@ impl Line {
                     .cloned()
                     .unwrap_or_else(|| format!("#{level}")),
             ),
+            rule: (r.rule != NO_RULE && r.flags & TR_CACHED == 0).then(|| {
+                match names.rules.get(r.rule as usize) {
+                    Some(ri) => format!("{}: {}", ri.origin, ri.matches),
+                    None => format!("#{}", r.rule),
+                }
+            }),
             binding: binding_name(b).to_string(),
             delay_ns: if paced { r.added_delay_ns() } else { 0 },
             flow_clock_ns: ahead(flow),
@@ -324,7 +351,11 @@ impl Line {
     pub fn verdict(&self) -> String {
         let mut s = String::new();
         if let (Some(c), Some(l)) = (&self.class, &self.level) {
-            s.push_str(&format!("class {c} level {l}: "));
+            s.push_str(&format!("class {c} level {l}"));
+            match &self.rule {
+                Some(r) => s.push_str(&format!(" (rule {r}): ")),
+                None => s.push_str(": "),
+            }
         }
         s.push_str(&self.action);
         match self.binding.as_str() {
@@ -364,10 +395,13 @@ impl Line {
     /// One line of `paceline trace`'s text output.
     pub fn text(&self) -> String {
         let t = chrono_like(self.unix_ns);
-        let what = match (&self.proto, &self.src, &self.dst) {
+        let mut what = match (&self.proto, &self.src, &self.dst) {
             (Some(p), Some(s), Some(d)) => format!("{p} {s} > {d}"),
             _ => "(not parsed)".to_string(),
         };
+        if let Some(v) = self.vlan {
+            what.push_str(&format!(" vlan {v}"));
+        }
         format!("{t} {} {what} len {}: {}", self.iface, self.len, self.verdict())
     }
 
@@ -462,6 +496,13 @@ mod tests {
             levels: vec!["high".into(), "low".into()],
             class_rates: vec![1_000_000, 0],
             level_rates: vec![0, 500_000],
+            rules: vec![RuleInfo {
+                origin: "spec.rules[0]".into(),
+                class: "bulk".into(),
+                class_index: 0,
+                matches: "udp dst_port 80".into(),
+            }]
+            .into(),
         }
     }
 
@@ -511,6 +552,28 @@ mod tests {
             "{}",
             l.verdict()
         );
+    }
+
+    #[test]
+    fn the_rule_is_named_unless_the_class_was_cached_and_the_vlan_is_read() {
+        let mut r = record();
+        r.rule = 0;
+        let l = Line::from_record(&r, &names(), 0);
+        assert_eq!(l.rule.as_deref(), Some("spec.rules[0]: udp dst_port 80"));
+        assert!(l.verdict().contains("(rule spec.rules[0]: udp dst_port 80)"), "{}", l.verdict());
+        assert_eq!(l.vlan, None);
+        r.flags |= TR_CACHED;
+        assert_eq!(Line::from_record(&r, &names(), 0).rule, None, "a cached class");
+        let mut r = record();
+        r.rule = NO_RULE;
+        assert_eq!(Line::from_record(&r, &names(), 0).rule, None, "the default class");
+        r.rule = 7;
+        assert_eq!(Line::from_record(&r, &names(), 0).rule.as_deref(), Some("#7"));
+        r.flags |= paceline_common::trace::TR_VLAN;
+        r.vlan_tci = 300;
+        let l = Line::from_record(&r, &names(), 0);
+        assert_eq!(l.vlan, Some(300));
+        assert!(l.text().contains("vlan 300"), "{}", l.text());
     }
 
     #[test]

@@ -147,8 +147,8 @@ pub struct Compiled {
     pub levels: Vec<LevelInfo>,
     pub qjump: Option<QJumpInfo>,
     pub link_rate: Option<LinkRate>,
-    /// The table's rules, in order.
-    pub rules: Vec<RuleInfo>,
+    /// The table's rules, in order (shared: a trace names its records' rules from them).
+    pub rules: Arc<[RuleInfo]>,
     pub interfaces: Vec<String>,
     pub interfaces_auto: bool,
     pub enforcement: EnforcementRequest,
@@ -621,7 +621,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
         levels,
         qjump,
         link_rate: v.link_rate.clone(),
-        rules,
+        rules: rules.into(),
         interfaces: v.interfaces.clone(),
         interfaces_auto: v.interfaces_auto,
         enforcement: v.enforcement,

@@ -241,6 +241,7 @@ pub fn start(shared: Arc<Shared>, req: Request, tx: mpsc::Sender<String>) -> Res
             &g.compiled.table,
             &g.compiled.class_names,
             &g.compiled.level_names,
+            &g.compiled.rules,
         );
         let dp = g.dp_mut().map_err(StartError::Failed)?;
         before = dp.snapshot().map_err(StartError::Failed)?.trace;

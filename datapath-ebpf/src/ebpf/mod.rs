@@ -29,7 +29,7 @@ use paceline_common::{
         CLASS_SET_PRIORITY, FlowKey, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_CLASSES, MAX_LEVELS,
         TABLE_NO_FLOW_CLOCKS, level_slot,
     },
-    trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action},
+    trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action, held_binding},
 };
 
 use maps::FLOWS;
@@ -124,8 +124,10 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         }
     }
     // The flow clock: the socket's, the table entry's, or (a flow not in the table yet) the
-    // per-CPU value inserted after pacing. Null: none (a socket without storage).
+    // per-CPU value inserted after pacing. Null: none (a socket without storage). `bind` is
+    // the same state's `binding` byte.
     let mut clock: *mut u64 = core::ptr::null_mut();
+    let mut bind: *mut u8 = core::ptr::null_mut();
     let mut insert = false;
     let mut in_table = false;
     let mut cached = None;
@@ -142,6 +144,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             if let Some(c) = f.class_for(table.generation, &pkt) {
                 cached = Some(c);
                 clock = &mut f.t_next;
+                bind = &mut f.binding;
             }
         }
     }
@@ -154,10 +157,12 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         (Some(st), _) => u32::from(st.class),
         (None, Some(c)) => c,
         (None, None) => {
-            let c = match maps::ctab(bank) {
-                Some(tables) => ctab::classify(&table.ctab, &tables, &pkt, table.default_class),
-                None => table.default_class,
+            let (c, rule) = match maps::ctab(bank) {
+                Some(tables) => ctab::classify_rule(&table.ctab, &tables, &pkt, table.default_class),
+                None => (table.default_class, ctab::NONE),
             };
+            // For a trace record (read only when TR_CACHED is clear).
+            cpu.trace.pending.rule = rule;
             if has_sock {
                 if let Some(st) = sock::tcp_sock(ctx).and_then(|s| sock::state(s, true)) {
                     st.generation = table.generation;
@@ -173,10 +178,12 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 let f = unsafe { &mut *f };
                 f.set_class(table.generation, &pkt, c);
                 clock = &mut f.t_next;
+                bind = &mut f.binding;
             } else {
                 cpu.flow_state = paceline_common::maps::FlowState::default();
                 cpu.flow_state.set_class(table.generation, &pkt, c);
                 clock = &mut cpu.flow_state.t_next;
+                bind = &mut cpu.flow_state.binding;
                 insert = true;
             }
             c
@@ -184,6 +191,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     };
     if let Some(st) = &mut sock_state {
         clock = &mut st.t_next;
+        bind = &mut st.binding;
     }
     let class_idx = class_idx & (MAX_CLASSES as u32 - 1);
     let class = &table.classes[class_idx as usize];
@@ -335,12 +343,6 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     if tagged {
         how |= TAGGED;
     }
-    if insert {
-        // A flood of new flows evicts the least recently used entries (LRU map).
-        if FLOWS.insert(&cpu.flow_key, &cpu.flow_state, 0).is_ok() {
-            cpu.global.flow_inserts += 1;
-        }
-    }
     // Which clock held a delayed packet (from the slots the pacer stored).
     let held = if delay != 0 {
         let c = &cpu.trace.clocks;
@@ -357,6 +359,18 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     } else {
         3
     };
+    // The flow keeps the limit that held its last paced packet (`paceline flows`).
+    if how & PACED != 0 && !bind.is_null() {
+        // SAFETY: the binding byte of the flow's state (socket storage, the table's entry or
+        // this CPU's value), valid for this program run.
+        unsafe { bind.write_volatile(held_binding(delay != 0, held)) };
+    }
+    if insert {
+        // A flood of new flows evicts the least recently used entries (LRU map).
+        if FLOWS.insert(&cpu.flow_key, &cpu.flow_state, 0).is_ok() {
+            cpu.global.flow_inserts += 1;
+        }
+    }
     count(cpu, class_idx, level_slot, len, delay, how, held);
     if trace::on() {
         if how & MARKED != 0 {

@@ -18,8 +18,8 @@ use aya_ebpf::{
 use paceline_common::{
     maps::CpuState,
     trace::{
-        TP_PACED, TR_SOCKET, TR_UNPARSED, TRACE_CLASS, TRACE_DROPS_ONLY, TRACE_FLOW, TRACE_HEAD, TRACE_ON,
-        TraceConfig, TraceRecord, is_drop_or_mark,
+        NO_RULE, TP_PACED, TR_CACHED, TR_SOCKET, TR_UNPARSED, TR_VLAN, TRACE_CLASS, TRACE_DROPS_ONLY,
+        TRACE_FLOW, TRACE_HEAD, TRACE_ON, TraceConfig, TraceRecord, is_drop_or_mark,
     },
 };
 
@@ -132,6 +132,8 @@ fn decided(ctx: &TcContext, cfg: &TraceConfig, cpu: &mut CpuState) {
             (*r).dscp_before = p.dscp;
             (*r).flags = d.flags & !TP_PACED;
             (*r).wire_len = d.wire_len;
+            // The classifier's rule, when it ran for this packet (a cached class has none).
+            (*r).rule = if d.flags & TR_CACHED != 0 { NO_RULE } else { d.rule };
         }
     });
 }
@@ -200,7 +202,9 @@ unsafe fn clear(r: *mut TraceRecord) {
         (*r)._pad1 = 0;
         (*r).flags = 0;
         (*r).head_len = 0;
-        (*r)._pad = [0; 2];
+        (*r).vlan_tci = 0;
+        (*r).rule = NO_RULE;
+        (*r)._pad = 0;
     }
 }
 
@@ -226,6 +230,12 @@ fn finish(ctx: &TcContext, cpu: &mut CpuState, r: *mut TraceRecord) {
     // SAFETY: reading __sk_buff fields allowed for tc programs; `r` is the reserved record.
     unsafe {
         (*r).ifindex = (*skb).ifindex;
+        // A tag the stack keeps outside the bytes (to be inserted by the device or the
+        // driver); one inside them is in `head`.
+        if (*skb).vlan_present != 0 {
+            (*r).vlan_tci = (*skb).vlan_tci as u16;
+            (*r).flags |= TR_VLAN;
+        }
         let len = (*skb).len;
         (*r).pkt_len = len;
         let mut n = len;

@@ -25,6 +25,7 @@ fn names(t: &PolicyTable) -> Names {
             Some("c3".into()),
         ],
         &["l0".into(), "l1".into()],
+        &std::sync::Arc::from(Vec::new()),
     )
 }
 
@@ -72,6 +73,29 @@ fn second_packet_binds(t: &PolicyTable, rate: u64) -> Line {
         "the record's departure is the one written"
     );
     let l = Line::from_record(&r[1], &names(t), 0);
+    // The flow's table entry keeps the limit that held its last paced packet (`paceline
+    // flows`). Checked: with the egress program's store of it left out, the entry kept 0
+    // ("none") where the record said "level".
+    if l.binding != "none" {
+        let key = paceline_common::maps::FlowKey {
+            src: v4_mapped(u32::from_ne_bytes([10, 0, 0, 1])),
+            dst: v4_mapped(u32::from_ne_bytes([10, 0, 0, 2])),
+            sport: 1,
+            dport: 2,
+            proto: 6,
+            _pad: [0; 3],
+        };
+        let (flows, _) = dp.flows(usize::MAX).unwrap();
+        let (_, st) = flows
+            .iter()
+            .find(|(k, _)| *k == key)
+            .unwrap_or_else(|| panic!("the flow is not in the table"));
+        assert_eq!(
+            paceline_common::trace::binding_name(st.binding),
+            l.binding,
+            "{st:?}"
+        );
+    }
     // The class's counters agree: the one delayed packet counted under its binding clock
     // (what `paceline top` shows as HELD BY).
     let held = dp.snapshot().unwrap().classes[0].held_by;
@@ -238,9 +262,12 @@ fn class_and_flow_filters_keep_only_their_packets() {
     }
     use paceline_common::classify::Rule;
     let mut dp = load();
-    // UDP to port 9 is class 2, everything else class 0.
-    dp.write_rules(&paced_table(0, 0, 0, 0), &[Rule::any(2).with_dport(9, 9)])
-        .unwrap();
+    // UDP to port 8 is class 3 (rule 0), to port 9 class 2 (rule 1), everything else class 0.
+    dp.write_rules(
+        &paced_table(0, 0, 0, 0),
+        &[Rule::any(3).with_dport(8, 8), Rule::any(2).with_dport(9, 9)],
+    )
+    .unwrap();
     dp.drain_trace();
     dp.start_trace(&TraceConfig {
         flags: TRACE_ON | TRACE_CLASS,
@@ -259,6 +286,13 @@ fn class_and_flow_filters_keep_only_their_packets() {
         r.iter().map(|r| (r.class, r.key.dport)).collect::<Vec<_>>(),
         [(2, 9), (2, 9)]
     );
+    // The first packet names the rule that matched it (rule 1); the second's class came from
+    // the flow table, and no rule is claimed for it.
+    assert_eq!(
+        r.iter().map(|r| r.rule).collect::<Vec<_>>(),
+        [1, paceline_common::trace::NO_RULE]
+    );
+    assert_eq!(r[1].flags & paceline_common::trace::TR_CACHED, paceline_common::trace::TR_CACHED);
     // One 5-tuple: UDP 10.0.0.1:7 -> 10.0.0.2:10.
     let mut cfg = TraceConfig {
         flags: TRACE_ON | TRACE_FLOW,
