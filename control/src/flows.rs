@@ -41,6 +41,11 @@ pub struct FlowRow {
     pub next_departure_seconds: Option<f64>,
     /// Bytes sent (socket rows).
     pub bytes: Option<u64>,
+    /// Which limit held the flow's last paced packet: `flow`, `class` or `level` (its clock),
+    /// `not-held` (clocks apply, none held it); absent: no packet of it paced yet (or a socket
+    /// whose storage the agent could not read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<String>,
     /// `table` (PL_FLOWS) or `socket` (a local TCP connection).
     pub source: String,
 }
@@ -76,6 +81,12 @@ fn endpoint(ip: IpAddr, port: u16, has_ports: bool) -> String {
         (ip, true) => format!("{ip}:{port}"),
         (ip, false) => ip.to_string(),
     }
+}
+
+/// The name of a flow's `binding` byte (`FlowState::binding`, `SockState::binding`); `None`
+/// for 0 (no packet paced yet).
+pub fn binding_of(b: u8) -> Option<String> {
+    (b != paceline_common::trace::binding::NONE).then(|| paceline_common::trace::binding_name(b).to_string())
 }
 
 /// The class a 5-tuple selects (rules on DSCP, mark or cgroup skipped).
@@ -147,6 +158,7 @@ pub fn row(view: TableView<'_>, k: &FlowKey, s: &FlowState, now_ns: u64) -> Flow
             .clocks
             .then_some((s.t_next as i128 - now_ns as i128) as f64 * 1e-9),
         bytes: None,
+        binding: binding_of(s.binding),
         source: "table".into(),
     }
 }
@@ -202,8 +214,8 @@ pub fn render(f: &Flows) -> String {
         f.flows.len()
     );
     o.push_str(&format!(
-        "{:<5} {:<44} {:<44} {:<14} {:>14} {:>10} {:>12}\n",
-        "PROTO", "SOURCE", "DESTINATION", "CLASS", "RATE", "NEXT", "BYTES"
+        "{:<5} {:<44} {:<44} {:<14} {:>14} {:>10} {:>12} {:<8}\n",
+        "PROTO", "SOURCE", "DESTINATION", "CLASS", "RATE", "NEXT", "BYTES", "HELD BY"
     ));
     for r in &f.flows {
         let rate = match r.rate_bytes_per_second {
@@ -211,14 +223,15 @@ pub fn render(f: &Flows) -> String {
             None => "-".into(),
         };
         o.push_str(&format!(
-            "{:<5} {:<44} {:<44} {:<14} {:>14} {:>10} {:>12}\n",
+            "{:<5} {:<44} {:<44} {:<14} {:>14} {:>10} {:>12} {:<8}\n",
             r.proto,
             r.src,
             r.dst,
             r.class,
             rate,
             r.next_departure_seconds.map_or("-".into(), secs),
-            r.bytes.map_or("-".into(), |b| b.to_string())
+            r.bytes.map_or("-".into(), |b| b.to_string()),
+            r.binding.as_deref().unwrap_or("-")
         ));
     }
     if f.flows.iter().any(|r| r.d3_grant) {
@@ -273,10 +286,12 @@ spec:
             &key,
             &FlowState {
                 t_next: 1_002_000_000,
+                binding: paceline_common::trace::binding::CLASS,
                 ..FlowState::default()
             },
             1_000_000_000,
         );
+        assert_eq!(r.binding.as_deref(), Some("class"));
         assert_eq!(
             (r.src.as_str(), r.dst.as_str(), r.class.as_str()),
             ("10.0.0.1:40000", "10.0.0.2:443", "web")
@@ -294,6 +309,7 @@ spec:
             1_000_000_000,
         );
         assert_eq!(o.class, "other");
+        assert_eq!(o.binding, None, "no packet of it paced yet");
         // The class the datapath cached under the policy in force wins over the 5-tuple's (a
         // DSCP or mark rule may have chosen it); a class cached under another policy does not.
         let web = c.classes.iter().find(|k| k.name == "web").unwrap().index;

@@ -133,6 +133,9 @@ pub struct Datapath {
     dasr_addrs: HashMap<MapData, [u32; 4], DasrAddr>,
     dasr_stats: PerCpuArray<MapData, DasrStats>,
     sock: aya::maps::SkStorage<MapData, SockState>,
+    /// The socket storage map's fd again (the typed map does not lend its own), for
+    /// sock_diag's dump of every socket's value (`paceline flows`).
+    sock_fd: std::os::fd::OwnedFd,
     trace_cfg: Array<MapData, TraceConfig>,
     /// The egress program's switch: its `.bss` (the global `PL_TRACE_ON`, nothing else).
     trace_on: Array<MapData, u32>,
@@ -217,7 +220,16 @@ impl Datapath {
         let dasr_ifaces = HashMap::try_from(take(&mut ebpf, dasr::names::DASR_IFACES)?)?;
         let dasr_addrs = HashMap::try_from(take(&mut ebpf, dasr::names::DASR_ADDRS)?)?;
         let dasr_stats = PerCpuArray::try_from(take(&mut ebpf, dasr::names::DASR_STATS)?)?;
-        let sock = aya::maps::SkStorage::try_from(take(&mut ebpf, names::SOCK)?)?;
+        let sock = take(&mut ebpf, names::SOCK)?;
+        let sock_fd = match &sock {
+            aya::maps::Map::SkStorage(m) => m
+                .fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .context("duplicating the socket storage map's fd")?,
+            _ => return Err(anyhow!("map {} is not socket storage", names::SOCK)),
+        };
+        let sock = aya::maps::SkStorage::try_from(sock)?;
         let mut trace_cfg = Array::try_from(take(&mut ebpf, names::TRACE_CFG)?)?;
         let mut trace_prog = ProgramArray::try_from(take(&mut ebpf, names::TRACE_PROG)?)?;
         // A trace the previous agent left on (killed mid-trace) ends here, and its trace
@@ -243,6 +255,7 @@ impl Datapath {
             dasr_addrs,
             dasr_stats,
             sock,
+            sock_fd,
             d3_stats,
             d3_link_ctl,
             d3_links,
@@ -736,6 +749,12 @@ impl Datapath {
             .program(name)
             .and_then(|p| p.info().ok())
             .map(|i| i.id())
+    }
+
+    /// The socket storage map (every local TCP socket's class, clock and binding), for a
+    /// sock_diag dump.
+    pub fn sock_storage_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.sock_fd.as_fd()
     }
 
     /// The generation of the last policy written (the live table holds it).

@@ -4,9 +4,14 @@
 //! local TCP connections from here, with their bytes and the kernel's pacing rate. The requests and replies are a
 //! few fixed-layout kernel structs (`linux/inet_diag.h`), written and read here by offset.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    os::fd::{AsRawFd as _, BorrowedFd},
+};
 
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
+use paceline_common::maps::SockState;
 
 use crate::flows::FlowRow;
 
@@ -16,6 +21,16 @@ const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_DUMP: u16 = 0x300;
 const INET_DIAG_INFO: u16 = 2;
+/// Request: the socket storage maps whose values to dump (`linux/inet_diag.h`, Linux 5.2),
+/// each a `SK_DIAG_BPF_STORAGE_REQ_MAP_FD` (`linux/sock_diag.h`).
+const INET_DIAG_REQ_SK_BPF_STORAGES: u16 = 2;
+const SK_DIAG_BPF_STORAGE_REQ_MAP_FD: u16 = 1;
+/// Reply: the values, each a nested `SK_DIAG_BPF_STORAGE` of a map id and the value.
+const INET_DIAG_SK_BPF_STORAGES: u16 = 20;
+const SK_DIAG_BPF_STORAGE: u16 = 1;
+const SK_DIAG_BPF_STORAGE_MAP_VALUE: u16 = 3;
+const NLA_F_NESTED: u16 = 1 << 15;
+const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | 1 << 14);
 /// `tcp_info.tcpi_pacing_rate` (bytes/s), `tcpi_bytes_acked` (Linux 4.1) and `tcpi_bytes_sent`
 /// (4.19).
 const TCPI_PACING_RATE: usize = 104;
@@ -31,6 +46,9 @@ pub struct SockInfo {
     /// The socket's pacing rate (bytes/s; `u64::MAX`: not paced).
     pub pacing_rate: u64,
     pub established: bool,
+    /// What the tc program keeps for the socket (its class, clock and binding), when the dump
+    /// was asked for the socket storage map and the socket has a value in it.
+    pub storage: Option<SockState>,
 }
 
 type Tuple = (IpAddr, u16, IpAddr, u16);
@@ -47,12 +65,34 @@ fn ip(family: u8, b: &[u8]) -> IpAddr {
 /// Every TCP socket of this network namespace: (local, local port, remote, remote port) ->
 /// what the kernel says of it.
 pub fn tcp_sockets() -> std::io::Result<HashMap<Tuple, SockInfo>> {
+    tcp_sockets_with(None)
+}
+
+/// [`tcp_sockets`], with each socket's value in the socket storage map `storage` (the kernel
+/// dumps it only to a caller with CAP_BPF or CAP_SYS_ADMIN; without, the sockets come without
+/// it).
+pub fn tcp_sockets_with(storage: Option<BorrowedFd<'_>>) -> std::io::Result<HashMap<Tuple, SockInfo>> {
+    match (storage, dump(storage)) {
+        (Some(_), Err(e)) if e.raw_os_error() == Some(libc::EPERM) => dump(None),
+        (_, r) => r,
+    }
+}
+
+fn dump(storage: Option<BorrowedFd<'_>>) -> std::io::Result<HashMap<Tuple, SockInfo>> {
     let mut sock = Socket::new(NETLINK_SOCK_DIAG)?;
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
     let mut out = HashMap::new();
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
         let mut req = vec![0u8; 16 + 56];
+        if let Some(fd) = storage {
+            // One nested attribute holding one map fd.
+            req.extend_from_slice(&12u16.to_ne_bytes());
+            req.extend_from_slice(&(INET_DIAG_REQ_SK_BPF_STORAGES | NLA_F_NESTED).to_ne_bytes());
+            req.extend_from_slice(&8u16.to_ne_bytes());
+            req.extend_from_slice(&SK_DIAG_BPF_STORAGE_REQ_MAP_FD.to_ne_bytes());
+            req.extend_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
+        }
         let len = req.len() as u32;
         req[0..4].copy_from_slice(&len.to_ne_bytes());
         req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
@@ -74,7 +114,17 @@ pub fn tcp_sockets() -> std::io::Result<HashMap<Tuple, SockInfo>> {
                     break 'recv;
                 }
                 match mtype {
-                    NLMSG_DONE | NLMSG_ERROR => break 'recv,
+                    NLMSG_ERROR => {
+                        // struct nlmsgerr: a negative errno first (0: an acknowledgement).
+                        let err = buf
+                            .get(off + 16..off + 20)
+                            .map_or(0, |b| i32::from_ne_bytes(b.try_into().expect("4")));
+                        if err < 0 {
+                            return Err(std::io::Error::from_raw_os_error(-err));
+                        }
+                        break 'recv;
+                    }
+                    NLMSG_DONE => break 'recv,
                     SOCK_DIAG_BY_FAMILY => {
                         let m = &buf[off + 16..off + mlen];
                         if let Some((t, bytes)) = parse(m) {
@@ -104,41 +154,67 @@ fn parse(m: &[u8]) -> Option<(Tuple, SockInfo)> {
     let dport = u16::from_be_bytes([m[6], m[7]]);
     let src = ip(family, &m[8..24]);
     let dst = ip(family, &m[24..40]);
-    let mut off = 72;
-    while off + 4 <= m.len() {
-        let alen = u16::from_ne_bytes([m[off], m[off + 1]]) as usize;
-        let atype = u16::from_ne_bytes([m[off + 2], m[off + 3]]);
-        if alen < 4 || off + alen > m.len() {
-            break;
+    let mut info = None;
+    let mut storage = None;
+    for (atype, a) in attrs(&m[72..]) {
+        match atype {
+            INET_DIAG_INFO => {
+                let at = |o: usize| a.get(o..o + 8).map(|b| u64::from_ne_bytes(b.try_into().expect("8")));
+                let bytes_sent = at(TCPI_BYTES_SENT).or_else(|| at(TCPI_BYTES_ACKED))?;
+                let pacing_rate = at(TCPI_PACING_RATE).unwrap_or(u64::MAX);
+                info = Some((bytes_sent, pacing_rate));
+            }
+            INET_DIAG_SK_BPF_STORAGES => storage = sock_state(a),
+            _ => {}
         }
-        if atype == INET_DIAG_INFO {
-            let info = &m[off + 4..off + alen];
-            let at = |o: usize| {
-                info.get(o..o + 8)
-                    .map(|b| u64::from_ne_bytes(b.try_into().expect("8")))
-            };
-            let bytes_sent = at(TCPI_BYTES_SENT).or_else(|| at(TCPI_BYTES_ACKED))?;
-            let pacing_rate = at(TCPI_PACING_RATE).unwrap_or(u64::MAX);
-            return Some((
-                (src, sport, dst, dport),
-                SockInfo {
-                    bytes_sent,
-                    pacing_rate,
-                    established,
-                },
-            ));
-        }
-        off += (alen + 3) & !3;
     }
-    None
+    let (bytes_sent, pacing_rate) = info?;
+    Some((
+        (src, sport, dst, dport),
+        SockInfo {
+            bytes_sent,
+            pacing_rate,
+            established,
+            storage,
+        },
+    ))
+}
+
+/// The netlink attributes in `b`: (type without its flags, payload).
+fn attrs(b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    let mut off = 0;
+    std::iter::from_fn(move || {
+        let h = b.get(off..off + 4)?;
+        let alen = u16::from_ne_bytes([h[0], h[1]]) as usize;
+        let atype = u16::from_ne_bytes([h[2], h[3]]) & NLA_TYPE_MASK;
+        let payload = b.get(off + 4..off + alen.max(4))?;
+        off += (alen.max(4) + 3) & !3;
+        Some((atype, payload))
+    })
+}
+
+/// The socket's value in the one storage map asked for, from `INET_DIAG_SK_BPF_STORAGES`.
+fn sock_state(stgs: &[u8]) -> Option<SockState> {
+    let (_, stg) = attrs(stgs).find(|(t, _)| *t == SK_DIAG_BPF_STORAGE)?;
+    let (_, v) = attrs(stg).find(|(t, _)| *t == SK_DIAG_BPF_STORAGE_MAP_VALUE)?;
+    if v.len() < size_of::<SockState>() {
+        return None;
+    }
+    // SAFETY: the length is checked; SockState is plain integers (any bit pattern is valid).
+    Some(unsafe { std::ptr::read_unaligned(v.as_ptr().cast::<SockState>()) })
 }
 
 /// The local TCP sockets as flows: the flow table has no entry for them (the tc program keeps
 /// a local TCP socket's class and clock in socket storage), so each established socket is a row
-/// of its own, with its bytes and the pacing rate the kernel applies. `class_of` classifies a
-/// 5-tuple as the policy in force does.
-pub fn socket_rows(class_of: impl Fn(&Tuple) -> String) -> Vec<FlowRow> {
-    let Ok(table) = tcp_sockets() else {
+/// of its own, with its bytes, the pacing rate the kernel applies and, from its value in the
+/// socket storage map `storage`, the limit that held its last paced packet. `class_of` names
+/// the socket's class: the one its storage caches under the policy in force, else what the
+/// 5-tuple selects.
+pub fn socket_rows(
+    storage: Option<BorrowedFd<'_>>,
+    class_of: impl Fn(&Tuple, Option<&SockState>) -> String,
+) -> Vec<FlowRow> {
+    let Ok(table) = tcp_sockets_with(storage) else {
         return Vec::new();
     };
     let ep = |ip: IpAddr, port: u16| match ip {
@@ -152,11 +228,12 @@ pub fn socket_rows(class_of: impl Fn(&Tuple) -> String) -> Vec<FlowRow> {
             proto: "tcp".into(),
             src: ep(t.0, t.1),
             dst: ep(t.2, t.3),
-            class: class_of(t),
+            class: class_of(t, i.storage.as_ref()),
             rate_bytes_per_second: (i.pacing_rate != u64::MAX && i.pacing_rate != 0).then_some(i.pacing_rate),
             d3_grant: false,
             next_departure_seconds: None,
             bytes: Some(i.bytes_sent),
+            binding: i.storage.and_then(|s| crate::flows::binding_of(s.binding)),
             source: "socket".into(),
         })
         .collect()

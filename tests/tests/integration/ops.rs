@@ -661,6 +661,34 @@ fn classify_flows_and_cleanup_check() {
             "{tcp:#}"
         );
         assert!(tcp["bytes"].as_u64().unwrap_or(0) > 100_000, "{tcp:#}");
+        // The socket's value in the datapath's socket storage comes with the dump (what gives
+        // the row its cached class and binding): asked for with the agent's pinned map.
+        // Checked: with the request's storage attribute left out, `storage` was None here.
+        let pin = Agent::bpffs_dir(&scratch.path("state")).join("maps/PL_SOCK");
+        let map = aya::maps::MapData::from_pin(&pin).expect("the pinned socket storage map");
+        let (ip, port) = (b.ipv4(), 5501);
+        let st = a
+            .in_netns(move || {
+                use std::os::fd::AsFd as _;
+                let socks = paceline::kernel::sockdiag::tcp_sockets_with(Some(map.fd().as_fd())).unwrap();
+                socks
+                    .iter()
+                    .find(|(t, _)| t.2 == std::net::IpAddr::V4(ip) && t.3 == port)
+                    .and_then(|(_, i)| i.storage)
+            })
+            .unwrap();
+        let st = st.unwrap_or_else(|| panic!("no socket storage value for the connection to {to}"));
+        assert!(st.generation != 0, "{st:?}");
+        if sch_fq() {
+            // Only the flow clock applies (flow_rate alone): it held the last paced packet,
+            // or none did.
+            assert!(
+                matches!(tcp["binding"].as_str(), Some("flow" | "not-held")),
+                "{tcp:#}"
+            );
+        } else {
+            assert!(tcp["binding"].is_null(), "no clock runs without fq: {tcp:#}");
+        }
         let human = cli(&a, &["flows", "--class", "bulk", "--top", "5"]);
         let hs = String::from_utf8_lossy(&human.stdout);
         assert!(hs.contains(&to) && !hs.contains(":5502"), "{}", text(&human));
@@ -678,10 +706,17 @@ fn classify_flows_and_cleanup_check() {
     if sch_fq() {
         assert_eq!(udp["rate_bytes_per_second"], 2_500_000);
         assert!(udp["next_departure_seconds"].is_f64(), "{udp:#}");
+        // 50 datagrams back to back at 20 Mbit/s: the flow's clock held the last one.
+        // Without the egress program's store of the binding this stays null (0: nothing paced
+        // yet); that store was patched out once and caught by
+        // trace::a_record_names_the_clock_that_held_the_packet, not by this test.
+        assert_eq!(udp["binding"], "flow", "{udp:#}");
     } else {
         eprintln!("no sch_fq: per-flow clocks are off, the table holds classes only");
         assert!(
-            udp["rate_bytes_per_second"].is_null() && udp["next_departure_seconds"].is_null(),
+            udp["rate_bytes_per_second"].is_null()
+                && udp["next_departure_seconds"].is_null()
+                && udp["binding"].is_null(),
             "{udp:#}"
         );
     }
