@@ -467,7 +467,11 @@ mod tests {
             let depart = f.max(c).max(l);
             let b = binding(floor, f, c, l, depart);
             assert_eq!(HELD_BY[held_index(f, c, depart)], binding_name(b), "{f} {c} {l}");
-            assert_eq!(held_binding(depart > floor, held_index(f, c, depart)), b, "{f} {c} {l}");
+            assert_eq!(
+                held_binding(depart > floor, held_index(f, c, depart)),
+                b,
+                "{f} {c} {l}"
+            );
         }
     }
 
@@ -522,7 +526,9 @@ mod tests {
         let mut r = TraceRecord::ZERO;
         assert_eq!(r.vlan(), None, "no bytes");
         // dst, src, 802.1Q tag (PCP 5, VLAN 100), IPv4
-        let frame = [0u8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0x81, 0x00, 0xa0, 100, 0x08, 0x00];
+        let frame = [
+            0u8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0x81, 0x00, 0xa0, 100, 0x08, 0x00,
+        ];
         r.head[..frame.len()].copy_from_slice(&frame);
         r.head_len = frame.len() as u16;
         assert_eq!(r.vlan(), Some(100));
@@ -534,6 +540,10 @@ mod tests {
         assert_eq!(r.vlan(), None, "untagged IPv4");
         r.flags |= TR_VLAN;
         r.vlan_tci = 0xe000 | 42;
-        assert_eq!(r.vlan(), Some(42), "the accelerated tag, without its priority bits");
+        assert_eq!(
+            r.vlan(),
+            Some(42),
+            "the accelerated tag, without its priority bits"
+        );
     }
 }

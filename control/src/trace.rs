@@ -560,7 +560,11 @@ mod tests {
         r.rule = 0;
         let l = Line::from_record(&r, &names(), 0);
         assert_eq!(l.rule.as_deref(), Some("spec.rules[0]: udp dst_port 80"));
-        assert!(l.verdict().contains("(rule spec.rules[0]: udp dst_port 80)"), "{}", l.verdict());
+        assert!(
+            l.verdict().contains("(rule spec.rules[0]: udp dst_port 80)"),
+            "{}",
+            l.verdict()
+        );
         assert_eq!(l.vlan, None);
         r.flags |= TR_CACHED;
         assert_eq!(Line::from_record(&r, &names(), 0).rule, None, "a cached class");

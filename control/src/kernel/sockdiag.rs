@@ -159,7 +159,10 @@ fn parse(m: &[u8]) -> Option<(Tuple, SockInfo)> {
     for (atype, a) in attrs(&m[72..]) {
         match atype {
             INET_DIAG_INFO => {
-                let at = |o: usize| a.get(o..o + 8).map(|b| u64::from_ne_bytes(b.try_into().expect("8")));
+                let at = |o: usize| {
+                    a.get(o..o + 8)
+                        .map(|b| u64::from_ne_bytes(b.try_into().expect("8")))
+                };
                 let bytes_sent = at(TCPI_BYTES_SENT).or_else(|| at(TCPI_BYTES_ACKED))?;
                 let pacing_rate = at(TCPI_PACING_RATE).unwrap_or(u64::MAX);
                 info = Some((bytes_sent, pacing_rate));

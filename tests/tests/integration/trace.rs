@@ -292,7 +292,10 @@ fn class_and_flow_filters_keep_only_their_packets() {
         r.iter().map(|r| r.rule).collect::<Vec<_>>(),
         [1, paceline_common::trace::NO_RULE]
     );
-    assert_eq!(r[1].flags & paceline_common::trace::TR_CACHED, paceline_common::trace::TR_CACHED);
+    assert_eq!(
+        r[1].flags & paceline_common::trace::TR_CACHED,
+        paceline_common::trace::TR_CACHED
+    );
     // One 5-tuple: UDP 10.0.0.1:7 -> 10.0.0.2:10.
     let mut cfg = TraceConfig {
         flags: TRACE_ON | TRACE_FLOW,
