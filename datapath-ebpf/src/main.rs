@@ -12,6 +12,8 @@
 //!   as a sender) and its sock_ops callbacks (writing the option, mirroring the share into
 //!   SO_MAX_PACING_RATE).
 //!
+//! The benchmark's own programs are a separate object (`src/bench.rs`, `paceline-ebpf-bench`).
+//!
 //! Entry points are thin; the per-packet work is classify (`paceline_common::classify`),
 //! pace, tag, count. Nothing logs per packet.
 //!

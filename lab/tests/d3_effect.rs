@@ -6,13 +6,13 @@
 //!
 //! Host only. Under emulation (the VMs of `cargo xtask test`, qemu TCG) the emulator sets the
 //! timing, not the network: a 400 Mbit/s bottleneck is beyond it, and a slowed-down run needs
-//! minutes per mode. `cargo xtask test` leaves this module out of the VM runs by name
-//! (`--skip d3_effect::`); run directly under TCG it says SKIPPED.
+//! minutes per mode. It is the lab's test (it runs the D3 experiment), so `cargo xtask test`'s
+//! VM runs, which take the test crate's suite, do not include it; run under TCG it says SKIPPED.
 
-use paceline_tests::experiments::{Common, d3};
+use paceline_lab::experiments::{Common, d3};
 use serde_json::Value;
 
-use crate::{privileged, under_tcg};
+use paceline_tests::gate::{privileged, under_tcg};
 
 /// The share of responses each mode met, from the experiment's `d3.json`.
 fn app_throughput(doc: &Value, mode: &str) -> (f64, u64) {

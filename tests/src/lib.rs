@@ -3,24 +3,24 @@
 //! # Layout
 //! - [`testbed`]: topologies of network namespaces joined by veth links, torn down by RAII guards.
 //! - [`workload`]: traffic generators (bulk flows, RPCs, partition-aggregate, incast) with JSON results.
-//! - [`experiments`]: the seeds' experiments (`plexp`), normally run in the VM by xtask.
 //! - [`agent`]: the agent run inside a testbed host (start, status, stop, kill -9).
 //! - [`skb`]: the `__sk_buff` mirror for BPF_PROG_TEST_RUN contexts.
 //! - [`stolen`]: the time the machine stood still (a hypervisor's steal), which rate tests' lower
 //!   bounds give up.
 //! - [`packet`]: test packet builders and checkers.
+//! - [`gate`]: whether a privileged test can run (root, CI, emulation) and its SKIPPED line.
 //! - [`frames`]: random and mutated frames for the datapath's differential test, and what the
 //!   reference parser and classifier in `paceline_common` expect of each.
-//! - [`report`]: turns result JSON into markdown tables and plots.
 //! - [`policygen`]: large generated policies (YAML and datapath rules) for the scale tests.
 //! - `tests/`: the privileged integration suite (one binary, flat module list).
+//!
+//! The experiments, benchmarks and report tool that run on this testbed are `paceline-lab`'s.
 
 pub mod agent;
-pub mod experiments;
 pub mod frames;
+pub mod gate;
 pub mod packet;
 pub mod policygen;
-pub mod report;
 pub mod skb;
 pub mod stolen;
 pub mod testbed;

@@ -3,7 +3,7 @@
 //!
 //! - `datapath`: the tc classifier's ns/packet per path against an empty classifier, via
 //!   BPF_PROG_TEST_RUN on this machine's kernel (`plbench datapath`).
-//! - `pacing`, `qjump`, `pacing-study`: the seeds' experiments (`plexp <name>`), run inside the
+//! - `pacing`, `qjump`, `pacing-study`: the papers' experiments (`plexp <name>`), run inside the
 //!   VM (Debian 6.1 with sch_fq, so EDT is enforced; `--kernel 6.12` boots 6.12 instead, into
 //!   `results/<name>-6.12/`); results, tables and plots land in `results/<name>/`. `--host` runs them on this machine's kernel instead (no fq: HTB and
 //!   TCP's own pacing enforce), into `results/<name>-host/`.
@@ -100,8 +100,15 @@ enum Bench {
 
 fn cargo_build_release(bins: &[&str]) -> Result<()> {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    c.current_dir(repo_root())
-        .args(["build", "--release", "--quiet", "-p", "paceline-tests"]);
+    c.current_dir(repo_root()).args([
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "paceline-tests",
+        "-p",
+        "paceline-lab",
+    ]);
     for b in bins {
         c.args(["--bin", b]);
     }

@@ -13,9 +13,9 @@ use paceline_common::{
     classify::Rule,
     dasr::{self, DasrAddr, DasrIface, DasrStats},
     maps::{
-        AggClock, BenchEdt, CodelState, Counters, CpuState, D3_SEEN_ENTRIES, D3ClassStats, D3LinkCounters,
-        D3LinkCtl, D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES,
-        MAX_LEVELS, PolicyTable, SockState, names,
+        AggClock, CodelState, Counters, CpuState, D3_SEEN_ENTRIES, D3ClassStats, D3LinkCounters, D3LinkCtl,
+        D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS,
+        PolicyTable, SockState, names,
     },
     trace::{TraceConfig, TraceCpu},
 };
@@ -25,6 +25,12 @@ use paceline_policy::ctab::Image;
 
 /// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/paceline-ebpf"));
+
+/// The datapath benchmark's own programs (`datapath-ebpf/src/bench.rs`: its floor, the clock,
+/// Cilium's algorithm as the reference), built beside [`EBPF_OBJECT`] by the same aya-build
+/// run. The agent never loads it; `plbench datapath` (`paceline-lab`) does.
+pub static BENCH_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/paceline-ebpf-bench"));
 
 /// Program names in the object.
 pub const TC_EGRESS: &str = "pl_tc_egress";
@@ -36,12 +42,6 @@ pub const TC_INGRESS: &str = "pl_tc_ingress";
 /// The trace program the egress program tail-calls while `paceline trace` runs (verified when
 /// the first trace starts).
 pub const TC_TRACE: &str = "pl_tc_trace";
-/// An empty classifier, loaded only by the benchmark as its floor.
-pub const TC_FLOOR: &str = "pl_tc_floor";
-/// A classifier that only reads the clock: what `bpf_ktime_get_ns` costs (benchmark only).
-pub const TC_CLOCK: &str = "pl_tc_clock";
-/// Cilium's bandwidth-manager algorithm, as the benchmark's reference (benchmark only).
-pub const TC_REF_EDT: &str = "pl_tc_ref_edt";
 
 /// Options fixed when the object is loaded (changing them needs a restart).
 #[derive(Clone, Debug)]
@@ -535,22 +535,6 @@ impl Datapath {
             .pin(path)
             .with_context(|| format!("pinning the D3 application map at {}", path.display()))?;
         restrict_pin(path, group).with_context(|| format!("setting the owner and mode of {}", path.display()))
-    }
-
-    /// Sets an aggregate of the benchmark's reference program ([`TC_REF_EDT`]).
-    pub fn set_bench_edt(&mut self, id: u64, v: &BenchEdt) -> Result<()> {
-        let mut m: HashMap<&mut MapData, u64, BenchEdt> = HashMap::try_from(
-            self.ebpf
-                .map_mut(names::BENCH_EDT)
-                .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::BENCH_EDT))?,
-        )?;
-        Ok(m.insert(id, v, 0)?)
-    }
-
-    /// A benchmark-only classifier ([`TC_FLOOR`], [`TC_CLOCK`], [`TC_REF_EDT`]), loaded on
-    /// first use.
-    pub fn bench_program(&mut self, name: &str) -> Result<&mut SchedClassifier> {
-        sched_loaded(&mut self.ebpf, name)
     }
 
     /// The sock_ops program, verified the first time it is asked for.

@@ -1,6 +1,5 @@
 //! The eBPF programs (bpf target only); see the crate docs.
 
-mod bench;
 mod codel;
 mod d3host;
 mod d3router;

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
+use aya::programs::SchedClassifier;
 use aya::{TestRun, TestRunOptions};
 use clap::Parser;
 use paceline::kernel::datapath::{Datapath, LoadOptions};
@@ -21,6 +22,7 @@ use paceline_common::{
     classify::Rule,
     maps::{
         BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, MAX_CLASSES, PolicyTable,
+        names,
     },
     trace::{TRACE_CLASS, TRACE_ON, TraceConfig},
 };
@@ -31,6 +33,13 @@ use paceline_tests::{
     skb::SkBuff,
 };
 use serde::Serialize;
+
+/// The benchmark object's programs (`datapath-ebpf/src/bench.rs`): an empty classifier (the
+/// floor), one that only reads the clock, and Cilium's bandwidth-manager algorithm (the
+/// reference).
+const TC_FLOOR: &str = "pl_tc_floor";
+const TC_CLOCK: &str = "pl_tc_clock";
+const TC_REF_EDT: &str = "pl_tc_ref_edt";
 
 #[derive(Parser)]
 struct Cli {
@@ -489,22 +498,30 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
         session: 1,
         ..TraceConfig::default()
     };
-    for name in [
-        paceline::kernel::datapath::TC_FLOOR,
-        paceline::kernel::datapath::TC_CLOCK,
-        paceline::kernel::datapath::TC_REF_EDT,
-    ] {
-        dp.bench_program(name)?;
+    // The floor, the clock and the reference: the benchmark's own object, not the agent's.
+    let mut refs = aya::Ebpf::load(paceline::kernel::datapath::BENCH_OBJECT)
+        .context("loading the benchmark's eBPF object")?;
+    for name in [TC_FLOOR, TC_CLOCK, TC_REF_EDT] {
+        let p: &mut SchedClassifier = refs
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the benchmark's object"))?
+            .try_into()?;
+        p.load().with_context(|| format!("verifying {name}"))?;
     }
     // The reference's aggregate: a rate low enough that every packet takes the full path
     // (delayed: the departure computed and written), a horizon it never reaches.
-    dp.set_bench_edt(
+    let mut aggs: aya::maps::HashMap<_, u64, BenchEdt> = aya::maps::HashMap::try_from(
+        refs.map_mut(names::BENCH_EDT)
+            .with_context(|| format!("map {} missing from the benchmark's object", names::BENCH_EDT))?,
+    )?;
+    aggs.insert(
         1,
         &BenchEdt {
             bps: 1_000_000,
             t_last: 0,
             horizon_ns: u64::MAX / 2,
         },
+        0,
     )?;
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for _ in 0..trials {
@@ -529,19 +546,21 @@ fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) ->
                     }
                     _ => {}
                 }
-                let (d, name) = match c.prog {
-                    Prog::Floor => (&mut dp, Some(paceline::kernel::datapath::TC_FLOOR)),
-                    Prog::Clock => (&mut dp, Some(paceline::kernel::datapath::TC_CLOCK)),
-                    Prog::Reference => (&mut dp, Some(paceline::kernel::datapath::TC_REF_EDT)),
-                    Prog::Full => (&mut first, None),
-                    Prog::Table => (&mut dp, None),
-                    Prog::Cached => (&mut cached, None),
-                    Prog::CountOnly => (&mut count_only, None),
-                    Prog::TraceFiltered | Prog::TraceSampled | Prog::TraceEvery => (&mut traced, None),
+                let reference = |name: &str| -> Result<&SchedClassifier> {
+                    Ok(refs
+                        .program(name)
+                        .with_context(|| format!("program {name} missing"))?
+                        .try_into()?)
                 };
-                let prog = match name {
-                    Some(n) => d.bench_program(n)?,
-                    None => d.tc_program()?,
+                let prog: &SchedClassifier = match c.prog {
+                    Prog::Floor => reference(TC_FLOOR)?,
+                    Prog::Clock => reference(TC_CLOCK)?,
+                    Prog::Reference => reference(TC_REF_EDT)?,
+                    Prog::Full => first.tc_program()?,
+                    Prog::Table => dp.tc_program()?,
+                    Prog::Cached => cached.tc_program()?,
+                    Prog::CountOnly => count_only.tc_program()?,
+                    Prog::TraceFiltered | Prog::TraceSampled | Prog::TraceEvery => traced.tc_program()?,
                 };
                 samples[i].push(measure(prog, &c.frame, c.ts, c.mark, runs)?);
                 if matches!(

@@ -1,9 +1,9 @@
-//! `plexp <experiment>`: the experiments of the seeds on the namespace testbed (see
-//! `paceline_tests::experiments`). Needs root; run through `cargo xtask bench <experiment>` to
+//! `plexp <experiment>`: the papers' experiments on the namespace testbed (see
+//! `paceline_lab::experiments`). Needs root; run through `cargo xtask bench <experiment>` to
 //! get a kernel that enforces EDT (the VM).
 
 use clap::Parser;
-use paceline_tests::experiments::{self, Common};
+use paceline_lab::experiments::{self, Common};
 
 #[derive(Parser)]
 #[command(about = "paceline experiments on the namespace testbed")]

@@ -1,5 +1,5 @@
 //! `plreport`: markdown tables and SVG plots from `plload` results (see
-//! `paceline_tests::report`).
+//! `paceline_lab::report`).
 //!
 //! ```text
 //! plreport table [--col HEADER=PATH]... [--label PATH] FILE...
@@ -9,7 +9,7 @@
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use paceline_tests::report::{self, Column, PlotOpts};
+use paceline_lab::report::{self, Column, PlotOpts};
 use std::path::PathBuf;
 
 #[derive(Parser)]

@@ -7,8 +7,8 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::testbed::Host;
-use crate::workload::{self, mono_ns, sleep_until_ns};
+use paceline_tests::testbed::Host;
+use paceline_tests::workload::{self, mono_ns, sleep_until_ns};
 
 /// A counter of `/proc/thread-self/net/snmp` (e.g. `Udp`, `RcvbufErrors`) in the calling
 /// thread's namespace.
@@ -247,7 +247,7 @@ pub(crate) fn kernel_release() -> String {
 /// `n` pings from `from` to `to` without load, in ms, sorted; an error naming `what` when none
 /// is answered.
 pub(crate) fn ping_rtts_ms(
-    from: &crate::testbed::Host,
+    from: &paceline_tests::testbed::Host,
     to: std::net::IpAddr,
     n: usize,
     what: &str,
@@ -259,7 +259,7 @@ pub(crate) fn ping_rtts_ms(
         }
     }
     anyhow::ensure!(!rtts.is_empty(), "no ping reply from the {what}");
-    Ok(crate::workload::stats::sorted(rtts))
+    Ok(paceline_tests::workload::stats::sorted(rtts))
 }
 
 /// For the experiments' unit tests: `text` parsed by the agent's own validator (offline: the

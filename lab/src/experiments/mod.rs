@@ -1,4 +1,4 @@
-//! The experiments of the seeds, run on the testbed with the agent (`plexp <name>`, normally
+//! The papers' experiments, run on the testbed with the agent (`plexp <name>`, normally
 //! through `cargo xtask bench <name>`, which runs them inside the VM whose kernel has sch_fq).
 //! Each writes `<out>/<name>.json` (results in the workload JSON shape), a markdown table
 //! `<out>/<name>.md` and SVG plots into `<out>/`.
@@ -70,7 +70,7 @@ impl<C: Serialize> Document<C> {
     ) -> Document<C> {
         Document {
             kind: kind.to_string(),
-            version: crate::workload::SCHEMA_VERSION,
+            version: paceline_tests::workload::SCHEMA_VERSION,
             complete,
             elapsed_s,
             seed: common.seed,
@@ -93,7 +93,7 @@ impl<C: Serialize> Document<C> {
 
     /// Writes `<out>/<kind>.json`.
     pub fn write(&self, out: &Path) -> anyhow::Result<()> {
-        crate::workload::write_json(self, Some(&out.join(format!("{}.json", self.kind))))
+        paceline_tests::workload::write_json(self, Some(&out.join(format!("{}.json", self.kind))))
     }
 }
 

@@ -1,4 +1,4 @@
-//! The report tool: turns the generators' JSON results (schema in [`crate::workload`]'s module
+//! The report tool: turns the generators' JSON results (schema in [`paceline_tests::workload`]'s module
 //! docs: `kind`, `version`, `tags`, `params`, `summary`, details) into markdown tables and SVG
 //! plots (CDFs of latencies, a metric against the number of flows/senders with one line per
 //! series). Used by the `plreport` binary and by the benchmarks (xtask).
@@ -9,7 +9,7 @@
 //! numbers.
 //!
 //! ```no_run
-//! use paceline_tests::report::{self, PlotOpts};
+//! use paceline_lab::report::{self, PlotOpts};
 //! # fn main() -> anyhow::Result<()> {
 //! let results = report::load_many(&["paced.json".into(), "unpaced.json".into()], None)?;
 //! println!("{}", report::results_table(&results, &report::default_columns(&results)));

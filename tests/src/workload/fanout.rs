@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 /// Persistent connections to the servers of a fan-out workload.
-pub(crate) struct Fanout {
+pub struct Fanout {
     conns: Vec<TcpStream>,
     addrs: Vec<SocketAddr>,
     scratch: Vec<u8>,
@@ -18,7 +18,7 @@ pub(crate) struct Fanout {
 
 /// Timing of one response.
 #[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Timing {
+pub struct Timing {
     pub send_ns: u64,
     pub done_ns: u64,
 }

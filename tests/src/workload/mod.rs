@@ -65,7 +65,7 @@
 pub mod bulk;
 #[cfg(test)]
 mod e2e;
-pub(crate) mod fanout;
+pub mod fanout;
 pub mod hook;
 pub mod incast;
 pub mod pa;

@@ -143,7 +143,7 @@ pub struct PaReport {
 }
 
 /// The requests of query `q`, one per worker: (response size, deadline in us) from [`draws`].
-pub(crate) fn requests(q: usize, draws: &[(u64, u64)]) -> Vec<proto::Request> {
+pub fn requests(q: usize, draws: &[(u64, u64)]) -> Vec<proto::Request> {
     draws
         .iter()
         .map(|&(size, deadline_us)| proto::Request {
@@ -159,7 +159,7 @@ pub(crate) fn requests(q: usize, draws: &[(u64, u64)]) -> Vec<proto::Request> {
 /// Scores answered query `q` (its `draws` and the [`Fanout::round`] timings `t`, worker by
 /// worker): appends one [`PaResponse`] per worker and returns the query's span in ns, from the
 /// first request sent to the last response done.
-pub(crate) fn score(q: usize, draws: &[(u64, u64)], t: &[Timing], responses: &mut Vec<PaResponse>) -> u64 {
+pub fn score(q: usize, draws: &[(u64, u64)], t: &[Timing], responses: &mut Vec<PaResponse>) -> u64 {
     let start = t.iter().map(|x| x.send_ns).min().unwrap_or(0);
     let end = t.iter().map(|x| x.done_ns).max().unwrap_or(start);
     for (w, (&(size, deadline_us), tm)) in draws.iter().zip(t).enumerate() {

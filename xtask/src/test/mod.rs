@@ -357,7 +357,6 @@ pub const FUZZ_SECS: u64 = 20;
 /// attaching, map swaps) the other tests check on every kernel, and under emulation they took
 /// 94 s, 79 s and 73 s on 6.12 (2026-12-02).
 const HOST_ONLY: &[&str] = &[
-    "d3_effect::",
     "dasr_e2e::against_plain_tcp",
     "prometheus::",
     "agent_scale::",

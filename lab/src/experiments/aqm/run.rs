@@ -1,11 +1,11 @@
 //! Running the points on the testbed.
 
-use crate::agent::{Agent, Scratch};
 use crate::experiments::Common;
 use crate::experiments::harness::{loadavg, sum_tcp};
-use crate::testbed::{self, Host};
-use crate::workload::{Tags, bulk, serve};
 use anyhow::{Context, Result, bail};
+use paceline_tests::agent::{Agent, Scratch};
+use paceline_tests::testbed::{self, Host};
+use paceline_tests::workload::{Tags, bulk, serve};
 use serde_json::{Value, json};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};

@@ -11,10 +11,10 @@
 //!   ..  ├── r (router, D3 router in the d3 modes) ──────────────── rx (aggregator)
 //!   s7 ─┘
 //! ```
-//! A star ([`crate::testbed::Star`]) with [`Config::sender_hosts`] sender hosts. The
+//! A star ([`paceline_tests::testbed::Star`]) with [`Config::sender_hosts`] sender hosts. The
 //! bottleneck is the router's egress toward the aggregator: HTB at 1 Gbit/s with a 100 KB bfifo
 //! (the paper's switch buffer), or for the QJump mode a strict-priority port of the same rate
-//! ([`crate::testbed::Shaper::StrictPriority`]) whose two used queues have 50 KB each (100 KB
+//! ([`paceline_tests::testbed::Shaper::StrictPriority`]) whose two used queues have 50 KB each (100 KB
 //! in all). Offloads are off (one packet per skb), cubic everywhere.
 //!
 //! N workers are spread round-robin over the sender hosts (worker i on host `i % 8`): the

@@ -1,14 +1,16 @@
 //! Running the experiment on the testbed: agents, servers, the aggregator, and the points
 //! measured.
 
-use crate::agent::{Agent, Scratch};
 use crate::experiments::Common;
 use crate::experiments::harness::*;
-use crate::testbed::{Bottleneck, BottleneckSpec, ChildGuard, Host, QdiscStats, Star, StarSpec, Testbed};
-use crate::workload::hook::{D3Hook, DeadlineMarkHook, NoHook, ResponseHook};
-use crate::workload::{self, Tags, pa, serve, stats};
 use anyhow::{Context, Result, bail};
 use paceline_common::edt::TCP_FRAME_OVERHEAD_V4;
+use paceline_tests::agent::{Agent, Scratch};
+use paceline_tests::testbed::{
+    Bottleneck, BottleneckSpec, ChildGuard, Host, QdiscStats, Star, StarSpec, Testbed,
+};
+use paceline_tests::workload::hook::{D3Hook, DeadlineMarkHook, NoHook, ResponseHook};
+use paceline_tests::workload::{self, Tags, pa, serve, stats};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -494,7 +496,7 @@ pub(crate) fn run_point(
         .map(|j| {
             let h = &star.senders[cfg.sender_hosts - 1 - j % cfg.sender_hosts];
             h.spawn(&[
-                crate::agent::bin("plload").as_os_str(),
+                paceline_tests::agent::bin("plload").as_os_str(),
                 "bulk".as_ref(),
                 "--to".as_ref(),
                 to_bg.as_ref(),
@@ -767,7 +769,7 @@ pub(crate) fn query_times(responses: &[pa::PaResponse]) -> Vec<f64> {
 /// [`pa::draws`]'s, so they match `plload pa`'s for the same options. Returns the responses
 /// and each query's duration (ms).
 pub(crate) fn run_pa_fresh(opts: &pa::PaOpts) -> Result<(Vec<pa::PaResponse>, Vec<f64>)> {
-    use crate::workload::{fanout::Fanout, proto};
+    use paceline_tests::workload::{fanout::Fanout, proto};
     let plan = pa::draws(opts)?;
     let timeout = Duration::from_secs_f64(opts.query_timeout_s.max(0.1));
     let mut responses = Vec::with_capacity(plan.len() * opts.workers.len());

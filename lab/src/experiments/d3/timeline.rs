@@ -19,7 +19,7 @@ use paceline_common::d3::{
 };
 use serde::Serialize;
 
-use crate::workload::{pa, proto};
+use paceline_tests::workload::{pa, proto};
 
 /// One TCP segment of the capture.
 #[derive(Clone, Debug)]

@@ -12,7 +12,7 @@
 //!   ..  ├── r (router) ─────────────────────────── rx (client)
 //!   s7 ─┘
 //! ```
-//! A star ([`crate::testbed::Star`]) with [`Config::sender_hosts`] server hosts; the bottleneck
+//! A star ([`paceline_tests::testbed::Star`]) with [`Config::sender_hosts`] server hosts; the bottleneck
 //! is the router's egress toward the client: HTB at [`Config::rate_bps`] with a bfifo of
 //! [`Config::buffer_bytes`] (the incast study's shallow-buffered top-of-rack port). Each server host
 //! runs one `plload serve` server on [`PORT`] (in this process, in the host's namespace); the S

@@ -1,11 +1,11 @@
 //! Running the points on the testbed: agents, synchronized reads and the micro-benchmark.
 
-use crate::agent::{Agent, Scratch};
 use crate::experiments::Common;
 use crate::experiments::harness::{loadavg, sum_tcp};
-use crate::testbed::{Bottleneck, BottleneckSpec, Host, Star, StarSpec, Testbed};
-use crate::workload::{Tags, bulk, incast, rpc, serve, stats};
 use anyhow::{Context, Result, bail};
+use paceline_tests::agent::{Agent, Scratch};
+use paceline_tests::testbed::{Bottleneck, BottleneckSpec, Host, Star, StarSpec, Testbed};
+use paceline_tests::workload::{Tags, bulk, incast, rpc, serve, stats};
 use serde_json::{Value, json};
 use std::net::{IpAddr, SocketAddr};
 use std::panic::AssertUnwindSafe;

@@ -1,8 +1,8 @@
 //! Verdicts, the table and the plots, from the points in their JSON shape.
 
 use crate::report::{self, PlotOpts, XySeries};
-use crate::workload::{self};
 use anyhow::Result;
+use paceline_tests::workload::{self};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -1,15 +1,15 @@
 //! Running the points on the testbed and measuring them.
 
-use crate::agent::{Agent, Scratch};
 use crate::experiments::Common;
 use crate::experiments::harness::{
     Heartbeat, Stalls, agent_counters, counter_delta, read_snmp, selected, write_out,
 };
-use crate::testbed::{DevCounters, Host, LinkOpts, Testbed, read_dev};
-use crate::workload::bulk::{self, BulkOpts, BulkReport};
-use crate::workload::serve::{ServeOpts, ServeReport, Server};
-use crate::workload::{self, mono_ns, sleep_until_ns};
 use anyhow::{Context, Result};
+use paceline_tests::agent::{Agent, Scratch};
+use paceline_tests::testbed::{DevCounters, Host, LinkOpts, Testbed, read_dev};
+use paceline_tests::workload::bulk::{self, BulkOpts, BulkReport};
+use paceline_tests::workload::serve::{ServeOpts, ServeReport, Server};
+use paceline_tests::workload::{self, mono_ns, sleep_until_ns};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

@@ -10,7 +10,7 @@
 //!   s3 (bulk)      ──┘                  └── rx2  (bulk sink of the control run)
 //! ```
 //! `sw` is a router namespace whose ports toward `rx` and `rx2` are strict-priority switch ports
-//! ([`crate::testbed::Shaper::StrictPriority`]): 20 Mbit/s (`--rate-mbit`), 8 queues of `BUFFER` bytes each,
+//! ([`paceline_tests::testbed::Shaper::StrictPriority`]): 20 Mbit/s (`--rate-mbit`), 8 queues of `BUFFER` bytes each,
 //! a packet's queue chosen by its DSCP class selector (`DSCP >> 3`). Every sender runs the
 //! agent. Two policies, switched by reloading the agents:
 //!

@@ -1,15 +1,15 @@
 //! Running the conditions on the testbed: the senders' agents, RPCs and bulk flows.
 
-use crate::agent::{Agent, Scratch};
 use crate::experiments::Common;
 use crate::experiments::harness::{Heartbeat, agent_counters, counter_delta, selected, write_out};
-use crate::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Testbed};
-use crate::workload::bulk::{self, BulkOpts, BulkReport};
-use crate::workload::rpc::{self, RpcOpts, RpcReport};
-use crate::workload::serve::{ServeOpts, ServeReport, Server};
-use crate::workload::stats::{self, LatencySummary};
-use crate::workload::{self, Tags};
 use anyhow::{Context, Result};
+use paceline_tests::agent::{Agent, Scratch};
+use paceline_tests::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Testbed};
+use paceline_tests::workload::bulk::{self, BulkOpts, BulkReport};
+use paceline_tests::workload::rpc::{self, RpcOpts, RpcReport};
+use paceline_tests::workload::serve::{ServeOpts, ServeReport, Server};
+use paceline_tests::workload::stats::{self, LatencySummary};
+use paceline_tests::workload::{self, Tags};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

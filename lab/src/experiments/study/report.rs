@@ -3,8 +3,8 @@
 
 use crate::experiments::{Common, Document};
 use crate::report::{self, PlotOpts, XySeries};
-use crate::workload::stats;
 use anyhow::Result;
+use paceline_tests::workload::stats;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::Path;

@@ -1,10 +1,10 @@
 //! Running the rounds on the testbed: the bottleneck, the agents and the flows.
 
-use crate::agent::{Agent, Scratch};
 use crate::experiments::Common;
-use crate::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Star, StarSpec, Testbed};
-use crate::workload::{self, Tags, bulk, serve, stats};
 use anyhow::{Context, Result, anyhow, ensure};
+use paceline_tests::agent::{Agent, Scratch};
+use paceline_tests::testbed::{Bottleneck, BottleneckSpec, Host, QdiscStats, Star, StarSpec, Testbed};
+use paceline_tests::workload::{self, Tags, bulk, serve, stats};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
