@@ -231,6 +231,7 @@ fn rendered_metrics() -> String {
         interfaces_detached: 1,
         history_generation: 4,
         sock_ops: true,
+        api_refused: Some((2, 1)),
     };
     paceline::metrics::render_with(&snap, Some(&d3), &links, &status, &ops).expect("render")
 }
@@ -1088,6 +1089,99 @@ fn daemonset_runs_the_agent_with_what_it_needs() {
     );
     assert_eq!(containers.len(), 1, "the agent is the pod's only container");
     assert!(pod["initContainers"].is_null(), "no init containers");
+}
+
+/// Applies one RFC 6902 operation of the kinds the shipped components use (`add` at the end
+/// of a list, `replace` of an existing index or key), as kustomize would.
+fn json_patch(doc: &mut Yaml, op: &str, path: &str, value: Yaml) {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (last, parents) = parts.split_last().expect("a path");
+    let mut cur = doc;
+    for p in parents {
+        cur = match p.parse::<usize>() {
+            Ok(i) => cur.get_mut(i).unwrap_or_else(|| panic!("{path}: no element {i}")),
+            Err(_) => cur.get_mut(*p).unwrap_or_else(|| panic!("{path}: no key {p}")),
+        };
+    }
+    match (op, last.parse::<usize>()) {
+        ("add", _) if *last == "-" => cur.as_sequence_mut().expect("add to a list").push(value),
+        ("replace", Ok(i)) => {
+            let list = cur.as_sequence_mut().expect("replace in a list");
+            assert!(i < list.len(), "{path}: replace past the end");
+            list[i] = value;
+        }
+        ("replace", Err(_)) => {
+            let slot = cur
+                .get_mut(*last)
+                .unwrap_or_else(|| panic!("{path}: replace of a missing key"));
+            *slot = value;
+        }
+        _ => panic!("{op} {path}: not an operation the components use"),
+    }
+}
+
+#[test]
+fn the_api_token_component_moves_the_api_behind_the_secrets_token() {
+    let comp = yaml("deploy/kubernetes/components/api-token/kustomization.yaml");
+    let ops: Yaml =
+        serde_yaml::from_str(s(&comp["patches"][0]["patch"], "patch")).expect("the patch is YAML");
+    let mut ds = yaml_docs(DAEMONSET)
+        .into_iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("a DaemonSet");
+    let before = strs(&ds["spec"]["template"]["spec"]["containers"][0]["args"])
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+    assert_eq!(
+        before[5], "--api-addr",
+        "the component replaces args/6, --api-addr's value"
+    );
+    for op in seq(&ops, "the patch's operations") {
+        json_patch(
+            &mut ds,
+            s(&op["op"], "op"),
+            s(&op["path"], "path"),
+            op["value"].clone(),
+        );
+    }
+    let pod = &ds["spec"]["template"]["spec"];
+    let agent = &pod["containers"][0];
+    // The kubelet substitutes $(NODE_IP).
+    let argv: Vec<String> = strs(&agent["command"])
+        .into_iter()
+        .skip(1)
+        .chain(strs(&agent["args"]))
+        .map(|a| a.replace("$(NODE_IP)", "10.0.0.7"))
+        .collect();
+    let a = agent_args(&argv.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(a.api_addr, "10.0.0.7:9978".parse().unwrap());
+    let token = a.api_token_file.expect("--api-token-file");
+    // The file is in the Secret's volume, mounted read-only, mode 0400 (the agent refuses a
+    // file others can read).
+    let mount = seq(&agent["volumeMounts"], "volumeMounts")
+        .iter()
+        .find(|m| token.starts_with(s(&m["mountPath"], "mountPath")) && m["mountPath"] != "/")
+        .expect("a mount holding the token file");
+    assert_eq!(mount["readOnly"], true);
+    let vol = seq(&pod["volumes"], "volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the token's volume");
+    assert_eq!(vol["secret"]["secretName"], "paceline-api-token");
+    assert_eq!(vol["secret"]["defaultMode"].as_u64(), Some(0o400), "{vol:?}");
+    assert!(
+        token.ends_with("token"),
+        "the Secret's key is `token`: {}",
+        token.display()
+    );
+    // `kubectl exec ... paceline status` finds the API and its token in the environment.
+    let env: BTreeMap<&str, &str> = seq(&agent["env"], "env")
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?, e["value"].as_str()?)))
+        .collect();
+    assert_eq!(env.get("PACELINE_API_TOKEN_FILE"), token.to_str().as_ref());
+    assert_eq!(env.get("PACELINE_API"), Some(&"$(NODE_IP):9978"));
 }
 
 #[test]

@@ -71,6 +71,17 @@ pub struct Agent<'a> {
     policy: PathBuf,
     state_dir: PathBuf,
     child: Option<ChildGuard>,
+    /// Its API as `extra` set it (`--api-addr`, `--api-token-file`), for the helpers below.
+    api_addr: String,
+    token_file: Option<PathBuf>,
+}
+
+/// The value after `flag` in `args`.
+fn flag_value(args: &[&str], flag: &str) -> Option<String> {
+    args.iter()
+        .position(|a| *a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.to_string())
 }
 
 impl<'a> Agent<'a> {
@@ -96,6 +107,8 @@ impl<'a> Agent<'a> {
             policy: policy.to_path_buf(),
             state_dir: state_dir.to_path_buf(),
             child: Some(child),
+            api_addr: flag_value(extra, "--api-addr").unwrap_or_else(|| "127.0.0.1:9978".into()),
+            token_file: flag_value(extra, "--api-token-file").map(PathBuf::from),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -157,12 +170,12 @@ impl<'a> Agent<'a> {
     /// The agent's `/status` document (via `paceline status --json` in its namespace, which
     /// reads it through the typed model, `paceline::status::LiveStatus`).
     pub fn status(&self) -> Option<Value> {
-        let out = self
-            .host
-            .command(bin("plagent"))
-            .args(["status", "--json"])
-            .output()
-            .ok()?;
+        let mut cmd = self.host.command(bin("plagent"));
+        cmd.args(["status", "--json", "--addr", &self.api_addr]);
+        if let Some(t) = &self.token_file {
+            cmd.arg("--token-file").arg(t);
+        }
+        let out = cmd.output().ok()?;
         // Exit 1 is a degraded or not-ready agent: it still printed its status.
         if !matches!(out.status.code(), Some(0 | 1)) {
             return None;
@@ -170,10 +183,14 @@ impl<'a> Agent<'a> {
         serde_json::from_slice(&out.stdout).ok()
     }
 
-    /// GET or POST `path` on the agent's API (127.0.0.1:9978 in its namespace): (status code,
-    /// body), whatever the code.
+    /// GET or POST `path` on the agent's API (127.0.0.1:9978 in its namespace, or its
+    /// `--api-addr`, with its token when it has one): (status code, body), whatever the code.
     pub fn api(&self, method: &str, path: &str) -> (u16, String) {
-        Self::request(self.host, "127.0.0.1:9978", method, path)
+        let auth = self.token_file.as_ref().map(|t| {
+            let token = std::fs::read_to_string(t).expect("read the API token file");
+            format!("Authorization: Bearer {}", token.trim_end())
+        });
+        Self::request_with(self.host, &self.api_addr, method, path, auth.as_slice())
     }
 
     /// The same on the metrics listener (127.0.0.1:9977): `/metrics`, `/healthz`, `/readyz`.
@@ -183,14 +200,26 @@ impl<'a> Agent<'a> {
 
     /// One HTTP/1.0 request in `host`'s namespace: (status code, body).
     pub fn request(host: &Host, addr: &str, method: &str, path: &str) -> (u16, String) {
+        Self::request_with(host, addr, method, path, &[])
+    }
+
+    /// [`Agent::request`] with more header lines (`Name: value`).
+    pub fn request_with(
+        host: &Host,
+        addr: &str,
+        method: &str,
+        path: &str,
+        headers: &[String],
+    ) -> (u16, String) {
         use std::io::{Read as _, Write as _};
         let addr = addr.to_string();
         let (method, path) = (method.to_string(), path.to_string());
+        let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
         host.in_netns(move || {
             let mut c = std::net::TcpStream::connect(&addr).expect("connect to the agent");
             write!(
                 c,
-                "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n"
+                "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n{extra}\r\n"
             )
             .unwrap();
             let mut resp = String::new();

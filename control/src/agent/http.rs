@@ -11,7 +11,10 @@
 //!   `POST /reload` (apply the file now, answer with the outcome), `POST /rollback[?generation=N]`,
 //!   and `/healthz`, `/readyz` again.
 //!
-//! When both addresses are the same, one listener serves everything.
+//! When both addresses are the same, one listener serves everything. With a token file
+//! ([`crate::runtime::auth`]) every API route but `/healthz` and `/readyz` asks for the bearer token:
+//! 401 without it or with another (counted in `paceline_api_requests_refused_total`), 503 when
+//! the file cannot be read.
 //! Unhealthy or not ready: HTTP 503 with the JSON reasons ([`crate::runtime::health`]).
 
 use std::{collections::HashMap, net::SocketAddr, sync::Arc};
@@ -21,11 +24,14 @@ use crate::{classify, runtime::shared::Shared};
 use anyhow::{Context as _, Result};
 use axum::{
     Router,
-    extract::{Path, Query, State},
+    extract::{Path, Query, Request, State},
     http::{StatusCode, header},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
+
+use crate::runtime::auth::{ApiAuth, Refusal};
 
 type Params = Query<HashMap<String, String>>;
 
@@ -34,14 +40,18 @@ type Params = Query<HashMap<String, String>>;
 pub async fn serve(
     metrics_addr: SocketAddr,
     api_addr: SocketAddr,
+    auth: Option<Arc<ApiAuth>>,
     shared: Arc<Shared>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Vec<tokio::task::JoinHandle<()>>> {
-    let metrics = Router::new()
-        .route("/metrics", get(metrics))
+    if let Some(a) = &auth {
+        shared.set_api_auth(a.clone());
+    }
+    let probes = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz));
-    let api = Router::new()
+    let metrics = Router::new().route("/metrics", get(metrics));
+    let mut api = Router::new()
         .route("/status", get(status))
         .route("/policy", get(policy_text))
         .route("/events", get(events))
@@ -51,15 +61,20 @@ pub async fn serve(
         .route("/history", get(history))
         .route("/history/{generation}", get(history_text))
         .route("/reload", post(reload))
-        .route("/rollback", post(rollback))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz));
+        .route("/rollback", post(rollback));
+    if let Some(a) = auth {
+        api = api.route_layer(middleware::from_fn_with_state(a, require_token));
+    }
     let mut plans = Vec::new();
     if metrics_addr == api_addr {
-        plans.push((metrics_addr, "--metrics-addr and --api-addr", metrics.merge(api)));
+        plans.push((
+            metrics_addr,
+            "--metrics-addr and --api-addr",
+            metrics.merge(api).merge(probes),
+        ));
     } else {
-        plans.push((metrics_addr, "--metrics-addr", metrics));
-        plans.push((api_addr, "--api-addr", api));
+        plans.push((metrics_addr, "--metrics-addr", metrics.merge(probes.clone())));
+        plans.push((api_addr, "--api-addr", api.merge(probes)));
     }
     let mut listeners = Vec::new();
     for (addr, flag, app) in plans {
@@ -82,6 +97,42 @@ pub async fn serve(
             })
         })
         .collect())
+}
+
+/// Lets a request through only with the token file's bearer token.
+async fn require_token(State(auth): State<Arc<ApiAuth>>, req: Request, next: Next) -> Response {
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes().to_vec());
+    let a = auth.clone();
+    let verdict = blocking(move || a.check(header.as_deref())).await.and_then(|r| r);
+    match verdict {
+        Ok(Ok(())) => next.run(req).await,
+        Ok(Err(why)) => {
+            let what = match why {
+                Refusal::Missing => "this API asks for a bearer token (Authorization: Bearer ...)",
+                Refusal::Wrong => "the bearer token is not the agent's",
+            };
+            (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer realm=\"paceline\"")],
+                format!("{what}; the commands send the token from PACELINE_API_TOKEN_FILE\n"),
+            )
+                .into_response()
+        }
+        Err(e) => {
+            log::error!("refusing an API request: {e:#}");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the agent cannot read its API token file ({}): refusing every request\n",
+                    auth.path().display()
+                ),
+            )
+                .into_response()
+        }
+    }
 }
 
 fn internal(e: anyhow::Error) -> Response {

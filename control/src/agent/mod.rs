@@ -23,6 +23,7 @@
 //!   shutdown).
 //! - [`reload`]: applying a changed policy live, or refusing it.
 //! - [`watch`]: the event loop (file watcher, signals, D3 timer).
+//! - [`http`]: the metrics and API listeners (the API's bearer token: [`crate::runtime::auth`]).
 
 pub mod http;
 pub mod install;
@@ -68,6 +69,8 @@ pub struct Options {
     pub bpffs_dir: PathBuf,
     /// The group that may open the D3 application map (`None`: root alone).
     pub d3_app_group: Option<u32>,
+    /// The API's bearer token (see [`crate::runtime::auth`]); `None`: the API listens on loopback only.
+    pub api_token_file: Option<PathBuf>,
 }
 
 /// Runs the agent until SIGTERM/SIGINT.
@@ -75,6 +78,12 @@ pub async fn run(opts: Options) -> Result<()> {
     // From here on SIGTERM/SIGINT/SIGHUP are queued for the event loop instead of killing the
     // process half-way through the start (which would leave qdiscs behind).
     let signals = watch::Signals::new()?;
+    // Who may use the API is settled before anything on the host changes.
+    crate::runtime::auth::check_listen(opts.api_addr, opts.api_token_file.as_deref())?;
+    let api_auth = match &opts.api_token_file {
+        Some(p) => Some(Arc::new(crate::runtime::auth::ApiAuth::open(p)?)),
+        None => None,
+    };
     let dir = Arc::new(StateDir::lock(&opts.state_dir)?);
     // A BPF filesystem for the pins and a cgroup2 hierarchy for sock_ops, mounted here where
     // this mount namespace has none (`ip netns exec`, a container); unmounted when `mounts` is
@@ -187,7 +196,14 @@ pub async fn run(opts: Options) -> Result<()> {
     reload::write_status(&shared);
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let server = http::serve(opts.metrics_addr, opts.api_addr, shared.clone(), stop_rx).await;
+    let server = http::serve(
+        opts.metrics_addr,
+        opts.api_addr,
+        api_auth,
+        shared.clone(),
+        stop_rx,
+    )
+    .await;
     let servers = match server {
         Ok(s) => s,
         Err(e) => {

@@ -20,6 +20,13 @@ pub struct Args {
     /// --metrics-addr (one listener then serves both).
     #[arg(long, default_value = super::DEFAULT_API_ADDR)]
     pub api_addr: SocketAddr,
+    /// A file holding the API's bearer token (at least 16 visible ASCII characters, mode 0600,
+    /// root's): every API request but /healthz and /readyz must then carry `Authorization:
+    /// Bearer <token>` (the commands send it from PACELINE_API_TOKEN_FILE). Read for each
+    /// request: replace the file to rotate the token. Without it the API listens on loopback
+    /// only. /metrics is never guarded.
+    #[arg(long, value_name = "FILE", env = "PACELINE_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
     /// Lock, state (for cleanup after a crash), status, event log and policy history. Where no
     /// cgroup2 hierarchy is mounted (e.g. under `ip netns exec`), the agent mounts one at
     /// `<dir>/cgroup2` for sock_ops and unmounts it at a clean stop.
@@ -65,6 +72,7 @@ pub fn run(a: Args) -> Result<i32> {
         state_dir: a.state_dir,
         bpffs_dir: a.bpffs_dir,
         d3_app_group: a.d3_app_group,
+        api_token_file: a.api_token_file,
     }))?;
     Ok(0)
 }

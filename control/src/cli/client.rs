@@ -46,12 +46,23 @@ fn body(mut resp: ureq::http::Response<ureq::Body>, url: &str, limit: usize) -> 
     Ok((code, body))
 }
 
+/// The `Authorization` header's value for a bearer token.
+fn bearer_header(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
 /// GETs `url`: (HTTP status, body), refusing a body over `limit` bytes.
 pub fn get(url: &str, limit: usize) -> Result<(u16, String)> {
-    let resp = agent(TIMEOUT)
-        .get(url)
-        .call()
-        .with_context(|| format!("asking {url}"))?;
+    get_as(url, limit, None)
+}
+
+/// [`get`] with the agent's API token (`--api-token-file`), when there is one.
+pub fn get_as(url: &str, limit: usize, token: Option<&str>) -> Result<(u16, String)> {
+    let mut req = agent(TIMEOUT).get(url);
+    if let Some(t) = token {
+        req = req.header("Authorization", bearer_header(t));
+    }
+    let resp = req.call().with_context(|| format!("asking {url}"))?;
     body(resp, url, limit)
 }
 
@@ -61,7 +72,11 @@ pub const STREAM_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// GETs `url` and hands each line of the answer to `line` as it arrives, until the answer
 /// ends or `line` returns false. A status other than 200 returns (status, body) unread.
-pub fn get_lines(url: &str, mut line: impl FnMut(&str) -> bool) -> Result<(u16, String)> {
+pub fn get_lines(
+    url: &str,
+    token: Option<&str>,
+    mut line: impl FnMut(&str) -> bool,
+) -> Result<(u16, String)> {
     use std::io::BufRead as _;
     let a = ureq::Agent::config_builder()
         .timeout_connect(Some(CONNECT_TIMEOUT))
@@ -70,7 +85,11 @@ pub fn get_lines(url: &str, mut line: impl FnMut(&str) -> bool) -> Result<(u16, 
         .http_status_as_error(false)
         .build()
         .new_agent();
-    let mut resp = a.get(url).call().with_context(|| format!("asking {url}"))?;
+    let mut req = a.get(url);
+    if let Some(t) = token {
+        req = req.header("Authorization", bearer_header(t));
+    }
+    let mut resp = req.call().with_context(|| format!("asking {url}"))?;
     if resp.status().as_u16() != 200 {
         return body(resp, url, MAX_ANSWER);
     }
@@ -85,11 +104,12 @@ pub fn get_lines(url: &str, mut line: impl FnMut(&str) -> bool) -> Result<(u16, 
 }
 
 /// POSTs an empty body to `url`: (HTTP status, body), refusing a body over `limit` bytes.
-pub fn post(url: &str, limit: usize) -> Result<(u16, String)> {
-    let resp = agent(APPLY_TIMEOUT)
-        .post(url)
-        .send_empty()
-        .with_context(|| format!("asking {url}"))?;
+pub fn post(url: &str, limit: usize, token: Option<&str>) -> Result<(u16, String)> {
+    let mut req = agent(APPLY_TIMEOUT).post(url);
+    if let Some(t) = token {
+        req = req.header("Authorization", bearer_header(t));
+    }
+    let resp = req.send_empty().with_context(|| format!("asking {url}"))?;
     body(resp, url, limit)
 }
 

@@ -112,6 +112,10 @@ pub struct ApiAddr {
     /// The agent's --api-addr (`PACELINE_API` in the environment).
     #[arg(long = "addr", env = "PACELINE_API", default_value = DEFAULT_API_ADDR)]
     pub addr: String,
+    /// The agent's --api-token-file, when its API asks for a token (`PACELINE_API_TOKEN_FILE`
+    /// in the environment).
+    #[arg(long = "token-file", value_name = "FILE", env = "PACELINE_API_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// An agent that could not be asked (exit status 2).
@@ -136,6 +140,40 @@ impl ApiAddr {
         ))
     }
 
+    /// The token to send: the file's, read as the agent reads it (less the ownership and mode
+    /// checks: this is the caller's own copy).
+    fn token(&self) -> Result<Option<String>, Unreachable> {
+        let Some(p) = &self.token_file else {
+            return Ok(None);
+        };
+        let raw = std::fs::read(p).map_err(|e| {
+            Unreachable(format!(
+                "cannot read the API token file {} (PACELINE_API_TOKEN_FILE): {e}",
+                p.display()
+            ))
+        })?;
+        crate::runtime::auth::parse_token(&raw)
+            .map(Some)
+            .map_err(|e| Unreachable(format!("the API token file {}: {e:#}", p.display())))
+    }
+
+    /// A 401 is an agent that could not be asked: say how to give the token.
+    fn refused(&self, answer: (u16, String)) -> Result<(u16, String), Unreachable> {
+        if answer.0 != 401 {
+            return Ok(answer);
+        }
+        let how = if self.token_file.is_some() {
+            "the token in --token-file (PACELINE_API_TOKEN_FILE) is not the agent's"
+        } else {
+            "set PACELINE_API_TOKEN_FILE (or --token-file) to a copy of the agent's --api-token-file"
+        };
+        Err(Unreachable(format!(
+            "the agent at {} refused the request (401): {}; {how}",
+            self.addr,
+            answer.1.trim()
+        )))
+    }
+
     /// GET `path`: (HTTP status, body), the body at most [`client::MAX_ANSWER`] bytes.
     pub fn get(&self, path: &str) -> Result<(u16, String), Unreachable> {
         self.get_limited(path, client::MAX_ANSWER)
@@ -147,17 +185,26 @@ impl ApiAddr {
         path: &str,
         line: impl FnMut(&str) -> bool,
     ) -> Result<(u16, String), Unreachable> {
-        client::get_lines(&self.url(path), line).map_err(|e| self.unreachable(e))
+        let token = self.token()?;
+        client::get_lines(&self.url(path), token.as_deref(), line)
+            .map_err(|e| self.unreachable(e))
+            .and_then(|a| self.refused(a))
     }
 
     /// GET `path`: (HTTP status, body), the body at most `limit` bytes.
     pub fn get_limited(&self, path: &str, limit: usize) -> Result<(u16, String), Unreachable> {
-        client::get(&self.url(path), limit).map_err(|e| self.unreachable(e))
+        let token = self.token()?;
+        client::get_as(&self.url(path), limit, token.as_deref())
+            .map_err(|e| self.unreachable(e))
+            .and_then(|a| self.refused(a))
     }
 
     /// POST `path` with an empty body: (HTTP status, body).
     pub fn post(&self, path: &str) -> Result<(u16, String), Unreachable> {
-        client::post(&self.url(path), client::MAX_ANSWER).map_err(|e| self.unreachable(e))
+        let token = self.token()?;
+        client::post(&self.url(path), client::MAX_ANSWER, token.as_deref())
+            .map_err(|e| self.unreachable(e))
+            .and_then(|a| self.refused(a))
     }
 }
 

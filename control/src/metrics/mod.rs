@@ -62,6 +62,8 @@ pub struct OpsMetrics {
     pub history_generation: u64,
     /// sock_ops is attached.
     pub sock_ops: bool,
+    /// API requests refused for no token and for a wrong one (`None`: no token file).
+    pub api_refused: Option<(u64, u64)>,
 }
 
 /// The Prometheus text exposition of `snap` (and the D3 counters and router links, when D3 is
@@ -495,6 +497,16 @@ pub fn render_with(
     )?
     .with_label_values(&[] as &[&str])
     .set(ops.sock_ops as i64);
+    if let Some((missing, wrong)) = ops.api_refused {
+        let refused = counter(
+            &r,
+            "paceline_api_requests_refused_total",
+            "API requests refused with 401 (--api-token-file): without a bearer token (missing) or with another one (wrong).",
+            &["reason"],
+        )?;
+        refused.with_label_values(&["missing"]).inc_by(missing);
+        refused.with_label_values(&["wrong"]).inc_by(wrong);
+    }
     qdisc_metrics(&r, &ops.qdiscs)?;
     igauge(
         &r,

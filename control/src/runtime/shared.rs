@@ -33,6 +33,8 @@ pub struct Shared {
     pub history: History,
     /// The policy file, the state directory, where maps are pinned.
     pub ctl: Ctl,
+    /// The API's token guard, when `--api-token-file` is given (its refusals are metrics).
+    api_auth: std::sync::OnceLock<Arc<crate::runtime::auth::ApiAuth>>,
 }
 
 /// What the agent was started with that reloads and requests need.
@@ -84,7 +86,13 @@ impl Shared {
             history: History::new(ctl.dir.path()),
             events,
             ctl,
+            api_auth: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Records the API's token guard (once, when the listeners start).
+    pub fn set_api_auth(&self, a: Arc<crate::runtime::auth::ApiAuth>) {
+        let _ = self.api_auth.set(a);
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -95,7 +103,8 @@ impl Shared {
     /// `/metrics`: the Prometheus text of the counters, labelled by the status.
     pub fn metrics(&self) -> Result<String> {
         let mut g = self.lock();
-        let ops = g.ops_metrics();
+        let mut ops = g.ops_metrics();
+        ops.api_refused = self.api_auth.get().map(|a| a.refused());
         let dp = g.dp()?;
         let d3 = if g.status.d3.is_some() {
             Some(dp.d3_snapshot()?)
@@ -221,6 +230,7 @@ impl Inner {
             interfaces_detached: self.iface_changes.detached,
             history_generation: self.history_generation,
             sock_ops: self.sock_ops,
+            api_refused: None,
         }
     }
 

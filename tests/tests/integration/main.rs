@@ -5,6 +5,7 @@
 
 mod agent;
 mod agent_scale;
+mod api_token;
 mod classify_scale;
 mod codel;
 mod codel_e2e;

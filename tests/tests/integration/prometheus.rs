@@ -149,17 +149,20 @@ fn prometheus_scrapes_agents_fires_and_clears_alerts_and_feeds_every_panel() {
     let groups = ["main", "main", "canary"];
     let mut agents = Vec::new();
     let mut files = Vec::new();
+    // n3's API asks for a token (the refused-requests panel has its series).
+    let token = scratch.path("api-token");
+    std::fs::write(&token, "0123456789abcdef0123456789abcdef").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     for (i, n) in nodes.iter().enumerate() {
         let ifname = n.iface_to(&m).unwrap().ifname;
         let file = scratch.path(&format!("n{}.yaml", i + 1));
         std::fs::write(&file, policy(&ifname, "10Mbit", i == 2)).unwrap();
         let state = scratch.path(&format!("state{}", i + 1));
-        agents.push(Agent::start_with(
-            n,
-            &file,
-            &state,
-            &["--metrics-addr", "0.0.0.0:9977"],
-        ));
+        let mut extra = vec!["--metrics-addr", "0.0.0.0:9977"];
+        if i == 2 {
+            extra.extend(["--api-token-file", token.to_str().unwrap()]);
+        }
+        agents.push(Agent::start_with(n, &file, &state, &extra));
         files.push((file, ifname));
     }
     let target = |i: usize| format!("{}:9977", nodes[i].iface_to(&m).unwrap().ipv4);
