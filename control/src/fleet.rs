@@ -246,6 +246,55 @@ pub fn read_targets(path: &std::path::Path) -> Result<Vec<TargetGroup>> {
     Ok(groups)
 }
 
+/// The API addresses of a group's agents in a file_sd file: each target's host with the
+/// API's port (the targets are the agents' metrics addresses).
+pub fn group_api_addrs(groups: &[TargetGroup], group: &str, api_port: u16) -> Vec<String> {
+    groups
+        .iter()
+        .filter(|g| g.labels.get("group").map(String::as_str) == Some(group))
+        .flat_map(|g| g.targets.iter())
+        .map(|t| {
+            let host = match t.rsplit_once(':') {
+                // [v6]:port or host:port; a bare v6 address has more colons than one.
+                Some((h, p)) if p.parse::<u16>().is_ok() && (h.starts_with('[') || !h.contains(':')) => h,
+                _ => t.as_str(),
+            };
+            if host.contains(':') && !host.starts_with('[') {
+                format!("[{host}]:{api_port}")
+            } else {
+                format!("{host}:{api_port}")
+            }
+        })
+        .collect()
+}
+
+/// The policy most agents run: its hash, how many run it, and the first of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Majority<'a> {
+    pub hash: String,
+    pub count: usize,
+    pub agent: &'a str,
+}
+
+/// The majority of (agent, policy text) pairs, by the policy's hash; a tie goes to the hash
+/// whose first agent comes first. `None` for no agents.
+pub fn majority<'a>(texts: impl Iterator<Item = (&'a str, &'a str)>) -> Option<Majority<'a>> {
+    let mut by_hash: Vec<Majority<'a>> = Vec::new();
+    for (agent, text) in texts {
+        let h = paceline_policy::hash(text.as_bytes());
+        match by_hash.iter_mut().find(|m| m.hash == h) {
+            Some(m) => m.count += 1,
+            None => by_hash.push(Majority {
+                hash: h,
+                count: 1,
+                agent,
+            }),
+        }
+    }
+    // max_by_key keeps the last of equals: reverse so that the first seen wins a tie.
+    by_hash.into_iter().rev().max_by_key(|m| m.count)
+}
+
 fn agent_http() -> ureq::Agent {
     ureq::Agent::config_builder()
         .timeout_global(Some(std::time::Duration::from_secs(5)))
@@ -522,6 +571,30 @@ fn ago(secs: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_groups_api_addresses_are_its_targets_hosts_at_the_api_port() {
+        let groups: Vec<TargetGroup> = serde_yaml::from_str(
+            "- targets: ['10.0.0.1:9977', 'node-b:9977', '[fd00::3]:9977']\n  labels: {group: main}\n- targets: ['10.0.0.9:9977']\n  labels: {group: canary}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            group_api_addrs(&groups, "main", 9978),
+            ["10.0.0.1:9978", "node-b:9978", "[fd00::3]:9978"]
+        );
+        assert_eq!(group_api_addrs(&groups, "canary", 1234), ["10.0.0.9:1234"]);
+        assert!(group_api_addrs(&groups, "other", 9978).is_empty());
+    }
+
+    #[test]
+    fn the_majority_is_the_most_run_policy_and_a_tie_goes_to_the_first() {
+        let m = majority([("a", "x"), ("b", "y"), ("c", "y")].into_iter()).unwrap();
+        assert_eq!((m.agent, m.count), ("b", 2));
+        assert_eq!(m.hash, paceline_policy::hash(b"y"));
+        let m = majority([("a", "x"), ("b", "y")].into_iter()).unwrap();
+        assert_eq!((m.agent, m.count), ("a", 1));
+        assert!(majority(std::iter::empty()).is_none());
+    }
 
     const METRICS: &str = r#"# HELP paceline_build_info The agent's version (value 1).
 # TYPE paceline_build_info gauge

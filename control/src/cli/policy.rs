@@ -165,7 +165,7 @@ fn rollback(a: RollbackArgs) -> Result<i32> {
 /// Compiles a policy text for comparison: offline (host facts differ between machines, so
 /// routes are unknown and sock_ops marks no socket) and for the mode the policy asks for.
 /// Errors are printed; `Err` is exit status 2.
-fn compile_text(text: &str, name: &str) -> Result<policy::Compiled, i32> {
+pub(super) fn compile_text(text: &str, name: &str) -> Result<policy::Compiled, i32> {
     let v = policy::parse_str(text, name, &OfflineHost).map_err(|errors| {
         for e in &errors {
             eprintln!("{e}");

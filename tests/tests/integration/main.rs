@@ -13,6 +13,7 @@ mod d3_e2e;
 mod d3_router;
 mod dasr;
 mod dasr_e2e;
+mod fleet;
 mod netns_exec;
 mod ops;
 mod parse;

@@ -1,0 +1,168 @@
+//! Fleet workflows against real agents: three agents in their namespaces, their APIs on their
+//! links behind one bearer token, asked from a management host by `paceline fleet diff` (two
+//! agents, and a group against its majority).
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::process::Output;
+
+use paceline_tests::{
+    agent::{Agent, Scratch},
+    testbed::{Host, Testbed},
+};
+use serde_json::json;
+
+use crate::ops::text;
+use crate::privileged;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_plagent");
+const TOKEN: &str = "f1ee7f1ee7f1ee7f1ee7f1ee7f1ee7f1";
+
+/// One policy text for every node (`auto`: each node's default route leaves through its link
+/// to the management host), so that the same file has the same hash everywhere.
+fn policy(extra_class: bool) -> String {
+    let extra = if extra_class {
+        "    - name: bulk\n      level: normal\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"apiVersion: paceline/v1
+kind: Policy
+metadata:
+  name: fleet
+spec:
+  interfaces: [auto]
+  enforcement: none
+  levels:
+    - name: normal
+      priority: 0
+  classes:
+    - name: other
+      level: normal
+{extra}  default_class: other
+"#
+    )
+}
+
+#[test]
+fn fleet_diff_finds_the_agent_that_diverges_from_its_group() {
+    if !privileged("fleet_diff_finds_the_agent_that_diverges_from_its_group") {
+        return;
+    }
+    let tb = Testbed::new("fleet").expect("testbed");
+    let m = tb.add_host("m").expect("management host");
+    let nodes: Vec<Host> = (1..=3)
+        .map(|i| tb.add_host(&format!("n{i}")).expect("node"))
+        .collect();
+    for n in &nodes {
+        tb.link(&m, n).expect("link");
+        let via = m.iface_to(n).unwrap().ipv4.to_string();
+        let dev = n.iface_to(&m).unwrap().ifname;
+        n.run(&["ip", "route", "replace", "default", "via", &via, "dev", &dev])
+            .expect("default route");
+    }
+    let scratch = Scratch::local("fleet");
+    let tok = scratch.path("token");
+    std::fs::write(&tok, TOKEN).unwrap();
+    std::fs::set_permissions(&tok, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let tok_s = tok.to_str().unwrap().to_string();
+    let ip = |n: &Host| n.iface_to(&m).unwrap().ipv4.to_string();
+    let mut agents = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let file = scratch.path(&format!("n{}.yaml", i + 1));
+        std::fs::write(&file, policy(false)).unwrap();
+        let api = format!("{}:9978", ip(n));
+        agents.push(Agent::start_with(
+            n,
+            &file,
+            &scratch.path(&format!("state{}", i + 1)),
+            &[
+                "--metrics-addr",
+                "0.0.0.0:9977",
+                "--api-addr",
+                &api,
+                "--api-token-file",
+                &tok_s,
+            ],
+        ));
+    }
+    let api = |i: usize| format!("{}:9978", ip(&nodes[i]));
+    let targets = scratch.path("targets.json");
+    std::fs::write(
+        &targets,
+        serde_json::to_vec(&json!([{
+            // n3 first: the reference must be the majority's, not the first agent asked.
+            "targets": ([2usize, 0, 1]).into_iter().map(|i| format!("{}:9977", ip(&nodes[i]))).collect::<Vec<_>>(),
+            "labels": {"group": "main"},
+        }]))
+        .unwrap(),
+    )
+    .unwrap();
+    let fleet = |args: &[&str], token: bool| -> Output {
+        let mut c = m.command(AGENT);
+        c.args(["fleet", "diff"]).args(args);
+        if token {
+            c.env("PACELINE_API_TOKEN_FILE", &tok);
+        }
+        c.output().unwrap()
+    };
+    let out = |o: &Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let group = ["--group", "main", "--targets", targets.to_str().unwrap()];
+
+    // The same file everywhere: 0, also per group.
+    let o = fleet(&[&api(0), &api(1)], true);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(out(&o).contains("same policy"), "{}", text(&o));
+    let o = fleet(&group, true);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Without the token the agents refuse: 2, and the command says why.
+    let o = fleet(&[&api(0), &api(1)], false);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("401"), "{}", text(&o));
+
+    // n3 gets a class the others lack: it alone is reported, against the majority's policy.
+    agents[2]
+        .apply_policy(&policy(true), std::time::Duration::from_secs(5))
+        .expect("n3 runs the new policy");
+    let o = fleet(&group, true);
+    let s = out(&o);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let majority = paceline_policy::hash(policy(false).as_bytes());
+    assert!(
+        s.contains(&format!("majority runs policy {} (2 of them", &majority[..12])),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        s.contains(&format!("+++ the running agent at {}", api(2))),
+        "{}",
+        text(&o)
+    );
+    assert!(s.contains("bulk"), "the change names the class: {}", text(&o));
+    // Checked: with `fleet::majority` taking the first agent asked (n3), the majority line
+    // above named n3's policy, 1 of them, and this test failed there.
+    assert!(
+        !s.contains(&format!("+++ the running agent at {}", api(1))),
+        "{}",
+        text(&o)
+    );
+    let o = fleet(&[&api(0), &api(2)], true);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+
+    // An agent that stops: 2, the others still compared (a tie of one each now: the first
+    // asked, n3, is the reference, and n1 differs from it).
+    agents.remove(1).stop();
+    let o = fleet(&group, true);
+    let s = out(&o);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        s.contains(&format!("--- the running agent at {}", api(2)))
+            && s.contains(&format!("+++ the running agent at {}", api(0)))
+            && s.contains("bulk"),
+        "{}",
+        text(&o)
+    );
+    for a in agents {
+        a.stop();
+    }
+}
