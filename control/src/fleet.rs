@@ -249,23 +249,96 @@ pub fn read_targets(path: &std::path::Path) -> Result<Vec<TargetGroup>> {
 /// The API addresses of a group's agents in a file_sd file: each target's host with the
 /// API's port (the targets are the agents' metrics addresses).
 pub fn group_api_addrs(groups: &[TargetGroup], group: &str, api_port: u16) -> Vec<String> {
+    api_addrs(groups, Some(group), api_port)
+        .into_iter()
+        .map(|(addr, _)| addr)
+        .collect()
+}
+
+/// Every agent of a file_sd file (or of one group) as (API address, group).
+pub fn api_addrs(groups: &[TargetGroup], group: Option<&str>, api_port: u16) -> Vec<(String, String)> {
     groups
         .iter()
-        .filter(|g| g.labels.get("group").map(String::as_str) == Some(group))
-        .flat_map(|g| g.targets.iter())
-        .map(|t| {
+        .filter(|g| group.is_none() || g.labels.get("group").map(String::as_str) == group)
+        .flat_map(|g| {
+            let name = g.labels.get("group").cloned().unwrap_or_default();
+            g.targets.iter().map(move |t| (t, name.clone()))
+        })
+        .map(|(t, group)| {
             let host = match t.rsplit_once(':') {
                 // [v6]:port or host:port; a bare v6 address has more colons than one.
                 Some((h, p)) if p.parse::<u16>().is_ok() && (h.starts_with('[') || !h.contains(':')) => h,
                 _ => t.as_str(),
             };
-            if host.contains(':') && !host.starts_with('[') {
+            let addr = if host.contains(':') && !host.starts_with('[') {
                 format!("[{host}]:{api_port}")
             } else {
                 format!("{host}:{api_port}")
+            };
+            (addr, group)
+        })
+        .collect()
+}
+
+/// One agent in a backup's manifest (`paceline fleet backup`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackedUp {
+    /// The agent's API address.
+    pub host: String,
+    pub group: String,
+    /// The running policy's hash (sha256 of its text) and history generation.
+    pub hash: String,
+    pub generation: Option<u64>,
+    /// The running policy's file, relative to the backup directory.
+    pub policy: String,
+    /// Its history (newest first), each entry's text in `file`.
+    pub history: Vec<BackedUpEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackedUpEntry {
+    pub generation: u64,
+    pub hash: String,
+    pub applied_at: u64,
+    pub source: String,
+    pub file: String,
+}
+
+/// A backup's `manifest.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Unix seconds.
+    pub taken_at: u64,
+    pub agents: Vec<BackedUp>,
+    /// Agents that could not be backed up, with why.
+    pub unreachable: Vec<(String, String)>,
+}
+
+/// A host's directory name in a backup (its API address with `:`, `[` and `]` replaced).
+pub fn backup_dir_name(host: &str) -> String {
+    host.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
             }
         })
         .collect()
+}
+
+/// The newest history entry whose hash starts with `prefix` (at least 6 characters).
+pub fn find_in_history<'a>(
+    entries: &'a [crate::runtime::history::Entry],
+    prefix: &str,
+) -> Option<&'a crate::runtime::history::Entry> {
+    if prefix.len() < 6 {
+        return None;
+    }
+    entries
+        .iter()
+        .filter(|e| e.hash.starts_with(prefix))
+        .max_by_key(|e| e.generation)
 }
 
 /// The policy most agents run: its hash, how many run it, and the first of them.

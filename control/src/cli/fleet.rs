@@ -1,4 +1,5 @@
-//! `paceline fleet status --prometheus URL | --targets FILE`, `paceline fleet diff`
+//! `paceline fleet status --prometheus URL | --targets FILE`, `paceline fleet diff`,
+//! `paceline fleet backup`, `paceline fleet rollback`
 
 use std::path::PathBuf;
 
@@ -19,6 +20,55 @@ pub enum Command {
     /// (`/policy`), with the token of PACELINE_API_TOKEN_FILE. Exit 0 the same, 1 different
     /// (each change listed), 2 an agent unreachable or its policy invalid.
     Diff(DiffArgs),
+    /// Writes every agent's running policy and its policy history into DIR
+    /// (`<host>/policy.yaml`, `<host>/history/<generation>.yaml`) with `manifest.json` (host,
+    /// group, hash, generation, time). Exit 0 all backed up, 2 an agent unreachable (the
+    /// others still written).
+    Backup(BackupArgs),
+    /// Rolls a group back, one agent at a time, stopping at the first that fails: to the
+    /// policy of `--to HASH` (a hash from a backup's manifest or `fleet status`, at least 6
+    /// characters) where each agent's history holds it, else each to the newest policy of its
+    /// history that differs from the one in force (`policy rollback`). Exit 0 every agent
+    /// rolled back (or already there), 1 one failed (the rest left as they were), 2 unreachable.
+    Rollback(RollbackArgs),
+}
+
+/// Where the agents are and how to ask them (`--targets`, `--api-port`, the token).
+#[derive(clap::Args, Debug)]
+pub struct Agents {
+    /// A Prometheus file_sd file listing the agents' metrics addresses (as for `fleet
+    /// status`); each agent's API is asked on the same host at --api-port.
+    #[arg(long, value_name = "FILE")]
+    pub targets: PathBuf,
+    /// The agents' API port.
+    #[arg(long, default_value_t = 9978)]
+    pub api_port: u16,
+    /// A copy of the agents' --api-token-file (`PACELINE_API_TOKEN_FILE`).
+    #[arg(long = "token-file", value_name = "FILE", env = "PACELINE_API_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    pub agents: Agents,
+    /// Only this group's agents.
+    #[arg(long)]
+    pub group: Option<String>,
+    /// The directory to write (created; an existing manifest in it is replaced).
+    pub dir: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RollbackArgs {
+    #[command(flatten)]
+    pub agents: Agents,
+    /// The group to roll back.
+    #[arg(long)]
+    pub group: String,
+    /// The policy to go back to: its hash, or the first 6 or more characters of it.
+    #[arg(long, value_name = "HASH")]
+    pub to: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -71,7 +121,219 @@ pub fn run(c: Command) -> Result<i32> {
     match c {
         Command::Status(a) => status(a),
         Command::Diff(a) => diff(a),
+        Command::Backup(a) => backup(a),
+        Command::Rollback(a) => rollback(a),
     }
+}
+
+fn api(addr: &str, token_file: &Option<PathBuf>) -> super::ApiAddr {
+    super::ApiAddr {
+        addr: addr.to_string(),
+        token_file: token_file.clone(),
+    }
+}
+
+/// GET `path` from the agent at `addr`: the body of a 200, else why not.
+fn get_ok(a: &super::ApiAddr, path: &str) -> Result<String, String> {
+    match a.get_limited(path, paceline_policy::bounds::MAX_POLICY_BYTES) {
+        Ok((200, body)) => Ok(body),
+        Ok((code, body)) => Err(format!("{}{path}: HTTP {code}: {}", a.addr, body.trim())),
+        Err(u) => Err(u.to_string()),
+    }
+}
+
+/// An agent's policy history as `/history` serves it.
+#[derive(serde::Deserialize)]
+struct History {
+    current_hash: String,
+    entries: Vec<crate::runtime::history::Entry>,
+}
+
+fn history_of(a: &super::ApiAddr) -> Result<History, String> {
+    let body = get_ok(a, "/history")?;
+    serde_json::from_str(&body).map_err(|e| format!("{}/history: not a policy history: {e}", a.addr))
+}
+
+/// One agent's backup: its files written under `dir/<host>/`, its manifest entry returned.
+fn backup_one(
+    dir: &std::path::Path,
+    host: &str,
+    group: &str,
+    token: &Option<PathBuf>,
+) -> Result<fleet::BackedUp, String> {
+    let a = api(host, token);
+    let policy = get_ok(&a, "/policy")?;
+    let h = history_of(&a)?;
+    let name = fleet::backup_dir_name(host);
+    let hdir = dir.join(&name).join("history");
+    std::fs::create_dir_all(&hdir).map_err(|e| format!("creating {}: {e}", hdir.display()))?;
+    let write = |rel: &str, text: &str| {
+        let p = dir.join(rel);
+        std::fs::write(&p, text).map_err(|e| format!("writing {}: {e}", p.display()))
+    };
+    let policy_rel = format!("{name}/policy.yaml");
+    write(&policy_rel, &policy)?;
+    let mut history = Vec::new();
+    for e in &h.entries {
+        let text = get_ok(&a, &format!("/history/{}", e.generation))?;
+        let rel = format!("{name}/history/{}.yaml", e.generation);
+        write(&rel, &text)?;
+        history.push(fleet::BackedUpEntry {
+            generation: e.generation,
+            hash: e.hash.clone(),
+            applied_at: e.applied_at,
+            source: e.source.clone(),
+            file: rel,
+        });
+    }
+    let hash = paceline_policy::hash(policy.as_bytes());
+    Ok(fleet::BackedUp {
+        host: host.to_string(),
+        group: group.to_string(),
+        generation: fleet::find_in_history(&h.entries, &h.current_hash).map(|e| e.generation),
+        hash,
+        policy: policy_rel,
+        history,
+    })
+}
+
+fn backup(a: BackupArgs) -> Result<i32> {
+    let groups = match fleet::read_targets(&a.agents.targets) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("paceline: {e:#}");
+            return Ok(2);
+        }
+    };
+    let hosts = fleet::api_addrs(&groups, a.group.as_deref(), a.agents.api_port);
+    if hosts.is_empty() {
+        eprintln!("paceline: {}: no agent to back up", a.agents.targets.display());
+        return Ok(2);
+    }
+    if let Err(e) = std::fs::create_dir_all(&a.dir) {
+        eprintln!("paceline: creating {}: {e}", a.dir.display());
+        return Ok(2);
+    }
+    let results: Vec<Result<fleet::BackedUp, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = hosts
+            .iter()
+            .map(|(host, group)| s.spawn(|| backup_one(&a.dir, host, group, &a.agents.token_file)))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("the backup thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut manifest = fleet::Manifest {
+        taken_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        agents: Vec::new(),
+        unreachable: Vec::new(),
+    };
+    for ((host, _), r) in hosts.iter().zip(results) {
+        match r {
+            Ok(b) => {
+                println!(
+                    "{host}: policy {} (generation {}), {} history entries",
+                    &b.hash[..12],
+                    b.generation.map_or("?".to_string(), |g| g.to_string()),
+                    b.history.len()
+                );
+                manifest.agents.push(b);
+            }
+            Err(e) => {
+                eprintln!("paceline: {e}");
+                manifest.unreachable.push((host.clone(), e));
+            }
+        }
+    }
+    let path = a.dir.join("manifest.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&manifest)? + "\n")
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    println!(
+        "{}: {} agents backed up, {} unreachable",
+        path.display(),
+        manifest.agents.len(),
+        manifest.unreachable.len()
+    );
+    Ok(if manifest.unreachable.is_empty() { 0 } else { 2 })
+}
+
+fn rollback(a: RollbackArgs) -> Result<i32> {
+    let groups = match fleet::read_targets(&a.agents.targets) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("paceline: {e:#}");
+            return Ok(2);
+        }
+    };
+    let hosts = fleet::group_api_addrs(&groups, &a.group, a.agents.api_port);
+    if hosts.is_empty() {
+        eprintln!(
+            "paceline: {}: no target has group {:?}",
+            a.agents.targets.display(),
+            a.group
+        );
+        return Ok(2);
+    }
+    if let Some(h) = &a.to
+        && (h.len() < 6 || !h.chars().all(|c| c.is_ascii_hexdigit()))
+    {
+        eprintln!("paceline: --to {h}: give the policy's hash, or at least its first 6 hex digits");
+        return Ok(2);
+    }
+    for (i, host) in hosts.iter().enumerate() {
+        let api = api(host, &a.agents.token_file);
+        let stop = |why: String, code: i32| {
+            eprintln!("paceline: {host}: {why}");
+            if i + 1 < hosts.len() {
+                eprintln!(
+                    "paceline: stopped: not rolled back: {}",
+                    hosts[i + 1..].join(", ")
+                );
+            }
+            Ok(code)
+        };
+        let path = match &a.to {
+            None => "/rollback".to_string(),
+            Some(h) => match history_of(&api) {
+                Ok(hist) => match fleet::find_in_history(&hist.entries, h) {
+                    Some(e) => format!("/rollback?generation={}", e.generation),
+                    None => {
+                        return stop(
+                            format!(
+                                "policy {h} is not in its history (the policies it applied last): restore that policy's file from the backup instead"
+                            ),
+                            1,
+                        );
+                    }
+                },
+                Err(e) => return stop(e, 2),
+            },
+        };
+        let (code, body) = match api.post(&path) {
+            Ok(r) => r,
+            Err(u) => return stop(u.to_string(), 2),
+        };
+        match serde_json::from_str::<crate::agent::reload::Outcome>(&body) {
+            Ok(o) => {
+                if super::reload::print_outcome(host, &o) != 0 {
+                    return stop("the rollback was rejected".into(), 1);
+                }
+            }
+            Err(_) => return stop(format!("HTTP {code}: {}", body.trim()), 1),
+        }
+    }
+    println!(
+        "group {}: {} agents rolled back; their policy files are unchanged (each applies again when it changes, on SIGHUP or `paceline reload`, and at a restart)",
+        a.group,
+        hosts.len()
+    );
+    Ok(0)
 }
 
 /// An agent's running policy: its text, or why it could not be had (printed; exit 2).

@@ -1,6 +1,8 @@
 //! Fleet workflows against real agents: three agents in their namespaces, their APIs on their
-//! links behind one bearer token, asked from a management host by `paceline fleet diff` (two
-//! agents, and a group against its majority).
+//! links behind one bearer token, asked from a management host: `paceline fleet diff` (two
+//! agents, and a group against its majority), `fleet backup` (every running policy and its
+//! history, with a manifest) and `fleet rollback` of the group to a backed-up hash (stopping
+//! at the first agent that cannot).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::process::Output;
@@ -45,8 +47,8 @@ spec:
 }
 
 #[test]
-fn fleet_diff_finds_the_agent_that_diverges_from_its_group() {
-    if !privileged("fleet_diff_finds_the_agent_that_diverges_from_its_group") {
+fn a_group_is_compared_backed_up_and_rolled_back() {
+    if !privileged("a_group_is_compared_backed_up_and_rolled_back") {
         return;
     }
     let tb = Testbed::new("fleet").expect("testbed");
@@ -148,6 +150,80 @@ fn fleet_diff_finds_the_agent_that_diverges_from_its_group() {
     );
     let o = fleet(&[&api(0), &api(2)], true);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+
+    // Backup: each agent's running policy and history, with a manifest.
+    let bdir = scratch.path("backup");
+    let run = |args: &[&str]| -> Output {
+        m.command(AGENT)
+            .arg("fleet")
+            .args(args)
+            .env("PACELINE_API_TOKEN_FILE", &tok)
+            .output()
+            .unwrap()
+    };
+    let t = targets.to_str().unwrap();
+    let o = run(&["backup", "--targets", t, bdir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let man: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bdir.join("manifest.json")).unwrap()).unwrap();
+    let backed = man["agents"].as_array().unwrap();
+    assert_eq!(backed.len(), 3, "{man:#}");
+    let diverged = paceline_policy::hash(policy(true).as_bytes());
+    for (i, want) in [(0usize, &majority), (1, &majority), (2, &diverged)] {
+        let b = backed
+            .iter()
+            .find(|b| b["host"] == api(i).as_str())
+            .unwrap_or_else(|| panic!("{} not in {man:#}", api(i)));
+        assert_eq!(b["hash"], want.as_str(), "{b:#}");
+        assert_eq!(b["group"], "main");
+        let text = std::fs::read_to_string(bdir.join(b["policy"].as_str().unwrap())).unwrap();
+        assert_eq!(paceline_policy::hash(text.as_bytes()), *want);
+        // n3's history holds both policies, each file its entry's text.
+        let hist = b["history"].as_array().unwrap();
+        assert_eq!(hist.len(), if i == 2 { 2 } else { 1 }, "{b:#}");
+        for e in hist {
+            let t = std::fs::read_to_string(bdir.join(e["file"].as_str().unwrap())).unwrap();
+            assert_eq!(e["hash"], paceline_policy::hash(t.as_bytes()).as_str());
+        }
+    }
+    // A hash no agent's history holds: the first agent asked (n3) fails and the rollback
+    // stops there, the others named as left alone.
+    let o = run(&[
+        "rollback",
+        "--targets",
+        t,
+        "--group",
+        "main",
+        "--to",
+        "deadbeef00",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        err.contains("not in its history")
+            && err.contains(&format!("not rolled back: {}, {}", api(0), api(1))),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(fleet(&group, true).status.code(), Some(1), "still diverged");
+    // The group back to the backed-up majority hash: n3 rolls back, n1 and n2 are there.
+    let o = run(&[
+        "rollback",
+        "--targets",
+        t,
+        "--group",
+        "main",
+        "--to",
+        &majority[..12],
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = fleet(&group, true);
+    assert_eq!(o.status.code(), Some(0), "converged again: {}", text(&o));
+
+    // Diverge again, for what follows.
+    agents[2]
+        .apply_policy(&policy(true), std::time::Duration::from_secs(5))
+        .expect("n3 runs the new policy again");
 
     // An agent that stops: 2, the others still compared (a tie of one each now: the first
     // asked, n3, is the reference, and n1 differs from it).
