@@ -1,5 +1,5 @@
 //! `paceline fleet status --prometheus URL | --targets FILE`, `paceline fleet diff`,
-//! `paceline fleet backup`, `paceline fleet rollback`
+//! `paceline fleet backup`, `paceline fleet rollback`, `paceline fleet events`
 
 use std::path::PathBuf;
 
@@ -28,9 +28,53 @@ pub enum Command {
     /// Rolls a group back, one agent at a time, stopping at the first that fails: to the
     /// policy of `--to HASH` (a hash from a backup's manifest or `fleet status`, at least 6
     /// characters) where each agent's history holds it, else each to the newest policy of its
-    /// history that differs from the one in force (`policy rollback`). Exit 0 every agent
-    /// rolled back (or already there), 1 one failed (the rest left as they were), 2 unreachable.
+    /// history that differs from the one in force (`policy rollback`). An agent that runs that
+    /// policy already is left alone. Exit 0 every agent rolled back (or already there), 1 one
+    /// failed (the rest left as they were), 2 unreachable.
     Rollback(RollbackArgs),
+    /// The agents' event logs merged in time order, each line with its host: starts, reloads
+    /// (with their changes), rejections (with their errors), rollbacks, degraded, route
+    /// changes, drops. Exit 0, 2 an agent unreachable (the others still shown).
+    Events(EventsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct EventsArgs {
+    #[command(flatten)]
+    pub agents: Agents,
+    /// Only this group's agents.
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Only these agents (their API address, or the host part of it; repeatable).
+    #[arg(long = "host", value_name = "HOST")]
+    pub hosts: Vec<String>,
+    /// Only events of these kinds (comma-separated: reload_applied,reload_rejected,...).
+    #[arg(long, value_delimiter = ',')]
+    pub kind: Vec<String>,
+    /// Only events at or after this time: a duration before now (`1h`, `30m`, `2d`) or an RFC
+    /// 3339 time (`2026-12-01T07:00:00Z`).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub since: Option<f64>,
+    /// Only events before this time (as --since).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub until: Option<f64>,
+    /// JSON lines: each event as the agent serves it, with `host` and `group` added.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Unix seconds from a duration before now or an RFC 3339 time.
+fn parse_time(s: &str) -> Result<f64, String> {
+    let now = std::time::SystemTime::now();
+    let t = match humantime::parse_duration(s) {
+        Ok(d) => now.checked_sub(d).ok_or_else(|| format!("{s}: before 1970"))?,
+        Err(_) => humantime::parse_rfc3339_weak(s).map_err(|e| {
+            format!("{s}: neither a duration (1h, 30m, 2d) nor an RFC 3339 time (2026-12-01T07:00:00Z): {e}")
+        })?,
+    };
+    Ok(t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0))
 }
 
 /// Where the agents are and how to ask them (`--targets`, `--api-port`, the token).
@@ -123,7 +167,92 @@ pub fn run(c: Command) -> Result<i32> {
         Command::Diff(a) => diff(a),
         Command::Backup(a) => backup(a),
         Command::Rollback(a) => rollback(a),
+        Command::Events(a) => events(a),
     }
+}
+
+fn events(a: EventsArgs) -> Result<i32> {
+    use crate::runtime::events::Event;
+    let groups = match fleet::read_targets(&a.agents.targets) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("paceline: {e:#}");
+            return Ok(2);
+        }
+    };
+    let hosts: Vec<(String, String)> = fleet::api_addrs(&groups, a.group.as_deref(), a.agents.api_port)
+        .into_iter()
+        .filter(|(addr, _)| {
+            a.hosts.is_empty()
+                || a.hosts.iter().any(|h| {
+                    h == addr
+                        || addr
+                            .rsplit_once(':')
+                            .map(|(host, _)| host.trim_matches(['[', ']']))
+                            == Some(h.trim_matches(['[', ']']))
+                })
+        })
+        .collect();
+    if hosts.is_empty() {
+        eprintln!("paceline: {}: no agent matches", a.agents.targets.display());
+        return Ok(2);
+    }
+    let logs: Vec<Result<String, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = hosts
+            .iter()
+            .map(|(host, _)| s.spawn(|| get_ok(&api(host, &a.agents.token_file), "/events")))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("the request thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut code = 0;
+    let mut all: Vec<(&str, &str, Event, serde_json::Value)> = Vec::new();
+    for ((host, group), log) in hosts.iter().zip(logs) {
+        let body = match log {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("paceline: {e}");
+                code = 2;
+                continue;
+            }
+        };
+        for line in body.lines() {
+            let (Ok(e), Ok(raw)) = (serde_json::from_str::<Event>(line), serde_json::from_str(line)) else {
+                continue;
+            };
+            let keep = (a.kind.is_empty() || a.kind.contains(&e.kind))
+                && a.since.is_none_or(|t| e.at >= t)
+                && a.until.is_none_or(|t| e.at < t);
+            if keep {
+                all.push((host, group, e, raw));
+            }
+        }
+    }
+    // By time; one agent's events keep their order (seq) when their times are equal.
+    all.sort_by(|x, y| {
+        x.2.at
+            .total_cmp(&y.2.at)
+            .then(x.0.cmp(y.0))
+            .then(x.2.seq.cmp(&y.2.seq))
+    });
+    let width = hosts.iter().map(|(h, _)| h.len()).max().unwrap_or(0);
+    for (host, group, e, mut raw) in all {
+        if a.json {
+            raw["host"] = host.into();
+            raw["group"] = group.into();
+            println!("{raw}");
+        } else {
+            println!(
+                "{host:<width$} {}",
+                crate::runtime::events::render(&e).replace('\n', &format!("\n{:width$} ", ""))
+            );
+        }
+    }
+    Ok(code)
 }
 
 fn api(addr: &str, token_file: &Option<PathBuf>) -> super::ApiAddr {
@@ -301,6 +430,10 @@ fn rollback(a: RollbackArgs) -> Result<i32> {
         let path = match &a.to {
             None => "/rollback".to_string(),
             Some(h) => match history_of(&api) {
+                Ok(hist) if hist.current_hash.starts_with(h.as_str()) => {
+                    println!("{host}: runs policy {h} already");
+                    continue;
+                }
                 Ok(hist) => match fleet::find_in_history(&hist.entries, h) {
                     Some(e) => format!("/rollback?generation={}", e.generation),
                     None => {

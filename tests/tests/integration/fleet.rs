@@ -1,8 +1,8 @@
 //! Fleet workflows against real agents: three agents in their namespaces, their APIs on their
 //! links behind one bearer token, asked from a management host: `paceline fleet diff` (two
 //! agents, and a group against its majority), `fleet backup` (every running policy and its
-//! history, with a manifest) and `fleet rollback` of the group to a backed-up hash (stopping
-//! at the first agent that cannot).
+//! history, with a manifest), `fleet rollback` of the group to a backed-up hash (stopping at
+//! the first agent that cannot) and `fleet events` (the logs merged in time order, filtered).
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::process::Output;
@@ -217,8 +217,59 @@ fn a_group_is_compared_backed_up_and_rolled_back() {
         &majority[..12],
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        out(&o).contains(&format!("{}: runs policy {} already", api(0), &majority[..12])),
+        "{}",
+        text(&o)
+    );
     let o = fleet(&group, true);
     assert_eq!(o.status.code(), Some(0), "converged again: {}", text(&o));
+
+    // The fleet's event log: the three starts in the order they happened (the targets list
+    // n3 first), n3's rollback among them, each line with its host.
+    let o = run(&["events", "--targets", t, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let evs: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let at: Vec<f64> = evs.iter().map(|e| e["at"].as_f64().unwrap()).collect();
+    assert!(at.windows(2).all(|w| w[0] <= w[1]), "not in time order: {at:?}");
+    let starts: Vec<&str> = evs
+        .iter()
+        .filter(|e| e["kind"] == "start")
+        .map(|e| e["host"].as_str().unwrap())
+        .collect();
+    assert_eq!(starts, [api(0), api(1), api(2)], "{evs:#?}");
+    assert!(
+        evs.iter()
+            .any(|e| e["kind"] == "rollback" && e["host"] == api(2).as_str() && e["group"] == "main"),
+        "{evs:#?}"
+    );
+    // Filters: one host, kinds, a time range.
+    let o = run(&[
+        "events",
+        "--targets",
+        t,
+        "--host",
+        &ip(&nodes[0]),
+        "--kind",
+        "start",
+    ]);
+    let s = out(&o);
+    assert_eq!((o.status.code(), s.lines().count()), (Some(0), 1), "{}", text(&o));
+    assert!(s.starts_with(&api(0)) && s.contains(" start "), "{}", text(&o));
+    let o = run(&["events", "--targets", t, "--until", "1h"]);
+    assert_eq!(
+        (o.status.code(), out(&o).as_str()),
+        (Some(0), ""),
+        "nothing an hour old: {}",
+        text(&o)
+    );
+    let o = run(&["events", "--targets", t, "--since", "10m", "--kind", "rollback"]);
+    // (an event's details follow on indented lines)
+    let firsts = out(&o).lines().filter(|l| !l.starts_with(' ')).count();
+    assert_eq!(firsts, 1, "{}", text(&o));
 
     // Diverge again, for what follows.
     agents[2]
