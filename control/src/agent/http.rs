@@ -9,6 +9,8 @@
 //!   [`crate::runtime::trace`]), `/classify`
 //!   (`?proto=tcp&src=A:P&dst=B:P[&dscp=&mark=&cgroup_id=]`), `/history`, `/history/GEN`,
 //!   `POST /reload` (apply the file now, answer with the outcome), `POST /rollback[?generation=N]`,
+//!   `POST /alertmanager` (Alertmanager's webhook: alerts that roll this host back,
+//!   [`crate::runtime::alerts`]),
 //!   and `/healthz`, `/readyz` again.
 //!
 //! When both addresses are the same, one listener serves everything. With a token file
@@ -61,7 +63,8 @@ pub async fn serve(
         .route("/history", get(history))
         .route("/history/{generation}", get(history_text))
         .route("/reload", post(reload))
-        .route("/rollback", post(rollback));
+        .route("/rollback", post(rollback))
+        .route("/alertmanager", post(alertmanager));
     if let Some(a) = auth {
         api = api.route_layer(middleware::from_fn_with_state(a, require_token));
     }
@@ -306,6 +309,51 @@ async fn history_text(State(shared): State<Arc<Shared>>, Path(generation): Path<
     match shared.history.get(generation) {
         Ok((_, text)) => ([(header::CONTENT_TYPE, "application/yaml")], text).into_response(),
         Err(e) => (StatusCode::NOT_FOUND, format!("{e:#}\n")).into_response(),
+    }
+}
+
+/// `POST /alertmanager`: Alertmanager's webhook; a firing alert about this host with
+/// `paceline_action: rollback` rolls it back ([`crate::runtime::alerts`]). Answers with what it
+/// did per alert.
+async fn alertmanager(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> Response {
+    use crate::runtime::alerts::{Answer, Decision, Handled, Local, Message};
+    let msg: Message = match serde_json::from_slice(&body) {
+        Ok(m) => m,
+        Err(e) => return bad_request(format!("not an Alertmanager webhook message: {e}")),
+    };
+    let done = blocking(move || {
+        let local = Local::probe();
+        let mut answer = Answer::default();
+        for a in &msg.alerts {
+            let instance = a.labels.get("instance").cloned().unwrap_or_default();
+            let outcome = match shared.alerts.decide(a, &local) {
+                Decision::Ignore => {
+                    answer.ignored += 1;
+                    continue;
+                }
+                Decision::AlreadyHandled => "already handled".to_string(),
+                Decision::Rollback => {
+                    let cause = format!("alert {}", a.name());
+                    match super::reload::rollback_for(&shared, &SystemHost::new(), None, Some(&cause)) {
+                        super::reload::Outcome::Rejected { errors } => {
+                            format!("rollback rejected: {}", errors.join("; "))
+                        }
+                        _ => "rolled back".to_string(),
+                    }
+                }
+            };
+            answer.handled.push(Handled {
+                alert: a.name().to_string(),
+                instance,
+                outcome,
+            });
+        }
+        answer
+    })
+    .await;
+    match done {
+        Ok(a) => axum::Json(a).into_response(),
+        Err(e) => internal(e),
     }
 }
 

@@ -355,6 +355,17 @@ pub fn write_status(shared: &Shared) {
 /// in force) instead of the file; see [`crate::runtime::history`] for how it and the file on disk
 /// interact.
 pub fn rollback(shared: &Shared, host: &SystemHost, generation: Option<u64>) -> Outcome {
+    rollback_for(shared, host, generation, None)
+}
+
+/// [`rollback`], recording what asked for it (`alert PacelineDropsAfterReload`) in the event
+/// log and the history's source.
+pub fn rollback_for(
+    shared: &Shared,
+    host: &SystemHost,
+    generation: Option<u64>,
+    cause: Option<&str>,
+) -> Outcome {
     let current = shared.lock().compiled.hash.clone();
     let target = match generation {
         Some(g) => Ok(g),
@@ -365,7 +376,10 @@ pub fn rollback(shared: &Shared, host: &SystemHost, generation: Option<u64>) -> 
         Ok((entry, text)) => reload(
             shared,
             host,
-            &format!("rollback to generation {}", entry.generation),
+            &match cause {
+                Some(c) => format!("rollback to generation {} ({c})", entry.generation),
+                None => format!("rollback to generation {}", entry.generation),
+            },
             true,
             Some(text),
         ),

@@ -6,7 +6,9 @@
 //! - [`events`]: the structured event log (`/events`, `paceline events`).
 //! - [`history`]: the policies applied, and rollback to one of them.
 //! - [`trace`]: a `paceline trace` session: the datapath's records, named, to the reader.
+//! - [`alerts`]: Alertmanager's webhook: alerts that roll this host back.
 //! - [`auth`]: who may use the API: the bearer token in `--api-token-file`, and its refusals.
+pub mod alerts;
 pub mod auth;
 pub mod events;
 pub mod health;

@@ -35,6 +35,8 @@ pub struct Shared {
     pub ctl: Ctl,
     /// The API's token guard, when `--api-token-file` is given (its refusals are metrics).
     api_auth: std::sync::OnceLock<Arc<crate::runtime::auth::ApiAuth>>,
+    /// The alerts the webhook acted on (each acts once).
+    pub alerts: crate::runtime::alerts::Alerts,
 }
 
 /// What the agent was started with that reloads and requests need.
@@ -87,6 +89,7 @@ impl Shared {
             events,
             ctl,
             api_auth: std::sync::OnceLock::new(),
+            alerts: Default::default(),
         }
     }
 

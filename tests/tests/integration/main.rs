@@ -5,6 +5,7 @@
 
 mod agent;
 mod agent_scale;
+mod alerts;
 mod api_token;
 mod classify_scale;
 mod codel;
