@@ -36,6 +36,28 @@ pub enum Command {
     /// (with their changes), rejections (with their errors), rollbacks, degraded, route
     /// changes, drops. Exit 0, 2 an agent unreachable (the others still shown).
     Events(EventsArgs),
+    /// A report over a period, from Prometheus' range queries, as Markdown (or JSON): per
+    /// host its availability (the share of the period its scrapes reached it) and down time,
+    /// time degraded and with its last reload rejected, policies applied; per group whether
+    /// it ended on one policy; the ten classes that dropped most and that added most delay.
+    /// Exit 0, 2 Prometheus unreachable.
+    Report(ReportArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReportArgs {
+    /// The Prometheus that scrapes the agents (e.g. http://prometheus:9090).
+    #[arg(long, value_name = "URL")]
+    pub prometheus: String,
+    /// The scrape job of the agents.
+    #[arg(long, default_value = "paceline")]
+    pub job: String,
+    /// The period: a duration up to now (`24h`, `7d`, `30m`).
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub since: std::time::Duration,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -168,6 +190,25 @@ pub fn run(c: Command) -> Result<i32> {
         Command::Backup(a) => backup(a),
         Command::Rollback(a) => rollback(a),
         Command::Events(a) => events(a),
+        Command::Report(a) => report(a),
+    }
+}
+
+fn report(a: ReportArgs) -> Result<i32> {
+    let secs = a.since.as_secs().max(1);
+    match fleet::report(&a.prometheus, &a.job, secs) {
+        Ok(r) => {
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", fleet::render_report(&r));
+            }
+            Ok(0)
+        }
+        Err(e) => {
+            eprintln!("paceline: {e:#}");
+            Ok(2)
+        }
     }
 }
 

@@ -3,7 +3,10 @@
 //! alerting rules loaded: the reload-rejected alert fires when a bad policy reaches one agent
 //! and clears when the file is fixed; the divergence alert fires during a staged rollout in a
 //! group and clears when it completes; every Grafana panel's query returns data; `paceline
-//! fleet status` reads the same inventory from Prometheus and from the agents' `/metrics`.
+//! fleet status` reads the same inventory from Prometheus and from the agents' `/metrics`;
+//! `paceline fleet report` over the test's period gives each host the times the test made:
+//! the down time of an agent stopped for a known time, the rejected time of a bad policy left
+//! in place for a known time, the policies applied, and ranks classes by drops and delay.
 //!
 //! To keep the run short, Prometheus scrapes and evaluates every second, and the rules' `for:`
 //! durations are shortened to 2 s in the copy the test loads (the expressions are deploy/'s).
@@ -132,6 +135,7 @@ fn prometheus_scrapes_agents_fires_and_clears_alerts_and_feeds_every_panel() {
         );
         return;
     };
+    let test_start = Instant::now();
     let tb = Testbed::new("prom").expect("testbed");
     let m = tb.add_host("m").expect("monitor");
     let nodes: Vec<Host> = (1..=3)
@@ -191,6 +195,8 @@ fn prometheus_scrapes_agents_fires_and_clears_alerts_and_feeds_every_panel() {
         .collect::<Vec<_>>()
         .join("\n");
     std::fs::write(scratch.path("rules.yaml"), rules).unwrap();
+    // A second job, `synthetic`, scrapes an exporter of the test's own (see `Synthetic`).
+    let synthetic = Synthetic::start(&m);
     let config = format!(
         r#"global:
   scrape_interval: 1s
@@ -202,6 +208,10 @@ scrape_configs:
     file_sd_configs:
       - files: ["{targets}"]
         refresh_interval: 1s
+  - job_name: synthetic
+    scrape_timeout: 1s
+    static_configs:
+      - targets: ["{SYNTHETIC_ADDR}"]
 "#,
         rules = scratch.path("rules.yaml").display(),
         targets = scratch.path("targets.json").display()
@@ -294,11 +304,13 @@ scrape_configs:
     let (f2, if2) = &files[1];
     let good2 = std::fs::read_to_string(f2).unwrap();
     std::fs::write(f2, good2.replace("link_rate", "lnk_rate")).unwrap();
+    let bad_written = Instant::now();
     p.wait("PacelinePolicyReloadRejected firing", 30, |p| {
         let f = p.firing("PacelinePolicyReloadRejected");
         f.len() == 1 && f[0]["instance"] == target(1).as_str()
     });
     std::fs::write(f2, &good2).unwrap();
+    let rejected_for = bad_written.elapsed().as_secs_f64();
     p.wait("PacelinePolicyReloadRejected to clear", 30, |p| {
         p.firing("PacelinePolicyReloadRejected").is_empty()
     });
@@ -354,11 +366,180 @@ scrape_configs:
     assert_eq!(out.lines().filter(|l| l.contains(":9977")).count(), 3, "{out}");
     // An agent that stops is unreachable: exit 2.
     agents.remove(0).stop();
+    let stopped = Instant::now();
     let (code, out) = fleet(&["--targets", targets.to_str().unwrap()]);
     assert_eq!(code, Some(2), "{out}");
     assert!(out.contains("UNREACHABLE"), "{out}");
+
+    // The report over the whole test: n1 down since it stopped, n2 rejected for as long as the
+    // bad file stood, one policy applied on n1 (the rollout), none on n3, and the synthetic
+    // exporter's classes ranked. Prometheus scrapes every second and the report counts to a
+    // second: each time is allowed 3 s (a scrape's timeout, the agent's reaction to the file,
+    // the step) either way. Checked once: with the report's down count patched to 0, this
+    // failed at "n1's down time: 0 s in the report, 6.0 s in the test".
+    synthetic.serve_counters();
+    std::thread::sleep(Duration::from_secs(6));
+    let down_for = stopped.elapsed().as_secs_f64();
+    let since = format!("{}s", test_start.elapsed().as_secs() + 10);
+    let report = |args: &[&str]| {
+        let o = m
+            .command(AGENT)
+            .args([
+                "fleet",
+                "report",
+                "--prometheus",
+                "http://127.0.0.1:9090",
+                "--since",
+                &since,
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, json, err) = report(&["--json"]);
+    assert_eq!(code, Some(0), "{json}{err}");
+    let r: Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    let host = |i: usize| -> Value {
+        r["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["instance"] == target(i).as_str())
+            .unwrap_or_else(|| panic!("no n{} in the report: {json}", i + 1))
+            .clone()
+    };
+    let near = |what: &str, got: &Value, want: f64| {
+        let got = got.as_f64().unwrap_or_else(|| panic!("{what}: {got}"));
+        assert!(
+            (got - want).abs() <= 3.0,
+            "{what}: {got} s in the report, {want:.1} s in the test\n{json}"
+        );
+    };
+    assert_eq!(r["hosts"].as_array().unwrap().len(), 3, "{json}");
+    near("n1's down time", &host(0)["down_seconds"], down_for);
+    near("n2's rejected time", &host(1)["rejected_seconds"], rejected_for);
+    near("n2's down time", &host(1)["down_seconds"], 0.0);
+    near("n3's down time", &host(2)["down_seconds"], 0.0);
+    near("n3's rejected time", &host(2)["rejected_seconds"], 0.0);
+    assert_eq!(
+        host(0)["policy_changes"],
+        1,
+        "n1 applied the rollout's policy once: {json}"
+    );
+    assert_eq!(host(2)["policy_changes"], 0, "n3's policy never changed: {json}");
+    assert!(host(2)["availability"].as_f64().unwrap() > 0.99, "{json}");
+    assert!(host(0)["availability"].as_f64().unwrap() < 1.0, "{json}");
+    assert_eq!(r["groups"]["canary"].as_array().map(Vec::len), Some(1), "{json}");
+    // The agents dropped nothing (this kernel's classes are HTB's): no top classes in job
+    // paceline; the synthetic job's are ranked by what Prometheus computed from its counters.
+    assert_eq!(r["top_drops"].as_array().map(Vec::len), Some(0), "{json}");
+    let (code, json, err) = report(&["--json", "--job", "synthetic"]);
+    assert_eq!(code, Some(0), "{json}{err}");
+    let r: Value = serde_json::from_str(&json).unwrap();
+    let classes = |k: &str| -> Vec<String> {
+        r[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["class"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(classes("top_drops"), ["bulk", "web"], "{json}");
+    assert_eq!(classes("top_delay"), ["web", "bulk"], "{json}");
+    // The Markdown names every host; an unreachable Prometheus is exit 2.
+    let (code, md, err) = report(&[]);
+    assert_eq!(code, Some(0), "{md}{err}");
+    for i in 0..3 {
+        assert!(md.contains(&target(i)), "{md}");
+    }
+    assert!(
+        md.contains("## Availability") && md.contains("group canary: converged"),
+        "{md}"
+    );
+    let o = m
+        .command(AGENT)
+        .args(["fleet", "report", "--prometheus", "http://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    // The synthetic exporter's names are the agent's own (they would drift unseen otherwise).
+    let (code, metrics) = Agent::request(&nodes[1], "127.0.0.1:9977", "GET", "/metrics");
+    assert_eq!(code, 200);
+    for name in Synthetic::NAMES {
+        assert!(
+            metrics.contains(&format!("# TYPE {name} counter")),
+            "the agent exports no {name}"
+        );
+    }
     for a in agents {
         a.stop();
+    }
+}
+
+/// Where the synthetic exporter listens, in the monitor's namespace.
+const SYNTHETIC_ADDR: &str = "127.0.0.1:9979";
+
+/// An exporter of the test's own, scraped as job `synthetic`: the report's top classes need
+/// drops and added delay, and this host's agents make none (without sch_fq, classes are HTB's
+/// and the datapath runs no clock that could drop or delay). It serves nothing until
+/// [`Synthetic::serve_counters`], so the alerting rules see no drops while the test checks
+/// them; then two classes' counters that grow at every scrape: `bulk` drops 50 and delays
+/// 0.01 s, `web` drops 5 and delays 0.2 s.
+struct Synthetic {
+    on: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Synthetic {
+    const NAMES: [&str; 2] = [
+        "paceline_class_dropped_packets_total",
+        "paceline_class_added_delay_seconds_total",
+    ];
+
+    fn start(m: &Host) -> Self {
+        use std::io::{Read as _, Write as _};
+        let listener = m
+            .in_netns(|| std::net::TcpListener::bind(SYNTHETIC_ADDR))
+            .unwrap()
+            .expect("the synthetic exporter's port");
+        let on = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let serving = on.clone();
+        std::thread::spawn(move || {
+            let mut scrapes = 0u64;
+            for conn in listener.incoming() {
+                let Ok(mut c) = conn else { continue };
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf);
+                let body = if serving.load(std::sync::atomic::Ordering::Relaxed) {
+                    scrapes += 1;
+                    let n = scrapes as f64;
+                    format!(
+                        "# TYPE {d} counter\n{d}{{class=\"bulk\",level=\"low\",reason=\"horizon\"}} {}\n{d}{{class=\"web\",level=\"high\",reason=\"codel\"}} {}\n# TYPE {a} counter\n{a}{{class=\"bulk\",level=\"low\"}} {}\n{a}{{class=\"web\",level=\"high\"}} {}\n",
+                        50.0 * n,
+                        5.0 * n,
+                        0.01 * n,
+                        0.2 * n,
+                        d = Self::NAMES[0],
+                        a = Self::NAMES[1],
+                    )
+                } else {
+                    String::new()
+                };
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Synthetic { on }
+    }
+
+    fn serve_counters(&self) {
+        self.on.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
