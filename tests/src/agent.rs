@@ -101,7 +101,13 @@ impl<'a> Agent<'a> {
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let child = host.spawn_cmd(cmd).expect("spawn the agent");
+        // A clean stop detaches programs and deletes qdiscs over netlink: about 2 s under TCG
+        // emulation on a loaded machine, which the default grace of 2 s cut short with a
+        // SIGKILL (and a failed `stop`). A hung agent still fails, 20 s later.
+        let child = host
+            .spawn_cmd(cmd)
+            .expect("spawn the agent")
+            .grace(Duration::from_secs(20));
         let mut agent = Agent {
             host,
             policy: policy.to_path_buf(),
