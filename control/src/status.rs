@@ -394,7 +394,7 @@ impl LiveStatus {
                         .filter(|c| c.d3)
                         .map(|c| NamedD3Counters {
                             name: c.name.clone(),
-                            counters: (&d[c.index as usize]).into(),
+                            counters: d[c.index as usize],
                         })
                         .collect()
                 })
@@ -501,44 +501,13 @@ impl From<&maps::Counters> for TrafficCounters {
     }
 }
 
-/// A D3 class's counters, under its name.
+/// A D3 class's counters, under its name (the datapath's [`D3ClassStats`], summed over CPUs,
+/// without the histograms).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct NamedD3Counters {
     pub name: String,
     #[serde(flatten)]
-    pub counters: D3Counters,
-}
-
-/// A class's D3 counters (the datapath's [`D3ClassStats`], summed over CPUs).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct D3Counters {
-    pub flows: u64,
-    pub deadline_flows: u64,
-    pub deadlines_met: u64,
-    pub deadlines_missed: u64,
-    pub quenched: u64,
-    pub requests: u64,
-    pub grants: u64,
-    pub echoes: u64,
-    pub feedback_ignored: u64,
-    pub options_seen: u64,
-}
-
-impl From<&D3ClassStats> for D3Counters {
-    fn from(c: &D3ClassStats) -> Self {
-        D3Counters {
-            flows: c.flows,
-            deadline_flows: c.deadline_flows,
-            deadlines_met: c.met,
-            deadlines_missed: c.missed,
-            quenched: c.quenched,
-            requests: c.requests,
-            grants: c.grants,
-            echoes: c.echoes,
-            feedback_ignored: c.feedback_ignored,
-            options_seen: c.options_seen,
-        }
-    }
+    pub counters: D3ClassStats,
 }
 
 /// Packets the classifier passed untouched, by reason.
@@ -621,10 +590,7 @@ pub(crate) mod tests {
         let ft = live.counters.flow_table.expect("flow table counted");
         assert_eq!((ft.entries, ft.inserts, ft.evictions), (3, 10, 7));
         assert_eq!(
-            (
-                c.d3_classes[0].name.as_str(),
-                c.d3_classes[0].counters.deadlines_met
-            ),
+            (c.d3_classes[0].name.as_str(), c.d3_classes[0].counters.met),
             ("rpc", 2)
         );
         assert!(c.d3_router_links.is_empty());
