@@ -55,8 +55,8 @@ pub fn fingerprints(maps: &[Source], types: &[Source]) -> Result<BTreeMap<String
         files: maps
             .iter()
             .chain(types)
-            .map(|s| (s.name.clone(), scope(&s.file)))
-            .collect(),
+            .map(|s| Ok((s.name.clone(), scope(s)?)))
+            .collect::<Result<_, String>>()?,
     };
     let mut out = BTreeMap::new();
     for (file, s) in maps.iter().enumerate() {
@@ -93,20 +93,21 @@ fn map_name(st: &syn::ItemStatic) -> Option<String> {
     None
 }
 
-fn scope(f: &syn::File) -> Scope {
+/// The top-level structs and type aliases of a file; a name defined twice there (under
+/// different `cfg`s, say) is an error, as either could be the one the object has.
+fn scope(src: &Source) -> Result<Scope, String> {
     let mut s = Scope::default();
-    for item in &f.items {
-        match item {
-            syn::Item::Struct(st) => {
-                s.structs.insert(st.ident.to_string(), st.clone());
-            }
-            syn::Item::Type(t) => {
-                s.aliases.insert(t.ident.to_string(), (*t.ty).clone());
-            }
-            _ => {}
+    for item in &src.file.items {
+        let twice = match item {
+            syn::Item::Struct(st) => s.structs.insert(st.ident.to_string(), st.clone()).is_some(),
+            syn::Item::Type(t) => s.aliases.insert(t.ident.to_string(), (*t.ty).clone()).is_some(),
+            _ => false,
+        };
+        if twice {
+            return Err(format!("{}: a struct or type alias is defined twice", src.name));
         }
     }
-    s
+    Ok(s)
 }
 
 impl Types {
@@ -326,6 +327,15 @@ mod tests {
     #[test]
     fn a_name_resolves_in_its_own_file_first() {
         assert!(changed("pub struct Scratch { b: u64 }", "pub struct Scratch { c: u64 }").is_empty());
+    }
+
+    #[test]
+    fn a_name_defined_twice_in_one_file_is_an_error() {
+        let maps = parse("maps.rs", MAPS).expect("parses");
+        let twice = format!("{TYPES}\n#[cfg(test)] pub struct FlowState {{ t: u64 }}");
+        let types = parse("types.rs", &twice).expect("parses");
+        let e = fingerprints(&[maps], &[types]).expect_err("FlowState twice");
+        assert!(e.contains("types.rs") && e.contains("twice"), "{e}");
     }
 
     #[test]
