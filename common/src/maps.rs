@@ -618,17 +618,22 @@ pub const fn d3_hist_bucket(rate: u64) -> usize {
     }
 }
 
-/// Per-CPU D3 counters of one class (value of [`names::D3_STATS`]).
+/// Per-CPU D3 counters of one class (value of [`names::D3_STATS`]). On the user side (feature
+/// `user`) also a D3 class's counters in `/status` (`counters.d3_classes`, summed over CPUs),
+/// which leaves the histograms to the metrics.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct D3ClassStats {
     /// Transfers started (with or without a deadline).
     pub flows: u64,
     /// Transfers with a deadline.
     pub deadline_flows: u64,
     /// Deadline transfers acked in full before their deadline.
+    #[cfg_attr(feature = "user", serde(rename = "deadlines_met"))]
     pub met: u64,
     /// Deadline transfers that passed their deadline before being acked in full.
+    #[cfg_attr(feature = "user", serde(rename = "deadlines_missed"))]
     pub missed: u64,
     /// Flows that gave up their deadline (quenched: it could no longer be met).
     pub quenched: u64,
@@ -643,7 +648,11 @@ pub struct D3ClassStats {
     pub feedback_ignored: u64,
     /// D3 options seen in received segments (requests and feedback).
     pub options_seen: u64,
+    /// Rates requested, by [`d3_hist_bucket`].
+    #[cfg_attr(feature = "user", serde(skip))]
     pub requested: [u64; D3_HIST_BUCKETS],
+    /// Rates granted, by [`d3_hist_bucket`].
+    #[cfg_attr(feature = "user", serde(skip))]
     pub granted: [u64; D3_HIST_BUCKETS],
 }
 const _: () = assert!(size_of::<D3ClassStats>() == 10 * 8 + 2 * 8 * D3_HIST_BUCKETS);

@@ -82,10 +82,13 @@ pub struct AddrReport {
     pub share_bytes_per_second: u64,
 }
 
-/// What the datapath counted.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What the datapath counted: `/status`'s `counters.dasr` (the counters' fields inline).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DasrReport {
+    /// Local addresses that received data, with N and the share each sender is told.
     pub addresses: Vec<AddrReport>,
+    /// The datapath's counters summed over CPUs.
+    #[serde(flatten)]
     pub stats: DasrStats,
 }
 
@@ -191,5 +194,56 @@ mod tests {
         b[0] = u32::from_ne_bytes([0xfd, 0, 0, 0]);
         b[3] = u32::from_ne_bytes([0, 0, 0, 1]);
         assert_eq!(ip_of(&b).to_string(), "fd00::1");
+    }
+
+    /// `/status`'s `counters.dasr` as agents have always written it (what `paceline status`,
+    /// the lab and older readers parse): the counters inline, the histogram as `shares_set`;
+    /// and it reads back to the same figures.
+    #[test]
+    fn the_status_document_of_dasr_counters_is_unchanged_and_round_trips() {
+        let mut stats = DasrStats {
+            data_segments: 1,
+            sightings: 2,
+            epochs: 3,
+            options_written: 4,
+            options_no_room: 5,
+            options_read: 6,
+            options_malformed: 7,
+            options_no_socket: 8,
+            rates_set: 9,
+            pacing_updates: 10,
+            stale_resets: 11,
+            sockopt_errors: 12,
+            ..Default::default()
+        };
+        stats.rate_hist[4] = 2;
+        stats.rate_hist[dasr::RATE_BUCKETS - 1] = 1;
+        let r = DasrReport {
+            addresses: vec![AddrReport {
+                address: "10.0.0.2".into(),
+                senders: 2,
+                line_rate_bytes_per_second: 125_000_000,
+                share_bytes_per_second: 62_500_000,
+            }],
+            stats,
+        };
+        let text = serde_json::to_string(&r).expect("serializes");
+        assert_eq!(
+            text,
+            concat!(
+                r#"{"addresses":[{"address":"10.0.0.2","senders":2,"line_rate_bytes_per_second":125000000,"#,
+                r#""share_bytes_per_second":62500000}],"data_segments":1,"sightings":2,"epochs":3,"#,
+                r#""options_written":4,"options_no_room":5,"options_read":6,"options_malformed":7,"#,
+                r#""options_no_socket":8,"rates_set":9,"pacing_updates":10,"stale_resets":11,"#,
+                r#""sockopt_errors":12,"shares_set":[{"below_bytes_per_second":2097152,"count":2},"#,
+                r#"{"below_bytes_per_second":null,"count":1}]}"#
+            )
+        );
+        assert_eq!(serde_json::from_str::<DasrReport>(&text).expect("parses"), r);
+        let bad = text.replace("2097152", "2097153");
+        assert!(
+            serde_json::from_str::<DasrReport>(&bad).is_err(),
+            "no bucket ends there"
+        );
     }
 }

@@ -394,7 +394,7 @@ impl LiveStatus {
                         .filter(|c| c.d3)
                         .map(|c| NamedD3Counters {
                             name: c.name.clone(),
-                            counters: (&d[c.index as usize]).into(),
+                            counters: d[c.index as usize],
                         })
                         .collect()
                 })
@@ -407,7 +407,7 @@ impl LiveStatus {
 
     /// With DASR's figures (when DASR is on).
     pub fn with_dasr(mut self, r: Option<&crate::dasr::DasrReport>) -> LiveStatus {
-        self.counters.dasr = r.map(DasrCounters::from);
+        self.counters.dasr = r.cloned();
         self
     }
 }
@@ -427,7 +427,7 @@ pub struct LiveCounters {
     pub flow_table: Option<FlowTableCounters>,
     /// DASR: senders per local address and the option counters, when DASR is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dasr: Option<DasrCounters>,
+    pub dasr: Option<crate::dasr::DasrReport>,
 }
 
 /// The per-flow table as the datapath fills it (see [`maps::GlobalCounters::flow_inserts`]).
@@ -439,67 +439,6 @@ pub struct FlowTableCounters {
     pub inserts: u64,
     /// Flows evicted by newer ones because the table was full.
     pub evictions: u64,
-}
-
-/// DASR's live figures (the datapath's [`DasrStats`] summed over CPUs, and N per address).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct DasrCounters {
-    /// Local addresses that received data, with N and the share each sender is told.
-    pub addresses: Vec<crate::dasr::AddrReport>,
-    pub data_segments: u64,
-    pub sightings: u64,
-    pub epochs: u64,
-    pub options_written: u64,
-    pub options_no_room: u64,
-    pub options_read: u64,
-    pub options_malformed: u64,
-    pub options_no_socket: u64,
-    pub rates_set: u64,
-    pub pacing_updates: u64,
-    pub stale_resets: u64,
-    pub sockopt_errors: u64,
-    /// The shares set on senders: the non-empty log2 buckets.
-    pub shares_set: Vec<ShareBucket>,
-}
-
-/// Shares set on senders below `below_bytes_per_second` (and at or above the bucket before).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ShareBucket {
-    /// `None` for the last, open-ended bucket.
-    pub below_bytes_per_second: Option<u64>,
-    pub count: u64,
-}
-
-impl From<&crate::dasr::DasrReport> for DasrCounters {
-    fn from(r: &crate::dasr::DasrReport) -> Self {
-        let s = &r.stats;
-        let last = s.rate_hist.len() - 1;
-        DasrCounters {
-            addresses: r.addresses.clone(),
-            data_segments: s.data_segments,
-            sightings: s.sightings,
-            epochs: s.epochs,
-            options_written: s.options_written,
-            options_no_room: s.options_no_room,
-            options_read: s.options_read,
-            options_malformed: s.options_malformed,
-            options_no_socket: s.options_no_socket,
-            rates_set: s.rates_set,
-            pacing_updates: s.pacing_updates,
-            stale_resets: s.stale_resets,
-            sockopt_errors: s.sockopt_errors,
-            shares_set: s
-                .rate_hist
-                .iter()
-                .enumerate()
-                .filter(|(_, n)| **n > 0)
-                .map(|(i, n)| ShareBucket {
-                    below_bytes_per_second: (i < last).then(|| paceline_common::dasr::bucket_upper(i)),
-                    count: *n,
-                })
-                .collect(),
-        }
-    }
 }
 
 /// A class's or level's counters, under its name.
@@ -562,44 +501,13 @@ impl From<&maps::Counters> for TrafficCounters {
     }
 }
 
-/// A D3 class's counters, under its name.
+/// A D3 class's counters, under its name (the datapath's [`D3ClassStats`], summed over CPUs,
+/// without the histograms).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct NamedD3Counters {
     pub name: String,
     #[serde(flatten)]
-    pub counters: D3Counters,
-}
-
-/// A class's D3 counters (the datapath's [`D3ClassStats`], summed over CPUs).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct D3Counters {
-    pub flows: u64,
-    pub deadline_flows: u64,
-    pub deadlines_met: u64,
-    pub deadlines_missed: u64,
-    pub quenched: u64,
-    pub requests: u64,
-    pub grants: u64,
-    pub echoes: u64,
-    pub feedback_ignored: u64,
-    pub options_seen: u64,
-}
-
-impl From<&D3ClassStats> for D3Counters {
-    fn from(c: &D3ClassStats) -> Self {
-        D3Counters {
-            flows: c.flows,
-            deadline_flows: c.deadline_flows,
-            deadlines_met: c.met,
-            deadlines_missed: c.missed,
-            quenched: c.quenched,
-            requests: c.requests,
-            grants: c.grants,
-            echoes: c.echoes,
-            feedback_ignored: c.feedback_ignored,
-            options_seen: c.options_seen,
-        }
-    }
+    pub counters: D3ClassStats,
 }
 
 /// Packets the classifier passed untouched, by reason.
@@ -682,10 +590,7 @@ pub(crate) mod tests {
         let ft = live.counters.flow_table.expect("flow table counted");
         assert_eq!((ft.entries, ft.inserts, ft.evictions), (3, 10, 7));
         assert_eq!(
-            (
-                c.d3_classes[0].name.as_str(),
-                c.d3_classes[0].counters.deadlines_met
-            ),
+            (c.d3_classes[0].name.as_str(), c.d3_classes[0].counters.met),
             ("rpc", 2)
         );
         assert!(c.d3_router_links.is_empty());

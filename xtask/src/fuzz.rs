@@ -3,8 +3,12 @@
 //! 1. The cargo-fuzz targets in `fuzz/` (their own workspace, built with nightly and no
 //!    sanitizer: the code under test is safe Rust): `policy` (the policy pipeline), `packet`
 //!    (the parser the tc program runs), `classify` (the classifier against a plain reading of
-//!    its rules). Each starts from its checked-in corpus `fuzz/corpus/<target>` (read only);
-//!    what it finds new goes to `target/fuzz-corpus/<target>`, crashes to
+//!    its rules). What they check is `fuzz/checks` (a workspace crate, so a plain `cargo test`
+//!    replays every seed through the same checks on stable). Each starts from its seeds
+//!    ([`seed_dirs`]: the named seeds and regression inputs in `fuzz/seeds/<target>/`, and for
+//!    `policy` the shipped policies and the invalid-policy fixtures where they are), read only;
+//!    what it finds new goes to `target/fuzz-corpus/<target>` (never checked in: an input worth
+//!    keeping goes to `fuzz/seeds/<target>/` under a name that says what it is), crashes to
 //!    `fuzz/artifacts/<target>` (`cargo +nightly fuzz run <target> <crash file>` replays one).
 //! 2. `differential`: random and mutated frames through the real program with
 //!    BPF_PROG_TEST_RUN against the reference parser and classifier (needs root; run it under
@@ -22,6 +26,17 @@ use anyhow::{Context as _, Result, bail};
 use crate::vm;
 
 pub const TARGETS: [&str; 3] = ["policy", "packet", "classify"];
+
+/// `target`'s seed directories, from the repository's root: the same list as
+/// `paceline_fuzz_checks::SEED_DIRS` (`fuzz/checks/src/lib.rs`), whose tests replay them.
+fn seed_dirs(target: &str) -> &'static [&'static str] {
+    match target {
+        "policy" => &["fuzz/seeds/policy", "policies", "policy/tests/fixtures/invalid"],
+        "packet" => &["fuzz/seeds/packet"],
+        "classify" => &["fuzz/seeds/classify"],
+        _ => &[],
+    }
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -111,7 +126,6 @@ fn libfuzzer_targets(root: &Path, targets: &[&str], secs: u64, seed: u64) -> Res
     for t in targets {
         let new = scratch.join(t);
         std::fs::create_dir_all(&new).with_context(|| format!("creating {}", new.display()))?;
-        let seeds = root.join("fuzz/corpus").join(t);
         let mut args = vec![
             format!("-max_total_time={secs}"),
             format!("-seed={seed}"),
@@ -128,7 +142,7 @@ fn libfuzzer_targets(root: &Path, targets: &[&str], secs: u64, seed: u64) -> Res
         let o = cargo_fuzz(root)
             .args(["run", "-s", "none", t])
             .arg(&new)
-            .arg(&seeds)
+            .args(seed_dirs(t).iter().map(|d| root.join(d)))
             .arg("--")
             .args(&args)
             .stdout(Stdio::inherit())

@@ -137,10 +137,13 @@ pub struct DasrSock {
 }
 const _: () = assert!(size_of::<DasrSock>() == 24);
 
-/// Per-CPU DASR counters (value of [`names::DASR_STATS`]).
+/// Per-CPU DASR counters (value of [`names::DASR_STATS`]). On the user side (feature `user`)
+/// also the counters of `/status`'s `counters.dasr`, summed over CPUs, with the histogram
+/// written as the shares set on senders ([`shares_set`]).
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(target_arch = "bpf"), derive(Debug))]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct DasrStats {
     /// Receiver: data segments counted.
     pub data_segments: u64,
@@ -167,6 +170,7 @@ pub struct DasrStats {
     /// Sender: SO_MAX_PACING_RATE updates the kernel refused.
     pub sockopt_errors: u64,
     /// Sender: the shares set, by [`super::rate_bucket`].
+    #[cfg_attr(feature = "user", serde(rename = "shares_set", with = "shares_set"))]
     pub rate_hist: [u64; RATE_BUCKETS],
 }
 const _: () = assert!(size_of::<DasrStats>() == 12 * 8 + 8 * RATE_BUCKETS);
@@ -209,6 +213,72 @@ impl DasrStats {
         for i in 0..RATE_BUCKETS {
             self.rate_hist[i] = self.rate_hist[i].wrapping_add(o.rate_hist[i]);
         }
+    }
+}
+
+/// [`DasrStats::rate_hist`] as people read it: the non-empty buckets, each with its upper
+/// bound ([`ShareBucket`](shares_set::ShareBucket)), lowest first. Written and read back
+/// exactly.
+#[cfg(feature = "user")]
+pub mod shares_set {
+    use core::fmt;
+
+    use serde::de::{Error as _, SeqAccess, Visitor};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::dasr::{RATE_BUCKETS, bucket_upper};
+
+    /// Shares set on senders below `below_bytes_per_second` (and at or above the bucket before).
+    #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct ShareBucket {
+        /// `None` for the last, open-ended bucket.
+        pub below_bytes_per_second: Option<u64>,
+        pub count: u64,
+    }
+
+    /// The non-empty buckets of `hist`, lowest first.
+    pub fn buckets(hist: &[u64; RATE_BUCKETS]) -> impl Iterator<Item = ShareBucket> + '_ {
+        hist.iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| ShareBucket {
+                below_bytes_per_second: (i < RATE_BUCKETS - 1).then(|| bucket_upper(i)),
+                count: *n,
+            })
+    }
+
+    pub fn serialize<S: Serializer>(hist: &[u64; RATE_BUCKETS], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(buckets(hist))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u64; RATE_BUCKETS], D::Error> {
+        struct Buckets;
+        impl<'de> Visitor<'de> for Buckets {
+            type Value = [u64; RATE_BUCKETS];
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of share buckets")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut hist = [0; RATE_BUCKETS];
+                while let Some(b) = seq.next_element::<ShareBucket>()? {
+                    let i = match b.below_bytes_per_second {
+                        None => RATE_BUCKETS - 1,
+                        Some(r) => {
+                            (0..RATE_BUCKETS - 1)
+                                .find(|&i| bucket_upper(i) == r)
+                                .ok_or_else(|| {
+                                    A::Error::custom(format_args!("no share bucket ends at {r} bytes/s"))
+                                })?
+                        }
+                    };
+                    hist[i] = b.count;
+                }
+                Ok(hist)
+            }
+        }
+        d.deserialize_seq(Buckets)
     }
 }
 

@@ -142,13 +142,7 @@ pub async fn run(opts: Options) -> Result<()> {
         pins: Some(pins.clone()),
         ..LoadOptions::default()
     })?;
-    dir.write_json(
-        PINS_FILE,
-        &persist::Record {
-            layout_version: persist::LAYOUT_VERSION,
-            maps: expected,
-        },
-    )?;
+    dir.write_json(PINS_FILE, &persist::Record::of_this_build(expected))?;
     for slot in compiled.slots_to_reset(slots.as_ref()) {
         dp.reset_slot(slot)?;
     }

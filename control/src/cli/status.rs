@@ -264,7 +264,7 @@ fn render(b: &LiveStatus, now: u64) -> String {
 }
 
 /// DASR: the roles, N per local address, the options and the shares set on senders.
-fn render_dasr(o: &mut String, d: &crate::status::DasrStatus, c: &crate::status::DasrCounters) {
+fn render_dasr(o: &mut String, d: &crate::status::DasrStatus, r: &crate::dasr::DasrReport) {
     use std::fmt::Write as _;
     let _ = writeln!(
         o,
@@ -276,13 +276,14 @@ fn render_dasr(o: &mut String, d: &crate::status::DasrStatus, c: &crate::status:
         d.active_rtts,
         d.rtt_ns / 1000
     );
-    if !c.addresses.is_empty() {
+    let c = &r.stats;
+    if !r.addresses.is_empty() {
         let _ = writeln!(
             o,
             "{:<40} {:>7} {:>14} {:>14}",
             "ADDRESS", "SENDERS", "LINE", "SHARE"
         );
-        for a in &c.addresses {
+        for a in &r.addresses {
             let _ = writeln!(
                 o,
                 "{:<40} {:>7} {:>14} {:>14}",
@@ -298,6 +299,7 @@ fn render_dasr(o: &mut String, d: &crate::status::DasrStatus, c: &crate::status:
         "options: written {}, no room {} | read {}, malformed {}, no socket {}",
         c.options_written, c.options_no_room, c.options_read, c.options_malformed, c.options_no_socket
     );
+    let shares: Vec<_> = paceline_common::dasr::shares_set::buckets(&c.rate_hist).collect();
     let _ = writeln!(
         o,
         "shares set on senders {} (pacing updates {}, stale resets {}, refused {}){}",
@@ -305,9 +307,9 @@ fn render_dasr(o: &mut String, d: &crate::status::DasrStatus, c: &crate::status:
         c.pacing_updates,
         c.stale_resets,
         c.sockopt_errors,
-        if c.shares_set.is_empty() { "" } else { ":" }
+        if shares.is_empty() { "" } else { ":" }
     );
-    for b in &c.shares_set {
+    for b in &shares {
         let _ = writeln!(
             o,
             "  {:>8} below {}",
@@ -354,7 +356,7 @@ mod tests {
             }],
             stats,
         };
-        s.counters.dasr = Some((&report).into());
+        s.counters.dasr = Some(report);
         let text = render(&s, s.status.started_at);
         assert!(
             text.contains(

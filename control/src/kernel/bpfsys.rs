@@ -18,7 +18,8 @@ const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-const BPF_OBJ_GET: libc::c_long = 7;
+/// bpf(2) command: open a pinned object (the tests also call it raw, between fork and exec).
+pub const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 

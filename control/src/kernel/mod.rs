@@ -6,7 +6,8 @@
 //! - [`qdisc`]: fq / mq+fq / HTB root qdiscs through `tc`, and their removal; [`qstats`] reads
 //!   their queues and counters.
 //! - [`persist`]: the maps and links pinned so the datapath outlives the agent, and their
-//!   adoption by the next agent.
+//!   adoption by the next agent (a map's types fingerprinted by `build.rs`, whose
+//!   `build/map_types.rs` is compiled here too for its tests).
 //! - [`mounts`]: the BPF filesystem and the cgroup2 hierarchy the agent mounts itself where
 //!   they are missing (`ip netns exec`, containers), and their unmount at a clean stop.
 //! - [`features`]: what the running kernel offers, probed at start.
@@ -15,6 +16,10 @@ pub mod attach;
 pub mod bpfsys;
 pub mod datapath;
 pub mod features;
+/// `build.rs`'s fingerprints of the maps' types, compiled here only for its tests.
+#[cfg(test)]
+#[path = "../../build/map_types.rs"]
+mod map_types;
 pub mod mounts;
 pub mod persist;
 pub mod qdisc;

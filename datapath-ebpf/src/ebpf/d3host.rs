@@ -30,7 +30,10 @@ use paceline_common::{
     },
 };
 
-use super::tcp;
+use super::tcp::{
+    self, BPF_WRITE_HDR_TCP_CURRENT_MSS, CB_PARSE_UNKNOWN_HDR_OPT, CB_RTT, CB_STATE, CB_WRITE_HDR_OPT,
+    set_flags,
+};
 
 #[btf_map]
 static PL_D3_SOCK: SkStorage<D3Sock> = SkStorage::new();
@@ -41,11 +44,6 @@ static PL_D3_APP: SkStorage<D3App> = SkStorage::new();
 #[map(name = "PL_D3_STATS")]
 static PL_D3_STATS: PerCpuArray<D3ClassStats> = PerCpuArray::with_max_entries(MAX_CLASSES as u32, 0);
 
-const BPF_WRITE_HDR_TCP_CURRENT_MSS: u32 = 1;
-const CB_RTT: i32 = 1 << 3;
-const CB_STATE: i32 = 1 << 2;
-const CB_PARSE_UNKNOWN_HDR_OPT: i32 = 1 << 5;
-const CB_WRITE_HDR_OPT: i32 = 1 << 6;
 const TCP_FIN_WAIT1: u32 = 4;
 const TCP_LAST_ACK: u32 = 9;
 /// Feedback rides the receiver's next ACK, which a delayed ACK can hold for up to 40 ms.
@@ -136,11 +134,6 @@ fn stats(class: u32) -> Option<&'static mut D3ClassStats> {
     PL_D3_STATS
         .get_ptr_mut(class & (MAX_CLASSES as u32 - 1))
         .map(|p| unsafe { &mut *p })
-}
-
-#[inline(always)]
-fn set_flags(ctx: &SockOpsContext, add: i32) {
-    let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 | add);
 }
 
 /// Bytes this socket has handed to the network so far (acked + in flight).

@@ -44,7 +44,12 @@ use paceline_common::{
     },
 };
 
-use super::{parse, sock, tcp};
+use super::{
+    parse, sock,
+    tcp::{
+        self, BPF_WRITE_HDR_TCP_CURRENT_MSS, CB_PARSE_UNKNOWN_HDR_OPT, CB_RTT, CB_WRITE_HDR_OPT, set_flags,
+    },
+};
 
 #[map(name = "PL_DASR_IFACES")]
 static IFACES: HashMap<u32, DasrIface> = HashMap::with_max_entries(64, 0);
@@ -76,13 +81,9 @@ pub struct Scratch {
 #[map(name = "PL_DASR_SCRATCH")]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
-const BPF_WRITE_HDR_TCP_CURRENT_MSS: u32 = 1;
 /// `bpf_sk_lookup_tcp`'s "the netns of the packet's device".
 const BPF_F_CURRENT_NETNS: u64 = u32::MAX as u64;
 const TCP_LISTEN: u32 = 10;
-const CB_RTT: i32 = 1 << 3;
-const CB_PARSE_UNKNOWN_HDR_OPT: i32 = 1 << 5;
-const CB_WRITE_HDR_OPT: i32 = 1 << 6;
 const TCPHDR_FIN: u8 = 0x01;
 const TCPHDR_SYN: u8 = 0x02;
 const TCPHDR_RST: u8 = 0x04;
@@ -467,11 +468,6 @@ fn sock_state(ctx: &SockOpsContext) -> Option<&'static mut SockState> {
         return None;
     }
     sock::state(sk, false)
-}
-
-#[inline(always)]
-fn set_flags(ctx: &SockOpsContext, add: i32) {
-    let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 | add);
 }
 
 /// At ESTABLISHED: a receiver writes options (on pure ACKs), a sender hears the ACKs that

@@ -1,12 +1,12 @@
 //! TCP socket helpers shared by the sock_ops callbacks: `sockops` sets a class's options when a
 //! connection is established, `d3host` paces a D3 sender at its grant, `dasr` keys its flows
-//! by their addresses and ports. Socket option numbers, a
-//! `bpf_setsockopt` wrapper for 4-byte options, and the conversion of paceline's wire rates
-//! into the payload rate TCP paces at.
+//! by their addresses and ports. Socket option numbers, the callback flags (defined here once
+//! for `d3host` and `dasr`), a `bpf_setsockopt` wrapper for 4-byte options, and the conversion
+//! of paceline's wire rates into the payload rate TCP paces at.
 
 use core::ffi::c_void;
 
-use aya_ebpf::{bindings::bpf_sock_ops, helpers::bpf_setsockopt};
+use aya_ebpf::{bindings::bpf_sock_ops, helpers::bpf_setsockopt, programs::SockOpsContext};
 use paceline_common::edt::tcp_frame_overhead;
 
 pub const AF_INET6: u32 = 10;
@@ -20,6 +20,21 @@ pub const SOL_IP: i32 = 0;
 pub const IP_TOS: i32 = 1;
 pub const SOL_IPV6: i32 = 41;
 pub const IPV6_TCLASS: i32 = 67;
+
+/// sock_ops callback flags (`BPF_SOCK_OPS_*_CB_FLAG`): which callbacks a socket asks for.
+pub const CB_STATE: i32 = 1 << 2;
+pub const CB_RTT: i32 = 1 << 3;
+pub const CB_PARSE_UNKNOWN_HDR_OPT: i32 = 1 << 5;
+pub const CB_WRITE_HDR_OPT: i32 = 1 << 6;
+/// HDR_OPT_LEN's argument: the kernel asks for the space to reserve while computing the MSS
+/// (nothing is written then).
+pub const BPF_WRITE_HDR_TCP_CURRENT_MSS: u32 = 1;
+
+/// Asks for the callbacks `add` on this socket, besides those it has.
+#[inline(always)]
+pub fn set_flags(ctx: &SockOpsContext, add: i32) {
+    let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 | add);
+}
 
 /// Sets a 4-byte socket option; true when the kernel took it.
 #[inline(always)]

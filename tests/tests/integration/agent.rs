@@ -255,7 +255,7 @@ fn tcp_flow_paced_at_its_class_rate() {
     );
     // Unpaced, a flow on a veth runs at Gbit/s. Paced, its frames leave at the class rate:
     // rates are wire rates, whether fq holds EDT timestamps or TCP paces its payload. Within
-    // 5% over 4 s (the bound for this check). Measured in the VM with the counters
+    // 5% over 4 s. Measured in the VM with the counters
     // read in-process: 0.999-1.000 (0.964-0.967 earlier, when spawning `ip` for each read
     // added its start-up under TCG to the window).
     // Precision is the pacing benchmark's job: 0.997-1.000 for TCP over 8 s windows.

@@ -20,10 +20,8 @@ use paceline_tests::{
 };
 
 use crate::privileged;
-use crate::test_run::{load, run};
+use crate::test_run::{TC_ACT_SHOT, TC_ACT_UNSPEC, load, run};
 
-const TC_ACT_UNSPEC: i32 = -1;
-const TC_ACT_SHOT: i32 = 2;
 const MS: u64 = 1_000_000;
 /// 1 MB/s: a 1000-byte frame takes 1 ms.
 const RATE: u64 = 1_000_000;

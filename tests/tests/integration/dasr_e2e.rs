@@ -635,10 +635,10 @@ fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_othe
         counts.iter().filter(|&&n| n == 2).count() >= 3,
         "the receiver counted two senders while both sent in fewer than 3 of 5 readings: {counts:?}"
     );
-    assert!(d.options_written > 0);
+    assert!(d.stats.options_written > 0);
     let s = sender_status.counters.dasr.expect("the sender reports DASR");
-    assert!(s.options_read > 0 && s.rates_set >= 3, "{s:?}");
-    assert_eq!(s.options_malformed, 0);
+    assert!(s.stats.options_read > 0 && s.stats.rates_set >= 3, "{s:?}");
+    assert_eq!(s.stats.options_malformed, 0);
     drop(agents);
     drop(rx_agent);
 }
@@ -807,7 +807,7 @@ fn against_plain_tcp_two_dasr_senders_keep_the_port_queue_short_at_the_same_good
         .expect("sender status")
         .counters
         .dasr
-        .map_or(0, |d| d.rates_set);
+        .map_or(0, |d| d.stats.rates_set);
     drop(agents);
     drop(rx_agent);
     let show = |p: &Phase| {

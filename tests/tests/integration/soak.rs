@@ -548,8 +548,12 @@ fn the_d3_application_map_opens_to_root_and_the_named_group_only() {
                     {
                         return Err(std::io::Error::last_os_error());
                     }
-                    const BPF_OBJ_GET: libc::c_long = 7;
-                    let fd = libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, attr.as_ptr(), 16usize);
+                    let fd = libc::syscall(
+                        libc::SYS_bpf,
+                        paceline::kernel::bpfsys::BPF_OBJ_GET,
+                        attr.as_ptr(),
+                        16usize,
+                    );
                     if fd < 0 {
                         return Err(std::io::Error::last_os_error());
                     }

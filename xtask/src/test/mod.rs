@@ -1,8 +1,9 @@
 //! `cargo xtask test`: the project's whole test command.
 //!
 //! 1. Host (`--kernel host`): `cargo test --workspace` (minus the members that are not default
-//!    members, i.e. the eBPF crate that only builds for the bpf target): unit tests and the
-//!    privileged integration tests, run as root on the host kernel.
+//!    members, i.e. the eBPF crate that only builds for the bpf target): unit tests (among them
+//!    every fuzz seed replayed through its target's check, `fuzz/checks`) and the privileged
+//!    integration tests, run as root on the host kernel.
 //! 2. VMs (`--kernel 6.1`, `--kernel 6.12`): `paceline-tests`' integration test binaries (built
 //!    by the same `cargo test --workspace --no-run`, so nothing is compiled twice) run inside a
 //!    VM booting Debian 12's 6.1 kernel (clsact, sch_fq), then one booting its 6.12 kernel (tcx,
@@ -12,8 +13,9 @@
 //!    mechanisms' end-to-end runs) run on 6.12 only: 6.1 checks what differs by kernel.
 //!
 //! 3. Fuzz (after step 1; `--no-fuzz` skips it): every cargo-fuzz target for
-//!    [`FUZZ_SECS`] seconds from a fixed seed (see `fuzz.rs`; building the targets with
-//!    nightly takes a few minutes the first time).
+//!    [`FUZZ_SECS`] seconds with a fixed libFuzzer seed, starting from its seed directories
+//!    (`fuzz/seeds/<target>`, and the shipped policies and invalid-policy fixtures for `policy`;
+//!    see `fuzz.rs`; building the targets with nightly takes a few minutes the first time).
 //!
 //! `--kernel` takes `host`, `6.1`, `6.12`, `vm` (both VMs), `all` (the default) or a
 //! comma-separated list; `--no-vm`/`--host-only` and `--vm-only` are the older spellings of

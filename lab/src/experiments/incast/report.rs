@@ -118,7 +118,7 @@ pub(crate) fn markdown(cfg: &Config, env: &Value, points: &[Value], micro: &[Val
             x["drops"]
         );
     }
-    // The aims, as ratios of this run's own points.
+    // The study's aims (docs/experiments/incast.md), as ratios of this run's own points.
     let at = |m: &str, n: usize| {
         points.iter().find(|p| {
             p["tags"]["mode"] == m

@@ -2,7 +2,7 @@
 
 use paceline_common::edt::TCP_FRAME_OVERHEAD_V4;
 
-/// The aim from the issue: achieved within 1% of configured.
+/// The aim (docs/experiments/pacing.md): achieved within 1% of configured.
 pub(crate) const AIM: f64 = 0.01;
 
 /// UDP flows offer this many times their share of the configured rate.

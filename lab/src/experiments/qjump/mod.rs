@@ -28,9 +28,9 @@
 //! they begin.
 //!
 //! # Conditions
-//! - `idle`: RPCs alone, `flat` policy: (a) of the issue, the reference.
-//! - `no-levels`: RPCs and `k` bulk flows, `flat` policy: (b).
-//! - `levels`: RPCs and `k` bulk flows, `qjump` policy: (c).
+//! - `idle`: RPCs alone, `flat` policy: the reference.
+//! - `no-levels`: RPCs and `k` bulk flows, `flat` policy: what bulk traffic does to them.
+//! - `levels`: RPCs and `k` bulk flows, `qjump` policy: what QJump's levels give back.
 //! - `idle-levels`: RPCs alone with the `qjump` policy: what the top level's rate limit alone
 //!   costs.
 //! - `levels-bulk-elsewhere`: `qjump` policy, the same `k` bulk flows sent to `rx2` through the
