@@ -633,8 +633,10 @@ fn classify_flows_and_cleanup_check() {
     let _server = b.spawn(&[pl, "serve", "--port", "5501"]).expect("server");
     std::thread::sleep(Duration::from_millis(500));
     let to = format!("{}:5501", b.ipv4());
+    // Longer than the test needs (the guard stops it): under emulation on a loaded machine a
+    // 4-s transfer ended between the JSON listing and the text one, which then had no row.
     let _client = a
-        .spawn(&[pl, "bulk", "--to", &to, "--flows", "1", "--duration", "4"])
+        .spawn(&[pl, "bulk", "--to", &to, "--flows", "1", "--duration", "120"])
         .expect("client");
     let udp_to = b.ipv4();
     a.in_netns(move || {
