@@ -164,6 +164,20 @@ pub struct Compiled {
     pub d3: Option<crate::validate::D3Spec>,
     /// `spec.dasr`, when DASR is on; `sender` is off in `none` mode (nothing is enforced).
     pub dasr: Option<crate::validate::DasrSpec>,
+    /// Where compiling it took its time.
+    pub times: CompileTimes,
+}
+
+/// Where [`compile`] spent its time (the apply benchmark prints it): the classifier's stages
+/// are in `ctab.times`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompileTimes {
+    /// The rule table and what is reported of each rule (origin, conditions).
+    pub rules: std::time::Duration,
+    /// The classifier ([`crate::ctab::build`]).
+    pub classifier: std::time::Duration,
+    /// The search for rules an earlier rule covers.
+    pub shadow: std::time::Duration,
 }
 
 impl Compiled {
@@ -454,6 +468,11 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
     let mut class_names = vec![None; n_classes];
     let mut class_tcp = vec![None; n_classes];
     let mut classes = Vec::new();
+    // Table rules per class, counted in one pass (a count per class was classes x rules).
+    let mut class_rules = vec![0usize; v.classes.len()];
+    for r in &v.rules {
+        class_rules[r.class] += 1;
+    }
     for (ci, c) in v.classes.iter().enumerate() {
         let i = usize::from(idx[ci]);
         let level = &v.levels[c.level];
@@ -491,12 +510,14 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
             flow_rate: c.flow_rate,
             class_rate: c.class_rate,
             tcp: c.tcp,
-            rules: v.rules.iter().filter(|r| r.class == ci).count(),
+            rules: class_rules[ci],
             codel: c.codel,
         });
     }
     classes.sort_by_key(|c| c.index);
 
+    let mut times = CompileTimes::default();
+    let t_rules = std::time::Instant::now();
     let mut rules = Vec::new();
     let mut rule_table = Vec::with_capacity(v.rules.len());
     let mut dscp_rules = false;
@@ -558,24 +579,39 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
             table.flags |= TABLE_DASR_SENDER;
         }
     }
-    let ctab = crate::ctab::build(&rule_table).map_err(|e| super::PolicyError {
-        file: v.file.clone(),
-        line: None,
-        path: "spec.rules".into(),
-        message: match &e {
-            crate::ctab::BuildError::Unsupported { rule, why } => {
-                format!(
-                    "{}: {why}",
-                    rules
-                        .get(*rule)
-                        .map_or("a rule", |r: &RuleInfo| r.origin.as_str())
-                )
-            }
-            _ => e.to_string(),
-        },
-    })?;
+    times.rules = t_rules.elapsed();
+    let t_ctab = std::time::Instant::now();
+    // Normalized once, for the classifier and for the covered-rule search.
+    let norms = crate::ctab::normalize_all(&rule_table);
+    let normalize = t_ctab.elapsed();
+    let ctab = norms
+        .and_then(|norms| {
+            let mut image = crate::ctab::build_normalized(&rule_table, &norms, &crate::ctab::LIMITS)?;
+            image.times.normalize = normalize;
+            Ok((image, norms))
+        })
+        .map_err(|e| super::PolicyError {
+            file: v.file.clone(),
+            line: None,
+            path: "spec.rules".into(),
+            message: match &e {
+                crate::ctab::BuildError::Unsupported { rule, why } => {
+                    format!(
+                        "{}: {why}",
+                        rules
+                            .get(*rule)
+                            .map_or("a rule", |r: &RuleInfo| r.origin.as_str())
+                    )
+                }
+                _ => e.to_string(),
+            },
+        })?;
+    let (ctab, norms) = ctab;
     table.ctab = ctab.header;
-    shadow_warnings(&rule_table, &rules, &mut warnings, v);
+    times.classifier = t_ctab.elapsed();
+    let t_shadow = std::time::Instant::now();
+    shadow_warnings(&rule_table, &norms, &rules, &mut warnings, v);
+    times.shadow = t_shadow.elapsed();
     table.n_classes = n_classes as u32;
     table.default_class = u32::from(idx[v.default_class]);
     table.horizon_ns = v.horizon_ns;
@@ -630,6 +666,7 @@ pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::P
         default_class: idx[v.default_class],
         warnings,
         htb,
+        times,
     })
 }
 
@@ -649,14 +686,14 @@ fn located(v: &Validated, at: &str, path: &str, message: String) -> String {
 const MAX_SHADOW_WARNINGS: usize = 20;
 
 /// Warns about rules that an earlier rule covers: they can never match.
-fn shadow_warnings(table: &[Rule], rules: &[RuleInfo], warnings: &mut Vec<String>, v: &Validated) {
-    let norms: Result<Vec<_>, _> = table
-        .iter()
-        .enumerate()
-        .map(|(i, r)| crate::ctab::normalize(i, r))
-        .collect();
-    let Ok(norms) = norms else { return };
-    let (covered, complete) = crate::ctab::shadow::covered(&norms);
+fn shadow_warnings(
+    table: &[Rule],
+    norms: &[crate::ctab::Norm],
+    rules: &[RuleInfo],
+    warnings: &mut Vec<String>,
+    v: &Validated,
+) {
+    let (covered, complete) = crate::ctab::shadow::covered(norms);
     // Offline, cgroups are not resolved and every cgroup rule carries the placeholder id 0:
     // two rules on different cgroups would look alike. Such a pair says nothing.
     let unresolved = |i: usize| table[i].cgroup_mask != 0 && table[i].cgroup_id == 0;

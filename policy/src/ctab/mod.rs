@@ -16,13 +16,17 @@
 
 pub mod addr;
 pub mod fields;
+mod fx;
 pub mod phases;
 pub mod shadow;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
+
+use fx::FxMap;
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use paceline_common::classify::Rule;
 use paceline_common::classify::{UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK};
@@ -32,7 +36,7 @@ use paceline_common::ctab::{
     TAG_CGROUP, Tables, rule_tag,
 };
 
-use addr::{AddrEcs, Prefix, prefix_len, words_to_u128};
+use addr::{AddrEcs, Prefix, Ranges, prefix_len, words_to_u128};
 use fields::{FieldEcs, MarkCond, PCond, Ports, mark_values, p_ecs, port_ecs, port_set};
 use phases::Bits;
 
@@ -136,6 +140,27 @@ impl Stats {
     }
 }
 
+/// Where a build spent its time, stage by stage (the apply benchmark prints them).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BuildTimes {
+    /// Rules normalized into selectors and prefixes (zero when given normalized).
+    pub normalize: Duration,
+    /// Address ECs and the tries.
+    pub addresses: Duration,
+    /// Selectors, field ECs, the phases and the selector lists.
+    pub phases: Duration,
+    /// The rule table.
+    pub rule_table: Duration,
+    /// Selector records, the address-only arrays, the rule classes.
+    pub words: Duration,
+}
+
+impl BuildTimes {
+    pub fn total(&self) -> Duration {
+        self.normalize + self.addresses + self.phases + self.rule_table + self.words
+    }
+}
+
 /// A compiled classifier: what the datapath's maps of one bank hold.
 #[derive(Clone, Debug)]
 pub struct Image {
@@ -144,6 +169,8 @@ pub struct Image {
     pub sels: Vec<(SelKey, SelList)>,
     pub rules: Vec<(RuleKey, u32)>,
     pub stats: Stats,
+    /// How long building it took (not part of what it holds).
+    pub times: BuildTimes,
 }
 
 /// An [`Image`] with its tables indexed, to run the common lookup in memory.
@@ -306,14 +333,14 @@ pub fn normalize(i: usize, r: &Rule) -> Result<Norm, BuildError> {
 
 /// Interns values into dense ids.
 struct Ids<T> {
-    ids: HashMap<T, u32>,
+    ids: FxMap<T, u32>,
     list: Vec<T>,
 }
 
 impl<T: Clone + Eq + std::hash::Hash> Ids<T> {
     fn new() -> Self {
         Ids {
-            ids: HashMap::new(),
+            ids: FxMap::default(),
             list: Vec::new(),
         }
     }
@@ -347,22 +374,34 @@ fn limit(
     }
 }
 
-/// The EC ranges of a rule's address condition in one dimension.
-fn addr_box(ecs: &AddrEcs, p: &Prefix, family: Option<bool>) -> Vec<(u32, u32)> {
-    ecs.ranges(Some(p), family)
-}
-
 /// Compiles `rules` (in first-match order; a rule's `class` is its class index).
 pub fn build(rules: &[Rule]) -> Result<Image, BuildError> {
     build_with(rules, &LIMITS)
 }
 
 pub fn build_with(rules: &[Rule], lim: &Limits) -> Result<Image, BuildError> {
-    let norms: Vec<Norm> = rules
-        .iter()
-        .enumerate()
-        .map(|(i, r)| normalize(i, r))
-        .collect::<Result<_, _>>()?;
+    let t = Instant::now();
+    let norms = normalize_all(rules)?;
+    let mut image = build_normalized(rules, &norms, lim)?;
+    image.times.normalize = t.elapsed() - image.times.total();
+    Ok(image)
+}
+
+/// Every rule normalized ([`normalize`]).
+pub fn normalize_all(rules: &[Rule]) -> Result<Vec<Norm>, BuildError> {
+    rules.iter().enumerate().map(|(i, r)| normalize(i, r)).collect()
+}
+
+/// [`build_with`] of rules already normalized (`norms[i]` is `rules[i]`'s): the policy
+/// compiler normalizes once for this and for the covered-rule search.
+pub fn build_normalized(rules: &[Rule], norms: &[Norm], lim: &Limits) -> Result<Image, BuildError> {
+    let mut times = BuildTimes::default();
+    let mut clock = Instant::now();
+    let mut lap = |d: &mut Duration| {
+        let now = Instant::now();
+        *d = now - clock;
+        clock = now;
+    };
     let mut st = Stats {
         rules: rules.len(),
         ..Stats::default()
@@ -405,6 +444,7 @@ pub fn build_with(rules: &[Rule], lim: &Limits) -> Result<Image, BuildError> {
         }
     }
     limit("words", words.len(), lim.words, || "address tries".into())?;
+    lap(&mut times.addresses);
 
     // ---- selectors ----
     let mut sel_ids: Ids<Selector> = Ids::new();
@@ -450,7 +490,7 @@ pub fn build_with(rules: &[Rule], lim: &Limits) -> Result<Image, BuildError> {
     limit("mark conditions", marks.list.len(), lim.marks, String::new)?;
     let has_conds = sels.iter().any(|s| !s.is_any());
     let mut sel_entries: Vec<(SelKey, SelList)> = Vec::new();
-    let mut rule_entries: HashMap<RuleKey, u32> = HashMap::new();
+    let mut rule_entries: Vec<(RuleKey, u32)> = Vec::new();
     if has_conds {
         h.flags |= CT_SEL;
         let p = p_ecs(&pconds.list);
@@ -491,14 +531,14 @@ pub fn build_with(rules: &[Rule], lim: &Limits) -> Result<Image, BuildError> {
         if any_cgroup {
             h.flags |= CT_CGROUP;
             for (i, id) in cgroups.list.iter().enumerate() {
-                rule_entries.insert(
+                rule_entries.push((
                     RuleKey {
                         tag: TAG_CGROUP,
                         a: *id as u32,
                         b: (*id >> 32) as u32,
                     },
                     i as u32 + 1,
-                );
+                ));
             }
         }
         let n_cg = if any_cgroup {
@@ -624,6 +664,7 @@ pub fn build_with(rules: &[Rule], lim: &Limits) -> Result<Image, BuildError> {
         sel_entries.sort_by_key(|(k, _)| *k);
     }
     st.sel_entries = sel_entries.len();
+    lap(&mut times.phases);
 
     // ---- rule tables ----
     let mut src_any = if any_sel.is_some_and(|s| !groups[s as usize][SHAPE_SRC as usize].is_empty()) {
@@ -636,22 +677,28 @@ pub fn build_with(rules: &[Rule], lim: &Limits) -> Result<Image, BuildError> {
     } else {
         None
     };
-    let base_entries = rule_entries.len();
+    // Per group (selector and shape), its rules' entries, the first rule winning a key: sorted
+    // by (key, rule) and deduplicated. `done` counts the entries of the groups before.
+    let mut rule_list: Vec<(RuleKey, u32)> = rule_entries;
+    let mut done = 0usize;
+    let mut group: Vec<(RuleKey, u32)> = Vec::new();
+    let dedup = |group: &mut Vec<(RuleKey, u32)>| {
+        group.sort_unstable();
+        group.dedup_by_key(|(k, _)| *k);
+    };
     for (si, g) in groups.iter().enumerate() {
         let is_any = Some(si as u32) == any_sel;
         for shape in [SHAPE_SRC, SHAPE_DST, SHAPE_BOTH] {
+            group.clear();
             for &ri in &g[shape as usize] {
                 let n = &norms[ri as usize];
                 let a_box = n
                     .src
-                    .map(|p| addr_box(&src_ecs, &p, n.addr_family))
-                    .unwrap_or_else(|| vec![(0, 1)]);
+                    .map_or(Ranges::one(0, 1), |p| src_ecs.ranges(Some(&p), n.addr_family));
                 let b_box = n
                     .dst
-                    .map(|p| addr_box(&dst_ecs, &p, n.addr_family))
-                    .unwrap_or_else(|| vec![(0, 1)]);
-                let size: usize = a_box.iter().map(|(s, e)| (e - s) as usize).sum::<usize>()
-                    * b_box.iter().map(|(s, e)| (e - s) as usize).sum::<usize>();
+                    .map_or(Ranges::one(0, 1), |p| dst_ecs.ranges(Some(&p), n.addr_family));
+                let size = a_box.count() * b_box.count();
                 if is_any && shape != SHAPE_BOTH {
                     let arr = if shape == SHAPE_SRC {
                         &mut src_any
@@ -660,7 +707,7 @@ pub fn build_with(rules: &[Rule], lim: &Limits) -> Result<Image, BuildError> {
                     };
                     let arr = arr.as_mut().expect("allocated for this shape");
                     let bx = if shape == SHAPE_SRC { &a_box } else { &b_box };
-                    for &(s, e) in bx {
+                    for &(s, e) in bx.iter() {
                         for v in &mut arr[s as usize..e as usize] {
                             if *v == NONE {
                                 *v = ri;
@@ -669,37 +716,41 @@ pub fn build_with(rules: &[Rule], lim: &Limits) -> Result<Image, BuildError> {
                     }
                     continue;
                 }
-                limit(
-                    "rule table",
-                    rule_entries.len() - base_entries + size,
-                    lim.rules,
-                    || {
-                        format!(
-                            "rule {ri}'s addresses cover {size} address classes (prefixes of other rules nested inside its own)"
-                        )
-                    },
-                )?;
+                // The limit is on distinct entries: count the group's exactly only when its
+                // entries with repeats would pass it.
+                if done + group.len() + size > lim.rules {
+                    dedup(&mut group);
+                }
+                limit("rule table", done + group.len() + size, lim.rules, || {
+                    format!(
+                        "rule {ri}'s addresses cover {size} address classes (prefixes of other rules nested inside its own)"
+                    )
+                })?;
                 let tag = rule_tag(si as u32, shape);
-                for &(a0, a1) in &a_box {
+                for &(a0, a1) in a_box.iter() {
                     for a in a0..a1 {
-                        for &(b0, b1) in &b_box {
+                        for &(b0, b1) in b_box.iter() {
                             for b in b0..b1 {
                                 let (a, b) = match shape {
                                     SHAPE_SRC => (a, 0),
                                     SHAPE_DST => (0, b),
                                     _ => (a, b),
                                 };
-                                rule_entries.entry(RuleKey { tag, a, b }).or_insert(ri);
+                                group.push((RuleKey { tag, a, b }, ri));
                             }
                         }
                     }
                 }
             }
+            dedup(&mut group);
+            done += group.len();
+            rule_list.extend_from_slice(&group);
         }
     }
-    let mut rule_list: Vec<(RuleKey, u32)> = rule_entries.into_iter().collect();
+    // The groups come in tag order; the cgroup and phase entries go among them.
     rule_list.sort_unstable_by_key(|(k, _)| *k);
     st.rule_entries = rule_list.len();
+    lap(&mut times.rule_table);
 
     // ---- the rest of the words ----
     let push = |words: &mut Vec<u32>, v: &[u32]| {
@@ -740,11 +791,13 @@ pub fn build_with(rules: &[Rule], lim: &Limits) -> Result<Image, BuildError> {
         "address tries, field tables and rule classes".into()
     })?;
     st.words = words.len();
+    lap(&mut times.words);
     Ok(Image {
         header: h,
         words,
         sels: sel_entries,
         rules: rule_list,
         stats: st,
+        times,
     })
 }

@@ -303,3 +303,75 @@ fn limits_are_reported_with_the_count() {
         other => panic!("expected a limit error, got {other:?}"),
     }
 }
+
+/// The covered-rule search as it was before prefix trees (hashed prefix pairs, ancestors looked
+/// up at every length the policy has): the reference the faster search must answer like.
+fn covered_reference(rules: &[Norm]) -> Vec<(usize, usize)> {
+    use std::collections::{HashMap, HashSet};
+    let lens_and_set = |ps: Vec<addr::Prefix>| {
+        let set: HashSet<addr::Prefix> = ps.into_iter().collect();
+        let mut lens: Vec<u8> = set.iter().map(|p| p.len).collect();
+        lens.sort_unstable();
+        lens.dedup();
+        (set, lens)
+    };
+    let srcs = lens_and_set(rules.iter().filter_map(|r| r.src).collect());
+    let dsts = lens_and_set(rules.iter().filter_map(|r| r.dst).collect());
+    let ancestors = |p: Option<addr::Prefix>, (set, lens): &(HashSet<addr::Prefix>, Vec<u8>)| {
+        let mut out = vec![None];
+        if let Some(p) = p {
+            for &len in lens.iter().take_while(|&&l| l <= p.len) {
+                let a = addr::Prefix::new(p.addr, len);
+                if set.contains(&a) {
+                    out.push(Some(a));
+                }
+            }
+        }
+        out
+    };
+    let mut index: HashMap<(Option<addr::Prefix>, Option<addr::Prefix>), Vec<usize>> = HashMap::new();
+    let mut out = Vec::new();
+    for (j, rj) in rules.iter().enumerate() {
+        let mut found = None;
+        'search: for s in ancestors(rj.src, &srcs) {
+            for d in ancestors(rj.dst, &dsts) {
+                for &i in index.get(&(s, d)).into_iter().flatten() {
+                    if shadow::covers(&rules[i], rj) {
+                        found = Some(i);
+                        break 'search;
+                    }
+                }
+            }
+        }
+        match found {
+            Some(i) => out.push((j, i)),
+            None => {
+                let v = index.entry((rj.src, rj.dst)).or_default();
+                if !v
+                    .iter()
+                    .any(|&i| rules[i].sel == rj.sel && rules[i].addr_family == rj.addr_family)
+                {
+                    v.push(j);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_covered_rule_search_answers_like_the_reference() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for _ in 0..2000 {
+        let n = rng.random_range(1..60);
+        let rules: Vec<Rule> = (0..n).map(|_| random_rule(&mut rng, 8)).collect();
+        let norms: Vec<Norm> = rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| normalize(i, r).unwrap())
+            .collect();
+        let (covered, complete) = shadow::covered(&norms);
+        assert!(complete);
+        assert_eq!(covered, covered_reference(&norms), "{rules:#?}");
+    }
+}
