@@ -210,9 +210,10 @@ impl AddrEcs {
         best.map_or(ns.base, |(_, id)| id)
     }
 
-    /// Writes the trie of namespace `v6` into `words`; returns its root offset, or `None`
-    /// when every address of the family has the same EC (then [`AddrEcs::default_ec`]).
-    pub fn build_trie(&self, v6: bool, words: &mut Vec<u32>) -> Result<Option<u32>, TrieTooBig> {
+    /// Writes the trie of namespace `v6` into `words`, whose first word is word `base` of the
+    /// table; returns its root offset, or `None` when every address of the family has the same
+    /// EC (then [`AddrEcs::default_ec`]).
+    pub fn build_trie(&self, v6: bool, base: usize, words: &mut Vec<u32>) -> Result<Option<u32>, TrieTooBig> {
         let ns = &self.ns[usize::from(v6)];
         let (start, strides): (u8, &[u32]) = if v6 { (0, &V6_STRIDES) } else { (96, &V4_STRIDES) };
         // Prefixes no longer than the trie's start apply to every address: the default.
@@ -227,7 +228,7 @@ impl AddrEcs {
             return Ok(None);
         }
         let default = self.default_ec(v6);
-        let root = block(words, &deeper, default, start, strides)?;
+        let root = block(words, base, &deeper, default, start, strides)?;
         Ok(Some(root))
     }
 
@@ -250,13 +251,14 @@ impl AddrEcs {
 pub struct TrieTooBig;
 
 /// Most words the tries of one policy may take (with the other tables' limit checked after).
-const TRIE_WORD_LIMIT: usize = 1 << 23;
+pub const TRIE_WORD_LIMIT: usize = 1 << 23;
 
 /// Writes one trie block covering bits `[pos, pos + strides[0])` for `prefixes` (all longer than
-/// `pos`, sorted depth-first, each with its EC), leaf-pushed under `inherited`. Returns its
-/// offset.
+/// `pos`, sorted depth-first, each with its EC), leaf-pushed under `inherited`, into `words`
+/// (word `base` of the table first). Returns its offset in the table.
 fn block(
     words: &mut Vec<u32>,
+    base: usize,
     prefixes: &[(Prefix, u32)],
     inherited: u32,
     pos: u8,
@@ -264,7 +266,7 @@ fn block(
 ) -> Result<u32, TrieTooBig> {
     let stride = strides[0] as u8;
     let size = 1usize << stride;
-    if words.len() + size > TRIE_WORD_LIMIT {
+    if base + words.len() + size > TRIE_WORD_LIMIT {
         return Err(TrieTooBig);
     }
     let off = words.len();
@@ -298,10 +300,10 @@ fn block(
         // The entry's value now is the EC of the longest prefix covering it: the child
         // inherits it.
         let inherit = words[off + e];
-        let child = block(words, &prefixes[from..to], inherit, end, &strides[1..])?;
+        let child = block(words, base, &prefixes[from..to], inherit, end, &strides[1..])?;
         words[off + e] = CHILD | child;
     }
-    Ok(off as u32)
+    Ok((base + off) as u32)
 }
 
 #[cfg(test)]

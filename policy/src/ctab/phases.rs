@@ -49,6 +49,7 @@ pub struct Fields {
 }
 
 /// The phases' entries.
+#[derive(Debug)]
 pub struct Phases {
     /// `CtabHeader::phases`.
     pub mask: u32,
