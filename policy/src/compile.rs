@@ -166,6 +166,9 @@ pub struct Compiled {
     pub dasr: Option<crate::validate::DasrSpec>,
     /// Where compiling it took its time.
     pub times: CompileTimes,
+    /// The rules it was compiled from: [`compile_after`] reuses the report of a rule that is
+    /// the same at the same index.
+    specs: Arc<[RuleSpec]>,
 }
 
 /// Where [`compile`] spent its time (the apply benchmark prints it): the classifier's stages
@@ -417,13 +420,13 @@ pub fn compile_after(
     ctx: &CompileContext,
     running: &Compiled,
 ) -> Result<Compiled, super::PolicyError> {
-    compile_with(v, ctx, Some(&running.ctab))
+    compile_with(v, ctx, Some(running))
 }
 
 fn compile_with(
     v: &Validated,
     ctx: &CompileContext,
-    prev: Option<&crate::ctab::Image>,
+    running: Option<&Compiled>,
 ) -> Result<Compiled, super::PolicyError> {
     let mode = ctx.mode;
     let idx = class_indices(v, ctx.previous);
@@ -498,7 +501,7 @@ fn compile_with(
     let mut classes = Vec::new();
     // Table rules per class, counted in one pass (a count per class was classes x rules).
     let mut class_rules = vec![0usize; v.classes.len()];
-    for r in &v.rules {
+    for r in v.rules.iter() {
         class_rules[r.class] += 1;
     }
     for (ci, c) in v.classes.iter().enumerate() {
@@ -549,17 +552,27 @@ fn compile_with(
     let mut rules = Vec::new();
     let mut rule_table = Vec::with_capacity(v.rules.len());
     let mut dscp_rules = false;
-    for r in &v.rules {
+    for (i, r) in v.rules.iter().enumerate() {
         let class = idx[r.class];
         rule_table.push(table_rule(r, class));
         if r.dscp.is_some() {
             dscp_rules = true;
         }
-        rules.push(RuleInfo {
-            origin: rule_origin(r),
-            class: v.classes[r.class].name.clone(),
-            class_index: class,
-            matches: rule_text(r),
+        let class_name = &v.classes[r.class].name;
+        // The running policy's report of the same rule at the same index, in the same class.
+        let same = running.and_then(|c| {
+            let info = c.rules.get(i)?;
+            (c.specs.get(i) == Some(r) && info.class_index == class && info.class == *class_name)
+                .then_some(info)
+        });
+        rules.push(match same {
+            Some(info) => info.clone(),
+            None => RuleInfo {
+                origin: rule_origin(r),
+                class: class_name.clone(),
+                class_index: class,
+                matches: rule_text(r),
+            },
         });
     }
     if ctx.all_routes_managed && !dscp_rules {
@@ -614,6 +627,7 @@ fn compile_with(
     let normalize = t_ctab.elapsed();
     let ctab = norms
         .and_then(|norms| {
+            let prev = running.map(|c| &*c.ctab);
             let mut image = crate::ctab::build_after(&rule_table, &norms, &crate::ctab::LIMITS, prev)?;
             image.times.normalize = normalize;
             Ok((image, norms))
@@ -695,6 +709,7 @@ fn compile_with(
         warnings,
         htb,
         times,
+        specs: v.rules.clone(),
     })
 }
 

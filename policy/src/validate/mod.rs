@@ -238,7 +238,7 @@ fn validate_into(
         qjump,
         levels,
         classes,
-        rules,
+        rules: rules.into(),
         default_class,
         d3,
         dasr,
