@@ -653,8 +653,11 @@ struct ApplyRow {
     yaml_bytes: usize,
     full: Stages,
     edit: Stages,
-    /// The peak resident set of this row (VmHWM, reset before it).
-    peak_rss_bytes: u64,
+    /// The peak resident set of the full applies and of the edits (VmHWM, reset before
+    /// each): the edits hold the running policy's compiled form beside the new one, as the
+    /// agent does.
+    full_peak_rss_bytes: u64,
+    edit_peak_rss_bytes: u64,
     classifier_kernel_bytes: u64,
 }
 
@@ -785,6 +788,8 @@ fn apply(rule_counts: Vec<u32>, trials: usize, out: Option<PathBuf>) -> Result<(
             );
             full.push(st);
         }
+        let full_peak = peak_rss();
+        reset_peak_rss();
         // Edits of variant 0 (whose rule i has the address tenant_v4(i)): one address each.
         let base = policy(n, 0);
         let yaml_bytes = base.len();
@@ -815,13 +820,14 @@ fn apply(rule_counts: Vec<u32>, trials: usize, out: Option<PathBuf>) -> Result<(
             yaml_bytes,
             full: Stages::median(&full),
             edit: Stages::median(&edits),
-            peak_rss_bytes: peak_rss(),
+            full_peak_rss_bytes: full_peak,
+            edit_peak_rss_bytes: peak_rss(),
             classifier_kernel_bytes: previous.as_ref().map_or(0, |c| c.ctab.stats.kernel_bytes()),
         };
         println!(
             "{n} rules ({} KB of YAML): full apply {:.3} s (compile {:.3} s, write {:.3} s; max {:.3} s), \
-             parse+validate {:.3} s; one-rule edit {:.4} s (compile {:.4} s, write {:.4} s); peak RSS {} MB; \
-             classifier {:.1} MiB of kernel memory",
+             parse+validate {:.3} s; one-rule edit {:.4} s (compile {:.4} s, write {:.4} s); peak RSS {} MB \
+             (full), {} MB (edits); classifier {:.1} MiB of kernel memory",
             yaml_bytes / 1000,
             row.full.apply,
             row.full.compile,
@@ -831,7 +837,8 @@ fn apply(rule_counts: Vec<u32>, trials: usize, out: Option<PathBuf>) -> Result<(
             row.edit.apply,
             row.edit.compile,
             row.edit.write,
-            row.peak_rss_bytes / 1_000_000,
+            row.full_peak_rss_bytes / 1_000_000,
+            row.edit_peak_rss_bytes / 1_000_000,
             row.classifier_kernel_bytes as f64 / 1048576.0
         );
         rows.push(row);
