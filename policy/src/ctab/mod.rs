@@ -884,12 +884,12 @@ pub fn build_after(
         group.dedup_by_key(|(k, _)| *k);
     };
     // A group's entries are those of the image before when its rules are (the same indices,
-    // prefixes and families, under the same selector and address ECs).
+    // prefixes and families, under the same selector id and address ECs): what the selector
+    // itself is does not enter them.
     let families: Vec<Option<bool>> = norms.iter().map(|n| n.addr_family).collect();
     let same_ecs = memo.is_some_and(|m| {
         m.src.as_ref().is_some_and(|p| Arc::ptr_eq(p, &src))
             && m.dst.as_ref().is_some_and(|p| Arc::ptr_eq(p, &dst))
-            && m.fields.as_ref().is_some_and(|p| Arc::ptr_eq(p, &fields))
     });
     let mut group_max: Vec<[usize; 4]> = vec![[0; 4]; groups.len()];
     for (si, g) in groups.iter().enumerate() {
