@@ -644,6 +644,7 @@ struct ApplyReport {
     /// What `full` and `edit` apply.
     full_is: &'static str,
     edit_is: &'static str,
+    edit_port_is: &'static str,
     rows: Vec<ApplyRow>,
 }
 
@@ -653,6 +654,7 @@ struct ApplyRow {
     yaml_bytes: usize,
     full: Stages,
     edit: Stages,
+    edit_port: Stages,
     /// The peak resident set of the full applies and of the edits (VmHWM, reset before
     /// each): the edits hold the running policy's compiled form beside the new one, as the
     /// agent does.
@@ -715,6 +717,10 @@ const EDIT_IS: &str = "the running policy with one rule's address replaced: the 
     every other, so the address classes between move); edit k follows edit k-1, so the standby bank \
     holds edit k-2; the first edit after the full applies (into a bank holding another policy) is not \
     counted";
+
+const EDIT_PORT_IS: &str = "the running policy (variant 0 after the address edits) with the probe rule's \
+    port changed (7001 + k), edit k after edit k-1: no address changes; the first two (written into \
+    banks holding an address edit) are not counted";
 
 /// One apply: parse and validate `text`, compile it after `previous`, write it.
 fn apply_once(
@@ -815,11 +821,26 @@ fn apply(rule_counts: Vec<u32>, trials: usize, out: Option<PathBuf>) -> Result<(
                 edits.push(st);
             }
         }
+        // Edits of one rule's port (the probe, last): no address class moves.
+        let mut port_edits = Vec::new();
+        for k in 1..=trials as u32 + 2 {
+            let text = base.replacen("dst_port: 7001,", &format!("dst_port: {},", 7001 + k), 1);
+            let st = apply_once(&mut dp, &text, &mut previous)?;
+            println!(
+                "{n} rules, port edit {k}: compile {:.4} s, write {:.4} s",
+                st.compile, st.write
+            );
+            // The first two wrote banks that held an address edit.
+            if k > 2 {
+                port_edits.push(st);
+            }
+        }
         let row = ApplyRow {
             rules: n,
             yaml_bytes,
             full: Stages::median(&full),
             edit: Stages::median(&edits),
+            edit_port: Stages::median(&port_edits),
             full_peak_rss_bytes: full_peak,
             edit_peak_rss_bytes: peak_rss(),
             classifier_kernel_bytes: previous.as_ref().map_or(0, |c| c.ctab.stats.kernel_bytes()),
@@ -850,6 +871,7 @@ fn apply(rule_counts: Vec<u32>, trials: usize, out: Option<PathBuf>) -> Result<(
         trials,
         full_is: FULL_IS,
         edit_is: EDIT_IS,
+        edit_port_is: EDIT_PORT_IS,
         rows,
     };
     write_report(&report, out)
