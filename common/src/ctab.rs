@@ -1,8 +1,9 @@
 //! The compiled classifier ("ctab"): what the datapath looks a packet's class up in, in a cost
 //! that does not depend on the number of rules.
 //!
-//! The agent compiles a policy's first-match rule list into three structures, written into
-//! fresh maps for every policy (see `names::CTAB_*` in [`crate::maps`]):
+//! The agent compiles a policy's first-match rule list into three structures, written into the
+//! maps of the bank no packet reads (see `names::CTAB_*` in [`crate::maps`]; a reload changes
+//! only the entries that differ from what that bank holds):
 //!
 //! - **words** (`Array<u32>`): per-dimension lookup tables that map a packet field to an
 //!   *equivalence class* (EC): two values in one EC are treated alike by every rule.

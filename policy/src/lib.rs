@@ -83,7 +83,9 @@ use std::path::Path;
 
 use sha2::{Digest as _, Sha256};
 
-pub use compile::{ClassInfo, CompileContext, Compiled, LevelInfo, QJumpInfo, RuleInfo, Slots, compile};
+pub use compile::{
+    ClassInfo, CompileContext, Compiled, LevelInfo, QJumpInfo, RuleInfo, Slots, compile, compile_after,
+};
 pub use enforcement::{EnforcementMode, EnforcementRequest, KernelSupport, decide_mode, degradations_for};
 pub use error::PolicyError;
 pub use host::{FakeHost, HostFacts, OfflineHost};

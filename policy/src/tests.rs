@@ -1358,3 +1358,45 @@ fn compile_warnings_carry_their_line() {
         c.warnings
     );
 }
+
+/// A reload compiled after the running policy (`compile_after`) is the policy compiled from
+/// nothing: its rules' reports, warnings, table and classifier, through edits that keep,
+/// move, re-class and shadow rules.
+#[test]
+fn a_policy_compiled_after_another_is_the_policy_compiled_alone() {
+    let policy = |rules: &str| {
+        format!(
+            "apiVersion: paceline/v1\nkind: Policy\nspec:\n  interfaces: [eth0]\n  levels:\n    - {{name: hi, priority: 6}}\n    - {{name: lo, priority: 0}}\n  classes:\n    - {{name: a, level: hi}}\n    - {{name: b, level: lo}}\n    - {{name: other, level: lo}}\n  rules:\n{rules}  default_class: other\n"
+        )
+    };
+    let steps = [
+        "    - {class: a, protocol: udp, dst_port: 53, dst: [10.0.0.1/32, 10.0.0.2/32, 10.0.0.3/32]}\n    - {class: b, protocol: tcp, dst: [10.1.0.0/16]}\n",
+        // One address replaced.
+        "    - {class: a, protocol: udp, dst_port: 53, dst: [10.0.0.1/32, 10.9.0.2/32, 10.0.0.3/32]}\n    - {class: b, protocol: tcp, dst: [10.1.0.0/16]}\n",
+        // A class changed.
+        "    - {class: b, protocol: udp, dst_port: 53, dst: [10.0.0.1/32, 10.9.0.2/32, 10.0.0.3/32]}\n    - {class: b, protocol: tcp, dst: [10.1.0.0/16]}\n",
+        // A rule inserted first, covering a later one.
+        "    - {class: a, protocol: tcp, dst: [10.0.0.0/8]}\n    - {class: b, protocol: udp, dst_port: 53, dst: [10.0.0.1/32, 10.9.0.2/32, 10.0.0.3/32]}\n    - {class: b, protocol: tcp, dst: [10.1.0.0/16]}\n",
+        // A port changed, a rule removed.
+        "    - {class: a, protocol: tcp, dst: [10.0.0.0/8]}\n    - {class: b, protocol: udp, dst_port: 5353, dst: [10.0.0.1/32, 10.9.0.2/32, 10.0.0.3/32]}\n",
+    ];
+    let ctx = CompileContext {
+        mode: EnforcementMode::Fq,
+        previous: None,
+        all_routes_managed: false,
+    };
+    let mut running: Option<Compiled> = None;
+    for rules in steps {
+        let v = ok(&policy(rules), &fake_host());
+        let alone = compile(&v, &ctx).unwrap();
+        let after = match &running {
+            Some(r) => compile_after(&v, &ctx, r).unwrap(),
+            None => alone.clone(),
+        };
+        assert_eq!(after.rules, alone.rules);
+        assert_eq!(after.warnings, alone.warnings);
+        assert_eq!(after.table, alone.table);
+        assert!(after.ctab.same_tables(&alone.ctab));
+        running = Some(after);
+    }
+}

@@ -11,8 +11,8 @@
 //! - `incast`: the incast study and Dart (`plexp incast`): goodput and block times against S servers,
 //!   and short messages next to bulk senders; in the VM (fq, scaled down) or `--host`.
 //! - `aqm`: a paced class's queue, horizon only vs CoDel + ECN (`plexp aqm`; VM only: fq).
-//! - `apply`: parsing, compiling and writing a generated 100,000-rule policy into the
-//!   datapath, with the peak RSS (`plbench apply`).
+//! - `apply`: parsing, compiling and writing generated policies of 1,000 to 262,144 rules into
+//!   the datapath, whole and after a one-rule edit, with the peak RSS (`plbench apply`).
 
 use std::process::Command;
 
@@ -88,11 +88,12 @@ enum Bench {
         #[arg(long, default_value_t = 15)]
         trials: u32,
     },
-    /// Seconds to parse, compile and write a generated policy into the datapath (host kernel),
-    /// and the peak RSS.
+    /// Seconds to parse, compile and write generated policies into the datapath (host kernel),
+    /// whole and after a one-rule edit, and the peak RSS.
     Apply {
-        #[arg(long, default_value_t = 100_000)]
-        rules: u32,
+        /// Rule counts, one row each.
+        #[arg(long, default_value = "1000,10000,100000,262144")]
+        rules: String,
         #[arg(long, default_value_t = 5)]
         trials: u32,
     },
@@ -256,12 +257,7 @@ pub fn run(a: Args) -> Result<()> {
         ),
         Bench::Apply { rules, trials } => plbench(
             "apply",
-            &[
-                "--rules".into(),
-                rules.to_string(),
-                "--trials".into(),
-                trials.to_string(),
-            ],
+            &["--rules".into(), rules, "--trials".into(), trials.to_string()],
         ),
     }
 }

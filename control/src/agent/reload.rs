@@ -228,13 +228,14 @@ fn try_reload_inner(
     let started = std::time::Instant::now();
     let mut g = shared.lock();
     let mode = g.compiled.mode;
-    let compiled = policy::compile(
+    let compiled = policy::compile_after(
         &validated,
         &CompileContext {
             mode,
             previous: Some(&g.compiled.slots()),
             all_routes_managed: policy::host::all_routes_managed(host, &validated.interfaces),
         },
+        &g.compiled,
     )
     .map_err(|e| vec![e.to_string()])?;
     let same_interfaces = compiled.interfaces == g.compiled.interfaces;

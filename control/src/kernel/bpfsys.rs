@@ -1,7 +1,7 @@
 //! The few bpf(2) and membarrier(2) calls aya 0.14 does not offer: creating a standalone map with
-//! exact flags (the classifier's inner maps), filling a hash map in batches, filling an mmap-able
-//! array with one copy, emptying a map of any value type, and waiting for every BPF program that
-//! may still read an old policy to finish.
+//! exact flags (the classifier's inner maps), filling and pruning a hash map in batches, filling
+//! or patching an mmap-able array in place, emptying a map of any value type, and waiting for
+//! every BPF program that may still read an old policy to finish.
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -21,6 +21,7 @@ const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 /// bpf(2) command: open a pinned object (the tests also call it raw, between fork and exec).
 pub const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 
 /// `union bpf_attr`, as bytes: each command writes the fields it uses at their offsets.
@@ -76,13 +77,6 @@ pub fn map_create(
     let fd = bpf(BPF_MAP_CREATE, &mut a)?;
     // SAFETY: the kernel returned a new file descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
-}
-
-/// BPF_MAP_DELETE_ELEM of a `u32` key (clears a slot of an array of maps, releasing its map).
-pub fn delete_u32(fd: BorrowedFd<'_>, key: u32) -> io::Result<()> {
-    let mut a = Attr::new();
-    a.u32(0, fd.as_raw_fd() as u32).u64(8, &key as *const u32 as u64);
-    bpf(BPF_MAP_DELETE_ELEM, &mut a).map(|_| ())
 }
 
 /// The shape of a map, as [`clear`] needs it (from `bpf_map_info`).
@@ -192,15 +186,41 @@ pub fn update_batch<K: Copy, V: Copy>(fd: BorrowedFd<'_>, keys: &[K], values: &[
     Ok(())
 }
 
-/// Copies `values` into an mmap-able array map of at least that many 8-byte entries (an
-/// array's entries are 8-byte aligned: this layout is the map's own).
-pub fn fill_mmapable(fd: BorrowedFd<'_>, values: &[u64]) -> io::Result<()> {
-    if values.is_empty() {
+/// Deletes `keys` (plain-old-data of the map's key size, every one present) with
+/// BPF_MAP_DELETE_BATCH (5.6+).
+pub fn delete_batch<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<()> {
+    for ks in keys.chunks(BATCH) {
+        let mut a = Attr::new();
+        a.u64(16, ks.as_ptr() as u64)
+            .u32(32, ks.len() as u32)
+            .u32(36, fd.as_raw_fd() as u32);
+        bpf(BPF_MAP_DELETE_BATCH, &mut a).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "BPF_MAP_DELETE_BATCH ({} of {} done): {e}",
+                    a.read_u32(32),
+                    ks.len()
+                ),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Writes the 32-bit words `new` into an mmap-able array map of at least `new.len()` and
+/// `old.len()` entries whose entries hold `old`: only the words that differ, and zeroes past
+/// the end of `new` up to `old.len()` (as a fresh map holds). Each word goes into the low half
+/// of its 8-byte entry (an array's entries are 8-byte aligned: this layout is the map's own).
+/// The map must be one no program reads.
+pub fn patch_mmapable(fd: BorrowedFd<'_>, old: &[u32], new: &[u32]) -> io::Result<()> {
+    let entries = old.len().max(new.len());
+    if entries == 0 {
         return Ok(());
     }
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let len = (values.len() * 8).div_ceil(page) * page;
+    let len = (entries * 8).div_ceil(page) * page;
     // SAFETY: mapping the map's own memory, shared, of a length within its size (the kernel
     // refuses a longer one).
     let p = unsafe {
@@ -216,11 +236,21 @@ pub fn fill_mmapable(fd: BorrowedFd<'_>, values: &[u64]) -> io::Result<()> {
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: `p` maps at least `values.len()` u64s; the map is not yet visible to programs.
-    unsafe {
-        std::ptr::copy_nonoverlapping(values.as_ptr(), p.cast::<u64>(), values.len());
-        libc::munmap(p, len);
+    let slots = p.cast::<u64>();
+    let slot = |w: u32| {
+        let mut b = [0u8; 8];
+        b[..4].copy_from_slice(&w.to_ne_bytes());
+        u64::from_ne_bytes(b)
+    };
+    for i in 0..entries {
+        let (was, now) = (old.get(i), new.get(i));
+        if was != now {
+            // SAFETY: `i` is below `entries`, which the mapping covers.
+            unsafe { slots.add(i).write(now.map_or(0, |&w| slot(w))) };
+        }
     }
+    // SAFETY: unmapping the mapping made above.
+    unsafe { libc::munmap(p, len) };
     Ok(())
 }
 

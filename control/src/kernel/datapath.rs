@@ -2,6 +2,7 @@
 //! tests perform on them (write a policy table, read counters).
 
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -114,8 +115,9 @@ pub struct Datapath {
     ctab_words: ArrayOfMaps<MapData, MapData>,
     ctab_sels: ArrayOfMaps<MapData, MapData>,
     ctab_rules: ArrayOfMaps<MapData, MapData>,
-    /// The three outer maps' fds (words, selectors, rules), to release a bank.
-    ctab_outer_fds: [std::os::fd::OwnedFd; 3],
+    /// What each bank's classifier maps hold, when this process wrote them: the next policy
+    /// written into a bank rewrites only what differs.
+    banks: [Option<Bank>; 2],
     clocks: Array<MapData, AggClock>,
     codel: Array<MapData, CodelState>,
     flow_table_memlock: Option<u64>,
@@ -193,18 +195,9 @@ impl Datapath {
         let tables = Array::try_from(take(&mut ebpf, names::TABLES)?)?;
         let cpu = PerCpuArray::try_from(take(&mut ebpf, names::CPU)?)?;
         let stats = PerCpuArray::try_from(take(&mut ebpf, names::STATS)?)?;
-        // The outer maps' fds are kept twice: aya's ArrayOfMaps has no delete.
-        let mut outer = |name| -> Result<(ArrayOfMaps<MapData, MapData>, std::os::fd::OwnedFd)> {
-            let m = take(&mut ebpf, name)?;
-            let fd = match &m {
-                aya::maps::Map::ArrayOfMaps(d) => d.fd().as_fd().try_clone_to_owned()?,
-                _ => return Err(anyhow!("map {name} is not an array of maps")),
-            };
-            Ok((ArrayOfMaps::try_from(m)?, fd))
-        };
-        let (ctab_words, words_fd) = outer(names::CTAB_WORDS)?;
-        let (ctab_sels, sels_fd) = outer(names::CTAB_SELS)?;
-        let (ctab_rules, rules_fd) = outer(names::CTAB_RULES)?;
+        let ctab_words = ArrayOfMaps::try_from(take(&mut ebpf, names::CTAB_WORDS)?)?;
+        let ctab_sels = ArrayOfMaps::try_from(take(&mut ebpf, names::CTAB_SELS)?)?;
+        let ctab_rules = ArrayOfMaps::try_from(take(&mut ebpf, names::CTAB_RULES)?)?;
         let clocks = Array::try_from(take(&mut ebpf, names::AGG_CLOCKS)?)?;
         let codel = Array::try_from(take(&mut ebpf, names::CODEL)?)?;
         // The flow table stays in the object: only the datapath reads and writes it.
@@ -268,7 +261,7 @@ impl Datapath {
             ctab_words,
             ctab_sels,
             ctab_rules,
-            ctab_outer_fds: [words_fd, sels_fd, rules_fd],
+            banks: [None, None],
             clocks,
             codel,
             flow_table_memlock,
@@ -546,27 +539,46 @@ impl Datapath {
         Ok(p)
     }
 
-    /// Writes a policy into the bank that is not live (its table and fresh maps holding its
-    /// compiled classifier), then makes that bank live with one write, waits until no program
-    /// can still be reading the old bank, and releases the old bank's maps. Packets in flight
-    /// see the old or the new policy, never a mix; flow and aggregate clocks are untouched.
-    pub fn write_policy(&mut self, table: &PolicyTable, image: &Image) -> Result<u64> {
+    /// Writes a policy into the bank that is not live (its table and its classifier maps),
+    /// then makes that bank live with one write and waits until no program can still be
+    /// reading the other bank. Packets in flight see the old or the new policy, never a mix;
+    /// flow and aggregate clocks are untouched.
+    ///
+    /// Both banks keep their maps. A bank this process wrote holds a known image, so the next
+    /// policy written into it changes only the words and entries that differ (a policy that
+    /// changes a few rules writes a few entries); a table that does not fit its map, or that
+    /// differs in more entries than it has, goes into a fresh map instead.
+    pub fn write_policy(&mut self, table: &PolicyTable, image: &Arc<Image>) -> Result<u64> {
         let live = self.active.get(&0, 0).context("reading PL_ACTIVE")? & 1;
         let next = live ^ 1;
-        let words = inner_words(&image.words).context("creating the classifier's word table")?;
-        let sels =
-            inner_hash(&image.sels, "pl_ctab_sels").context("creating the classifier's selector table")?;
-        let rules =
-            inner_hash(&image.rules, "pl_ctab_rules").context("creating the classifier's rule table")?;
-        self.ctab_words
-            .set(next, &words, 0)
-            .context("installing the word table")?;
-        self.ctab_sels
-            .set(next, &sels, 0)
-            .context("installing the selector table")?;
-        self.ctab_rules
-            .set(next, &rules, 0)
-            .context("installing the rule table")?;
+        // What the standby bank holds, if this process wrote it and its maps are still the
+        // installed ones (a test may put other maps there).
+        let old = self.banks[next as usize]
+            .take()
+            .filter(|b| self.bank_installed(next, b));
+        let (old_image, [old_words, old_sels, old_rules]) = match old {
+            Some(b) => (Some(b.image), b.maps.map(Some)),
+            None => (None, [None, None, None]),
+        };
+        let empty = Image::empty();
+        let was = old_image.as_deref().unwrap_or(&empty);
+        let words =
+            words_into(old_words, &was.words, &image.words).context("writing the classifier's word table")?;
+        let sels = hash_into(old_sels, &was.sels, &image.sels, "pl_ctab_sels")
+            .context("writing the classifier's selector table")?;
+        let rules = hash_into(old_rules, &was.rules, &image.rules, "pl_ctab_rules")
+            .context("writing the classifier's rule table")?;
+        for ((map, outer), what) in [&words, &sels, &rules]
+            .into_iter()
+            .zip([&mut self.ctab_words, &mut self.ctab_sels, &mut self.ctab_rules])
+            .zip(["word", "selector", "rule"])
+        {
+            if map.fresh {
+                outer
+                    .set(next, &map.map.data, 0)
+                    .with_context(|| format!("installing the {what} table"))?;
+            }
+        }
         // A CoDel whose parameters change starts over: state built under other parameters (or
         // left from before CoDel was turned off) is not this CoDel's.
         if let Ok(old) = self.tables.get(&live, 0) {
@@ -595,30 +607,36 @@ impl Datapath {
         self.tables.set(next, t, 0).context("writing PL_TABLES")?;
         self.active.set(0, next, 0).context("flipping PL_ACTIVE")?;
         // Programs that read the old bank number may still look its maps up: wait them out
-        // before releasing the maps (and before a next policy may reuse the bank).
+        // before the next policy is written into that bank.
         if !bpfsys::wait_for_readers() {
             log::debug!("membarrier(MEMBARRIER_CMD_GLOBAL) refused (nohz_full?); waited 50 ms instead");
         }
-        for (fd, name) in
-            self.ctab_outer_fds
-                .iter()
-                .zip([names::CTAB_WORDS, names::CTAB_SELS, names::CTAB_RULES])
-        {
-            match bpfsys::delete_u32(fd.as_fd(), live) {
-                Ok(()) => {}
-                // Nothing there yet (the first policy).
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(e).with_context(|| format!("releasing the old bank of {name}")),
-            }
-        }
+        self.banks[next as usize] = Some(Bank {
+            image: image.clone(),
+            maps: [words, sels, rules].map(|m| m.map),
+        });
         Ok(self.generation)
+    }
+
+    /// Does slot `bank` of each outer map still hold the map `b` names?
+    fn bank_installed(&self, bank: u32, b: &Bank) -> bool {
+        [&self.ctab_words, &self.ctab_sels, &self.ctab_rules]
+            .into_iter()
+            .zip(&b.maps)
+            .all(|(outer, m)| {
+                outer
+                    .get(&bank, 0)
+                    .ok()
+                    .and_then(|d| d.info().ok())
+                    .is_some_and(|i| i.id() == m.id)
+            })
     }
 
     /// Compiles `rules` (first match wins) into `table`'s classifier and writes both (tests and
     /// benchmarks that build tables by hand).
     pub fn write_rules(&mut self, table: &PolicyTable, rules: &[Rule]) -> Result<u64> {
         let image = paceline_policy::ctab::build(rules).map_err(|e| anyhow!("compiling the rules: {e}"))?;
-        self.write_policy(table, &image)
+        self.write_policy(table, &Arc::new(image))
     }
 
     /// The table the datapath currently uses.
@@ -752,44 +770,138 @@ impl Datapath {
     }
 }
 
-/// A fresh words table (an mmap-able inner array of `u32`) holding `words`. The kernel lays
-/// array entries out 8 bytes apart whatever their size, so each word is written into the low
-/// half of its 8-byte slot.
-fn inner_words(words: &[u32]) -> Result<MapData> {
-    let slots: Vec<u64> = words.iter().map(|&w| u64::from_ne_bytes(widen(w))).collect();
+/// One of a bank's classifier maps, as this process wrote it.
+struct BankMap {
+    data: MapData,
+    /// The kernel's id of the map (to tell whether a bank still holds it).
+    id: u32,
+    /// Its `max_entries`.
+    capacity: usize,
+}
+
+impl BankMap {
+    fn new(fd: std::os::fd::OwnedFd, capacity: usize) -> Result<Self> {
+        let data = MapData::from_fd(fd)?;
+        let id = data.info()?.id();
+        Ok(BankMap { data, id, capacity })
+    }
+
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.data.fd().as_fd()
+    }
+}
+
+/// A bank's classifier maps (words, selectors, rules) and the image they hold.
+struct Bank {
+    image: Arc<Image>,
+    maps: [BankMap; 3],
+}
+
+/// A table written: its map, and whether that map is new (to be installed in the bank).
+struct Written {
+    map: BankMap,
+    fresh: bool,
+}
+
+/// Room a fresh map gets past its image's entries, so that the policies after it, a few rules
+/// apart, fit in the same map.
+fn with_room(n: usize) -> usize {
+    n + n / 16 + 256
+}
+
+/// The words table `new` for a bank whose map is `old` (holding `was`): patched in place when
+/// it fits, else a fresh mmap-able inner array of `u32`.
+fn words_into(old: Option<BankMap>, was: &[u32], new: &[u32]) -> Result<Written> {
+    if let Some(m) = old
+        && m.capacity >= new.len()
+    {
+        bpfsys::patch_mmapable(m.fd(), was, new)?;
+        return Ok(Written { map: m, fresh: false });
+    }
+    let capacity = with_room(new.len());
     let fd = bpfsys::map_create(
         bpfsys::BPF_MAP_TYPE_ARRAY,
         4,
         4,
-        slots.len().max(1) as u32,
+        capacity as u32,
         bpfsys::BPF_F_INNER_MAP | bpfsys::BPF_F_MMAPABLE,
         "pl_ctab_words",
     )?;
-    bpfsys::fill_mmapable(fd.as_fd(), &slots)?;
-    Ok(MapData::from_fd(fd)?)
+    bpfsys::patch_mmapable(fd.as_fd(), &[], new)?;
+    Ok(Written {
+        map: BankMap::new(fd, capacity)?,
+        fresh: true,
+    })
 }
 
-/// A word's bytes at the start of an 8-byte slot (the rest zero).
-fn widen(w: u32) -> [u8; 8] {
-    let mut b = [0u8; 8];
-    b[..4].copy_from_slice(&w.to_ne_bytes());
-    b
-}
-
-/// A fresh hash table (an inner map) holding `entries`.
-fn inner_hash<K: Copy, V: Copy>(entries: &[(K, V)], name: &str) -> Result<MapData> {
+/// The hash table `new` (sorted by key) for a bank whose map is `old` (holding `was`, sorted
+/// by key): the keys gone deleted and the entries new or changed written, in batches, when the
+/// table fits and that is less than writing it whole; else a fresh inner hash map.
+fn hash_into<K: Copy + Ord, V: Copy + PartialEq>(
+    old: Option<BankMap>,
+    was: &[(K, V)],
+    new: &[(K, V)],
+    name: &str,
+) -> Result<Written> {
+    if let Some(m) = old
+        && m.capacity >= new.len()
+    {
+        let (gone, set) = sorted_diff(was, new);
+        if gone.len() + set.len() <= new.len() {
+            bpfsys::delete_batch(m.fd(), &gone)?;
+            let (keys, values): (Vec<K>, Vec<V>) = set.into_iter().unzip();
+            bpfsys::update_batch(m.fd(), &keys, &values)?;
+            return Ok(Written { map: m, fresh: false });
+        }
+    }
+    let capacity = with_room(new.len());
     let fd = bpfsys::map_create(
         bpfsys::BPF_MAP_TYPE_HASH,
         std::mem::size_of::<K>() as u32,
         std::mem::size_of::<V>() as u32,
-        entries.len().max(1) as u32,
+        capacity as u32,
         0,
         name,
     )?;
-    let keys: Vec<K> = entries.iter().map(|e| e.0).collect();
-    let values: Vec<V> = entries.iter().map(|e| e.1).collect();
+    let keys: Vec<K> = new.iter().map(|e| e.0).collect();
+    let values: Vec<V> = new.iter().map(|e| e.1).collect();
     bpfsys::update_batch(fd.as_fd(), &keys, &values)?;
-    Ok(MapData::from_fd(fd)?)
+    Ok(Written {
+        map: BankMap::new(fd, capacity)?,
+        fresh: true,
+    })
+}
+
+/// Between two tables sorted by key: the keys of `was` that `new` lacks, and the entries of
+/// `new` that `was` lacks or holds with another value.
+fn sorted_diff<K: Copy + Ord, V: Copy + PartialEq>(was: &[(K, V)], new: &[(K, V)]) -> (Vec<K>, Vec<(K, V)>) {
+    let (mut gone, mut set) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < was.len() || j < new.len() {
+        match (was.get(i), new.get(j)) {
+            (Some(a), Some(b)) if a.0 == b.0 => {
+                if a.1 != b.1 {
+                    set.push(*b);
+                }
+                i += 1;
+                j += 1;
+            }
+            (Some(a), Some(b)) if a.0 < b.0 => {
+                gone.push(a.0);
+                i += 1;
+            }
+            (Some(a), None) => {
+                gone.push(a.0);
+                i += 1;
+            }
+            (_, Some(b)) => {
+                set.push(*b);
+                j += 1;
+            }
+            (None, None) => unreachable!("the loop runs while one is left"),
+        }
+    }
+    (gone, set)
 }
 
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
@@ -879,4 +991,21 @@ pub fn restrict_pin(path: &std::path::Path, group: Option<u32>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sorted_diff;
+
+    #[test]
+    fn a_sorted_diff_names_the_keys_gone_and_the_entries_new_or_changed() {
+        let was = [(1, 'a'), (2, 'b'), (4, 'd'), (6, 'f')];
+        let new = [(2, 'b'), (3, 'c'), (4, 'e'), (7, 'g')];
+        assert_eq!(
+            sorted_diff(&was, &new),
+            (vec![1, 6], vec![(3, 'c'), (4, 'e'), (7, 'g')])
+        );
+        assert_eq!(sorted_diff(&was, &was), (vec![], vec![]));
+        assert_eq!(sorted_diff::<u32, char>(&[], &new[..1]), (vec![], vec![(2, 'b')]));
+    }
 }

@@ -10,8 +10,6 @@
 //! prefix that contains it), so the ECs a prefix covers (itself and every prefix nested in
 //! it) are one contiguous range.
 
-use std::collections::HashMap;
-
 use paceline_common::ctab::{CHILD, V4_STRIDES, V6_STRIDES};
 
 /// A prefix of the 128-bit address space (IPv4 as IPv4-mapped, /96 + length).
@@ -74,15 +72,58 @@ pub fn prefix_len(mask_words: &[u32; 4]) -> Option<u8> {
     (m == mask(len as u8)).then_some(len as u8)
 }
 
+/// At most two EC ranges `[start, end)` (one per namespace), without an allocation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ranges {
+    n: usize,
+    r: [(u32, u32); 2],
+}
+
+impl Ranges {
+    pub fn one(start: u32, end: u32) -> Self {
+        Ranges {
+            n: 1,
+            r: [(start, end), (0, 0)],
+        }
+    }
+
+    fn push(&mut self, start: u32, end: u32) {
+        self.r[self.n] = (start, end);
+        self.n += 1;
+    }
+
+    /// ECs covered, in all ranges.
+    pub fn count(&self) -> usize {
+        self.iter().map(|(s, e)| (e - s) as usize).sum()
+    }
+}
+
+impl std::ops::Deref for Ranges {
+    type Target = [(u32, u32)];
+
+    fn deref(&self) -> &[(u32, u32)] {
+        &self.r[..self.n]
+    }
+}
+
 /// One namespace's tree: its prefixes with their EC ids and subtree sizes.
 #[derive(Debug, Default)]
 struct Namespace {
     /// EC id of the namespace's root (no prefix matched).
     base: u32,
-    /// EC id of each prefix of the namespace, and the number of ECs in its subtree.
-    ids: HashMap<Prefix, (u32, u32)>,
-    /// Prefixes in depth-first order (the EC of `order[i]` is `base + 1 + i`).
+    /// Prefixes in depth-first order, which is their sorted order (the EC of `order[i]` is
+    /// `base + 1 + i`): a prefix's EC is found by binary search.
     order: Vec<Prefix>,
+    /// The number of ECs in the subtree of `order[i]`.
+    sizes: Vec<u32>,
+}
+
+impl Namespace {
+    /// The EC id of `p` and the number of ECs in its subtree, if `p` is one of its prefixes.
+    fn find(&self, p: &Prefix) -> Option<(u32, u32)> {
+        let i = self.order.binary_search(p).ok()?;
+        Some((self.base + 1 + i as u32, self.sizes[i]))
+    }
 }
 
 /// The ECs of one address dimension.
@@ -109,23 +150,23 @@ impl AddrEcs {
             next += 1;
             // Sorted by (addr, len): a prefix comes right after the prefixes that contain it,
             // so a stack of open ancestors gives the depth-first order directly.
+            ns.sizes = vec![0; list.len()];
             let mut stack: Vec<(Prefix, u32)> = Vec::new();
-            for p in list {
+            for (i, p) in list.iter().enumerate() {
                 while let Some((top, _)) = stack.last() {
-                    if top.contains(&p) {
+                    if top.contains(p) {
                         break;
                     }
-                    let (top, id) = stack.pop().expect("non-empty");
-                    ns.ids.insert(top, (id, next - id));
+                    let (_, at) = stack.pop().expect("non-empty");
+                    ns.sizes[at as usize] = next - (ns.base + 1 + at);
                 }
-                let id = next;
                 next += 1;
-                ns.order.push(p);
-                stack.push((p, id));
+                stack.push((*p, i as u32));
             }
-            while let Some((top, id)) = stack.pop() {
-                ns.ids.insert(top, (id, next - id));
+            while let Some((_, at)) = stack.pop() {
+                ns.sizes[at as usize] = next - (ns.base + 1 + at);
             }
+            ns.order = list;
         }
         out.count = next;
         out
@@ -133,23 +174,23 @@ impl AddrEcs {
 
     /// The EC ranges `[start, end)` a prefix covers for packets of `family` (`None`: both), or
     /// for every address when `prefix` is `None` (only with a family).
-    pub fn ranges(&self, prefix: Option<&Prefix>, family: Option<bool>) -> Vec<(u32, u32)> {
+    pub fn ranges(&self, prefix: Option<&Prefix>, family: Option<bool>) -> Ranges {
         let fams: &[usize] = match family {
             Some(false) => &[0],
             Some(true) => &[1],
             None => &[0, 1],
         };
-        let mut out = Vec::new();
+        let mut out = Ranges::default();
         for &f in fams {
             let ns = &self.ns[f];
             match prefix {
                 None => {
                     let end = ns.base + 1 + ns.order.len() as u32;
-                    out.push((ns.base, end));
+                    out.push(ns.base, end);
                 }
                 Some(p) => {
-                    if let Some(&(id, size)) = ns.ids.get(p) {
-                        out.push((id, id + size));
+                    if let Some((id, size)) = ns.find(p) {
+                        out.push(id, id + size);
                     }
                 }
             }
@@ -161,31 +202,33 @@ impl AddrEcs {
     pub fn ec_of(&self, addr: u128, v6: bool) -> u32 {
         let ns = &self.ns[usize::from(v6)];
         let mut best: Option<(u8, u32)> = None;
-        for p in &ns.order {
+        for (i, p) in ns.order.iter().enumerate() {
             if p.contains_addr(addr) && best.is_none_or(|(l, _)| p.len > l) {
-                best = Some((p.len, ns.ids[p].0));
+                best = Some((p.len, ns.base + 1 + i as u32));
             }
         }
         best.map_or(ns.base, |(_, id)| id)
     }
 
-    /// Writes the trie of namespace `v6` into `words`; returns its root offset, or `None`
-    /// when every address of the family has the same EC (then [`AddrEcs::default_ec`]).
-    pub fn build_trie(&self, v6: bool, words: &mut Vec<u32>) -> Result<Option<u32>, TrieTooBig> {
+    /// Writes the trie of namespace `v6` into `words`, whose first word is word `base` of the
+    /// table; returns its root offset, or `None` when every address of the family has the same
+    /// EC (then [`AddrEcs::default_ec`]).
+    pub fn build_trie(&self, v6: bool, base: usize, words: &mut Vec<u32>) -> Result<Option<u32>, TrieTooBig> {
         let ns = &self.ns[usize::from(v6)];
         let (start, strides): (u8, &[u32]) = if v6 { (0, &V6_STRIDES) } else { (96, &V4_STRIDES) };
         // Prefixes no longer than the trie's start apply to every address: the default.
         let deeper: Vec<(Prefix, u32)> = ns
             .order
             .iter()
-            .filter(|p| p.len > start)
-            .map(|p| (*p, ns.ids[p].0))
+            .enumerate()
+            .filter(|(_, p)| p.len > start)
+            .map(|(i, p)| (*p, ns.base + 1 + i as u32))
             .collect();
         if deeper.is_empty() {
             return Ok(None);
         }
         let default = self.default_ec(v6);
-        let root = block(words, &deeper, default, start, strides)?;
+        let root = block(words, base, &deeper, default, start, strides)?;
         Ok(Some(root))
     }
 
@@ -196,9 +239,10 @@ impl AddrEcs {
         let start = if v6 { 0 } else { 96 };
         ns.order
             .iter()
-            .filter(|p| p.len <= start)
-            .max_by_key(|p| p.len)
-            .map_or(ns.base, |p| ns.ids[p].0)
+            .enumerate()
+            .filter(|(_, p)| p.len <= start)
+            .max_by_key(|(_, p)| p.len)
+            .map_or(ns.base, |(i, _)| ns.base + 1 + i as u32)
     }
 }
 
@@ -207,13 +251,14 @@ impl AddrEcs {
 pub struct TrieTooBig;
 
 /// Most words the tries of one policy may take (with the other tables' limit checked after).
-const TRIE_WORD_LIMIT: usize = 1 << 23;
+pub const TRIE_WORD_LIMIT: usize = 1 << 23;
 
 /// Writes one trie block covering bits `[pos, pos + strides[0])` for `prefixes` (all longer than
-/// `pos`, sorted depth-first, each with its EC), leaf-pushed under `inherited`. Returns its
-/// offset.
+/// `pos`, sorted depth-first, each with its EC), leaf-pushed under `inherited`, into `words`
+/// (word `base` of the table first). Returns its offset in the table.
 fn block(
     words: &mut Vec<u32>,
+    base: usize,
     prefixes: &[(Prefix, u32)],
     inherited: u32,
     pos: u8,
@@ -221,7 +266,7 @@ fn block(
 ) -> Result<u32, TrieTooBig> {
     let stride = strides[0] as u8;
     let size = 1usize << stride;
-    if words.len() + size > TRIE_WORD_LIMIT {
+    if base + words.len() + size > TRIE_WORD_LIMIT {
         return Err(TrieTooBig);
     }
     let off = words.len();
@@ -255,10 +300,10 @@ fn block(
         // The entry's value now is the EC of the longest prefix covering it: the child
         // inherits it.
         let inherit = words[off + e];
-        let child = block(words, &prefixes[from..to], inherit, end, &strides[1..])?;
+        let child = block(words, base, &prefixes[from..to], inherit, end, &strides[1..])?;
         words[off + e] = CHILD | child;
     }
-    Ok(off as u32)
+    Ok((base + off) as u32)
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use paceline_common::ctab::{P_ENTRIES, PORT_ENTRIES, p_index};
 
+use super::fx::FxMap;
+
 /// A condition on protocol, family and DSCP (each `None` = any). `dscp_known`: the rule
 /// needs the DSCP to be visible (sock_ops cannot see it); a DSCP value alone compares with
 /// whatever the caller passed, as the linear matcher does.
@@ -90,7 +92,7 @@ impl FieldEcs {
 /// Interns signatures: EC 0 is the empty signature.
 #[derive(Default)]
 struct Interner {
-    ids: HashMap<Vec<u32>, u32>,
+    ids: FxMap<Vec<u32>, u32>,
     sigs: Vec<Vec<u32>>,
 }
 

@@ -2,10 +2,9 @@
 //! each phase maps (the previous EC, one field's EC) to the EC of the set of selectors still
 //! satisfied, so a selector that leaves a field open costs nothing in that field's phase.
 
-use std::collections::HashMap;
-
 use paceline_common::ctab::{PHASE_CGROUP, PHASE_DPORT, PHASE_MARK, PHASE_SPORT, RuleKey, SelKey, TAG_PHASE};
 
+use super::fx::FxMap;
 use super::{BuildError, limit};
 
 /// A set of selectors.
@@ -50,6 +49,7 @@ pub struct Fields {
 }
 
 /// The phases' entries.
+#[derive(Debug)]
 pub struct Phases {
     /// `CtabHeader::phases`.
     pub mask: u32,
@@ -95,7 +95,7 @@ pub fn run(f: &Fields, max_entries: usize) -> Result<Phases, BuildError> {
     let n_phases = order.len();
     for (k, (phase, vals)) in order.iter().enumerate() {
         let last = k + 1 == n_phases;
-        let mut ids: HashMap<Bits, u32> = HashMap::new();
+        let mut ids: FxMap<Bits, u32> = FxMap::default();
         let mut sets: Vec<Bits> = Vec::new();
         let mut out: Vec<(SelKey, u32)> = Vec::new();
         for (prev, set) in &inputs {

@@ -3,51 +3,79 @@
 //! family and prefixes). A later rule covered only by several earlier rules together is not
 //! found here.
 
-use std::collections::{HashMap, HashSet};
-
 use super::addr::Prefix;
 use super::fields::ports_contain;
+use super::fx::FxMap;
 use super::{CgCond, Norm, Selector};
 
 /// Most containment checks one policy gets; past it the search stops (and says so).
 const BUDGET: usize = 20_000_000;
 
+/// "No prefix" (any address) as a prefix id, and the end of a candidate list.
+const NIL: u32 = u32::MAX;
+
 /// `(later, earlier)` pairs: rule `later` never matches, rule `earlier` covers it. The second
 /// value is false when the search stopped at its budget.
 pub fn covered(rules: &[Norm]) -> (Vec<(usize, usize)>, bool) {
-    let srcs = PrefixSet::new(rules.iter().filter_map(|r| r.src));
-    let dsts = PrefixSet::new(rules.iter().filter_map(|r| r.dst));
-    // Per address condition, the first rule of each distinct selector (a later rule with the
-    // same selector and addresses is covered by that one).
-    let mut index: HashMap<(Option<Prefix>, Option<Prefix>), Vec<usize>> = HashMap::new();
+    let srcs = PrefixTree::new(rules.iter().filter_map(|r| r.src));
+    let dsts = PrefixTree::new(rules.iter().filter_map(|r| r.dst));
+    // Per address condition (a pair of prefix ids), the first rule of each distinct selector
+    // (a later rule with the same selector and addresses is covered by that one), in rule
+    // order: a list threaded through `nodes` (rule, next), its first and last node.
+    let mut index: FxMap<u64, (u32, u32)> = FxMap::default();
+    let mut nodes: Vec<(u32, u32)> = Vec::new();
+    let key = |s: u32, d: u32| (u64::from(s) << 32) | u64::from(d);
     let mut out = Vec::new();
     let mut work = 0usize;
+    let (mut src_up, mut dst_up) = (Vec::new(), Vec::new());
     for (j, rj) in rules.iter().enumerate() {
+        let (sj, dj) = (srcs.id(rj.src), dsts.id(rj.dst));
+        srcs.ancestors(sj, &mut src_up);
+        dsts.ancestors(dj, &mut dst_up);
         let mut found = None;
-        'search: for s in ancestors(rj.src, &srcs) {
-            for d in ancestors(rj.dst, &dsts) {
-                let Some(cands) = index.get(&(s, d)) else { continue };
-                for &i in cands {
+        'search: for &s in &src_up {
+            for &d in &dst_up {
+                let Some(&(mut n, _)) = index.get(&key(s, d)) else {
+                    continue;
+                };
+                while n != NIL {
+                    let (i, next) = nodes[n as usize];
                     work += 1;
                     if work > BUDGET {
                         return (out, false);
                     }
-                    if covers(&rules[i], rj) {
-                        found = Some(i);
+                    if covers(&rules[i as usize], rj) {
+                        found = Some(i as usize);
                         break 'search;
                     }
+                    n = next;
                 }
             }
         }
         match found {
             Some(i) => out.push((j, i)),
             None => {
-                let v = index.entry((rj.src, rj.dst)).or_default();
-                if !v
-                    .iter()
-                    .any(|&i| rules[i].sel == rj.sel && rules[i].addr_family == rj.addr_family)
-                {
-                    v.push(j);
+                let node = nodes.len() as u32;
+                match index.get_mut(&key(sj, dj)) {
+                    None => {
+                        nodes.push((j as u32, NIL));
+                        index.insert(key(sj, dj), (node, node));
+                    }
+                    Some((first, last)) => {
+                        let mut n = *first;
+                        while n != NIL {
+                            let ri = &rules[nodes[n as usize].0 as usize];
+                            if ri.sel == rj.sel && ri.addr_family == rj.addr_family {
+                                break;
+                            }
+                            n = nodes[n as usize].1;
+                        }
+                        if n == NIL {
+                            nodes.push((j as u32, NIL));
+                            nodes[*last as usize].1 = node;
+                            *last = node;
+                        }
+                    }
                 }
             }
         }
@@ -55,37 +83,59 @@ pub fn covered(rules: &[Norm]) -> (Vec<(usize, usize)>, bool) {
     (out, true)
 }
 
-/// The prefixes of one address dimension, with the lengths among them: a prefix's ancestors
-/// are looked up at those lengths only (at every one of 0..=128 they were 62% of compiling
-/// 100,000 /32 rules, `plbench apply`, 2026-12-02).
-struct PrefixSet {
-    set: HashSet<Prefix>,
-    /// Ascending.
-    lens: Vec<u8>,
+/// The prefixes of one address dimension as a tree: each one's nearest enclosing prefix, so a
+/// prefix's ancestors are a walk up, not a lookup per length (a lookup per length, and a
+/// hashed index of prefix pairs, were most of compiling 100,000 /32 rules, `plbench apply`).
+struct PrefixTree {
+    /// Sorted, distinct: a prefix's id is its index.
+    order: Vec<Prefix>,
+    /// The nearest prefix of `order` that contains `order[i]`, or [`NIL`].
+    parent: Vec<u32>,
 }
 
-impl PrefixSet {
+impl PrefixTree {
     fn new(prefixes: impl IntoIterator<Item = Prefix>) -> Self {
-        let set: HashSet<Prefix> = prefixes.into_iter().collect();
-        let mut lens: Vec<u8> = set.iter().map(|p| p.len).collect();
-        lens.sort_unstable();
-        lens.dedup();
-        PrefixSet { set, lens }
-    }
-}
-
-/// `None` (any address) and every prefix of `set` that contains `p`.
-fn ancestors(p: Option<Prefix>, set: &PrefixSet) -> Vec<Option<Prefix>> {
-    let mut out = vec![None];
-    if let Some(p) = p {
-        for &len in set.lens.iter().take_while(|&&l| l <= p.len) {
-            let a = Prefix::new(p.addr, len);
-            if set.set.contains(&a) {
-                out.push(Some(a));
+        let mut order: Vec<Prefix> = prefixes.into_iter().collect();
+        order.sort_unstable();
+        order.dedup();
+        // Sorted by (addr, len), a prefix comes right after those that contain it: a stack of
+        // open ancestors holds its parent on top.
+        let mut parent = vec![NIL; order.len()];
+        let mut stack: Vec<u32> = Vec::new();
+        for (i, p) in order.iter().enumerate() {
+            while let Some(&top) = stack.last() {
+                if order[top as usize].contains(p) {
+                    parent[i] = top;
+                    break;
+                }
+                stack.pop();
             }
+            stack.push(i as u32);
         }
+        PrefixTree { order, parent }
     }
-    out
+
+    /// The id of a rule's prefix ([`NIL`] for none).
+    fn id(&self, p: Option<Prefix>) -> u32 {
+        p.map_or(NIL, |p| {
+            self.order
+                .binary_search(&p)
+                .expect("every rule's prefix is in the tree") as u32
+        })
+    }
+
+    /// Into `out`: [`NIL`] (any address), then the prefixes that contain prefix `id`, itself
+    /// last (shortest first).
+    fn ancestors(&self, id: u32, out: &mut Vec<u32>) {
+        out.clear();
+        let mut n = id;
+        while n != NIL {
+            out.push(n);
+            n = self.parent[n as usize];
+        }
+        out.push(NIL);
+        out.reverse();
+    }
 }
 
 /// Does every packet `inner` matches also match `outer`?

@@ -248,7 +248,9 @@ pub struct Validated {
     pub qjump: Option<Network>,
     pub levels: Vec<Level>,
     pub classes: Vec<Class>,
-    pub rules: Vec<RuleSpec>,
+    /// Shared: a compiled policy keeps them (to reuse the reports of unchanged rules on a
+    /// reload) without a copy.
+    pub rules: std::sync::Arc<[RuleSpec]>,
     /// Index into [`Validated::classes`].
     pub default_class: usize,
     pub d3: Option<D3Spec>,

@@ -819,12 +819,13 @@ fn policy_swap_keeps_flow_clocks() {
 /// at the default class (level 0); only levels 1 and 2 are one policy's answer.
 ///
 /// Two phases under the same readers:
-/// - Full swaps (`write_policy`: fresh classifier maps, flip, grace period, release) for 8 s.
-///   Each waits out about seven RCU grace periods (the kernel waits one after every update of
-///   a map of maps, and the release deletes three), so this is tens to hundreds of swaps.
-/// - Up to 200,000 flips of the live bank in 4 s between the two policies, both kept whole
-///   (the test puts back the classifier maps the last swap released): the instant a program
-///   reads the bank moves many times a packet time.
+/// - Swaps (`write_policy`: the standby bank's classifier patched where it differs, flip,
+///   grace period) for 8 s, in turn to A, B and a third policy C that classifies the probe as
+///   A does through another rule (so every swap patches the words and rule entries of the
+///   policy the bank held two swaps before).
+/// - Up to 200,000 flips of the live bank in 4 s between the last two policies, both banks
+///   whole (each keeps its maps): the instant a program reads the bank moves many times a
+///   packet time.
 ///
 /// Checked on the host (6.18, one reader on the second CPU): with the program reading the
 /// live bank a second time for the classifier's maps (`maps::ctab` given a fresh
@@ -838,7 +839,7 @@ fn policy_swap_keeps_flow_clocks() {
 /// of 20.8 million probes came out mixed and this failed.
 #[test]
 fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_one_policy() {
-    use aya::maps::{Array, ArrayOfMaps, Map, MapData, MapInfo};
+    use aya::maps::{Array, Map, MapData, MapInfo};
     use paceline_common::maps::names;
     use std::os::fd::AsFd as _;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -859,6 +860,12 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
     };
     let a = policy(1, [1, 3]);
     let b = policy(2, [3, 2]);
+    let c = {
+        let (t, _) = policy(1, [1, 3]);
+        (t, vec![Rule::any(1).with_dport(8999, 9000).with_proto(17)])
+    };
+    // In turn after A: B, C, A, ...
+    let turn = |swaps: u32| [&b, &c, &a][swaps as usize % 3];
     dp.write_rules(&a.0, &a.1).unwrap();
     let prog = dp.tc_program().unwrap();
     // The program's own maps, by name (object names are cut to 15 bytes).
@@ -878,11 +885,6 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
         Map::from_map_data(MapData::from_id(id).unwrap()).unwrap()
     };
     let mut active: Array<MapData, u32> = find(names::ACTIVE).try_into().unwrap();
-    let mut outers: Vec<ArrayOfMaps<MapData, MapData>> =
-        [names::CTAB_WORDS, names::CTAB_SELS, names::CTAB_RULES]
-            .into_iter()
-            .map(|n| find(n).try_into().unwrap())
-            .collect();
     let prog = prog.fd().unwrap().as_fd().try_clone_to_owned().unwrap();
     let probe = packet::ipv4(
         [10, 0, 0, 1],
@@ -924,20 +926,11 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
         let start = Instant::now();
         let mut swaps = 0u32;
         while start.elapsed() < Duration::from_secs(8) {
-            let (t, rules) = if swaps.is_multiple_of(2) { &b } else { &a };
+            let (t, rules) = turn(swaps);
             dp.write_rules(t, rules).unwrap();
             swaps += 1;
         }
-        // Both banks whole: the live policy's classifier maps, held here, are put back into
-        // their bank after the next swap releases them (its table stays in place).
-        let held = active.get(&0, 0).unwrap() & 1;
-        let kept: Vec<MapData> = outers.iter().map(|o| o.get(&held, 0).unwrap()).collect();
-        let (t, rules) = if swaps.is_multiple_of(2) { &b } else { &a };
-        dp.write_rules(t, rules).unwrap();
-        swaps += 1;
-        for (o, m) in outers.iter_mut().zip(&kept) {
-            o.set(held, m, 0).unwrap();
-        }
+        // Both banks are whole: each holds its policy's table and classifier.
         let start = Instant::now();
         let mut flips = 0u32;
         while flips < 200_000 && start.elapsed() < Duration::from_secs(4) {
