@@ -102,6 +102,14 @@ impl Snapshot {
     }
 }
 
+/// Logs a grace period the kernel would not wait (`membarrier` refused, as on nohz_full
+/// CPUs): [`bpfsys::wait_for_readers`] slept instead.
+fn settled(membarrier: bool) {
+    if !membarrier {
+        log::debug!("membarrier(MEMBARRIER_CMD_GLOBAL) refused (nohz_full?); waited 50 ms instead");
+    }
+}
+
 /// How long a count of the flow table's entries serves: counting walks the table with one
 /// syscall per entry (about 0.5 s for a million), so scrapes and status share one count.
 pub const FLOW_COUNT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -118,6 +126,10 @@ pub struct Datapath {
     /// What each bank's classifier maps hold, when this process wrote them: the next policy
     /// written into a bank rewrites only what differs.
     banks: [Option<Bank>; 2],
+    /// The grace period that began at the last flip of PL_ACTIVE, while it runs: programs may
+    /// still be reading the bank that flip left, the bank the next policy is written into, so
+    /// nothing writes there before it ends ([`Datapath::settle`]).
+    grace: Option<std::thread::JoinHandle<bool>>,
     clocks: Array<MapData, AggClock>,
     codel: Array<MapData, CodelState>,
     flow_table_memlock: Option<u64>,
@@ -262,6 +274,7 @@ impl Datapath {
             ctab_sels,
             ctab_rules,
             banks: [None, None],
+            grace: None,
             clocks,
             codel,
             flow_table_memlock,
@@ -363,6 +376,7 @@ impl Datapath {
     /// share one load, where verifying the programs takes seconds under emulation; a datapath
     /// serving traffic keeps its clocks and counters.
     pub fn clear(&mut self) -> Result<()> {
+        self.settle();
         let mut ids = std::collections::BTreeSet::new();
         for name in [TC_EGRESS, SOCK_OPS, D3_ROUTER, TC_INGRESS, TC_TRACE] {
             let Some(Ok(info)) = self.ebpf.program(name).map(|p| p.info()) else {
@@ -540,15 +554,18 @@ impl Datapath {
     }
 
     /// Writes a policy into the bank that is not live (its table and its classifier maps),
-    /// then makes that bank live with one write and waits until no program can still be
-    /// reading the other bank. Packets in flight see the old or the new policy, never a mix;
-    /// flow and aggregate clocks are untouched.
+    /// then makes that bank live with one write, in force from then on, and returns while the
+    /// grace period after it runs in the background: the next call (and [`Datapath::settle`])
+    /// waits until no program can still be reading the other bank before writing into it.
+    /// Packets in flight see the old or the new policy, never a mix; flow and aggregate clocks
+    /// are untouched.
     ///
     /// Both banks keep their maps. A bank this process wrote holds a known image, so the next
     /// policy written into it changes only the words and entries that differ (a policy that
     /// changes a few rules writes a few entries); a table that does not fit its map, or that
     /// differs in more entries than it has, goes into a fresh map instead.
     pub fn write_policy(&mut self, table: &PolicyTable, image: &Arc<Image>) -> Result<u64> {
+        self.settle();
         let live = self.active.get(&0, 0).context("reading PL_ACTIVE")? & 1;
         let next = live ^ 1;
         // What the standby bank holds, if this process wrote it and its maps are still the
@@ -606,16 +623,33 @@ impl Datapath {
         t.generation = self.generation;
         self.tables.set(next, t, 0).context("writing PL_TABLES")?;
         self.active.set(0, next, 0).context("flipping PL_ACTIVE")?;
-        // Programs that read the old bank number may still look its maps up: wait them out
-        // before the next policy is written into that bank.
-        if !bpfsys::wait_for_readers() {
-            log::debug!("membarrier(MEMBARRIER_CMD_GLOBAL) refused (nohz_full?); waited 50 ms instead");
-        }
+        // The policy is in force from the flip on. Programs that read the old bank number may
+        // still look its maps up: they are waited out (an RCU grace period, 9-26 ms) in the
+        // background, and the next policy, written into that bank, waits for the end first.
+        self.grace = match std::thread::Builder::new()
+            .name("pl-grace".into())
+            .spawn(bpfsys::wait_for_readers)
+        {
+            Ok(h) => Some(h),
+            Err(_) => {
+                settled(bpfsys::wait_for_readers());
+                None
+            }
+        };
         self.banks[next as usize] = Some(Bank {
             image: image.clone(),
             maps: [words, sels, rules].map(|m| m.map),
         });
         Ok(self.generation)
+    }
+
+    /// Waits until no program can still be reading the bank the last policy flip left (the
+    /// grace period [`Datapath::write_policy`] leaves running), if one is still running.
+    pub fn settle(&mut self) {
+        if let Some(h) = self.grace.take() {
+            // A panicked wait (it cannot: a syscall) is waited again here.
+            settled(h.join().unwrap_or_else(|_| bpfsys::wait_for_readers()));
+        }
     }
 
     /// Does slot `bank` of each outer map still hold the map `b` names?

@@ -730,6 +730,9 @@ fn apply_once(
 ) -> Result<Stages> {
     use paceline_policy::{self as policy, CompileContext, EnforcementMode, OfflineHost};
     use std::time::Instant;
+    // The previous apply's grace period, if it still runs, is not this apply's: an agent's
+    // reloads come seconds apart (one within a grace period of the last waits the rest).
+    dp.settle();
     let t0 = Instant::now();
     let v = policy::parse_str(text, "generated.yaml", &OfflineHost)
         .map_err(|e| anyhow::anyhow!("the generated policy is invalid: {e:?}"))?;
