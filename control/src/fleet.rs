@@ -446,18 +446,19 @@ const QUERIES: &[&str] = &[
     "paceline_kernel_feature",
 ];
 
+/// An answer of Prometheus' query API: `result` holds series of `S` (instant or range).
 #[derive(Deserialize)]
-struct PromResponse {
+struct PromResponse<S> {
     status: String,
     #[serde(default)]
     error: Option<String>,
-    #[serde(default)]
-    data: Option<PromData>,
+    #[serde(default = "Option::default")]
+    data: Option<PromData<S>>,
 }
 
 #[derive(Deserialize)]
-struct PromData {
-    result: Vec<PromSeries>,
+struct PromData<S> {
+    result: Vec<S>,
 }
 
 #[derive(Deserialize)]
@@ -466,25 +467,36 @@ struct PromSeries {
     value: (f64, String),
 }
 
-/// One instant query against Prometheus' HTTP API.
-pub fn prom_query(http: &ureq::Agent, base: &str, query: &str) -> Result<Vec<Sample>> {
-    let url = format!("{}/api/v1/query", base.trim_end_matches('/'));
-    let mut r = http
-        .get(&url)
-        .query("query", query)
+/// Asks Prometheus' API at `path` (`/api/v1/query`, `/api/v1/query_range`) for `query` with
+/// the other parameters `params`; the series of its result.
+fn prom_api<S: serde::de::DeserializeOwned>(
+    http: &ureq::Agent,
+    base: &str,
+    path: &str,
+    query: &str,
+    params: &[(&str, String)],
+) -> Result<Vec<S>> {
+    let url = format!("{}{path}", base.trim_end_matches('/'));
+    let mut req = http.get(&url).query("query", query);
+    for (k, v) in params {
+        req = req.query(*k, v);
+    }
+    let mut r = req
         .call()
         .with_context(|| format!("asking Prometheus at {url}"))?;
-    let body: PromResponse = r
+    let body: PromResponse<S> = r
         .body_mut()
         .read_json()
         .with_context(|| format!("{url}: not a Prometheus API answer"))?;
     if body.status != "success" {
         bail!("Prometheus: {query}: {}", body.error.unwrap_or_default());
     }
-    Ok(body
-        .data
-        .map(|d| d.result)
-        .unwrap_or_default()
+    Ok(body.data.map(|d| d.result).unwrap_or_default())
+}
+
+/// One instant query against Prometheus' HTTP API.
+pub fn prom_query(http: &ureq::Agent, base: &str, query: &str) -> Result<Vec<Sample>> {
+    Ok(prom_api::<PromSeries>(http, base, "/api/v1/query", query, &[])?
         .into_iter()
         .map(|s| Sample {
             name: s
@@ -577,20 +589,6 @@ pub struct Report {
 }
 
 #[derive(Deserialize)]
-struct PromRangeResponse {
-    status: String,
-    #[serde(default)]
-    error: Option<String>,
-    #[serde(default)]
-    data: Option<PromRangeData>,
-}
-
-#[derive(Deserialize)]
-struct PromRangeData {
-    result: Vec<PromRangeSeries>,
-}
-
-#[derive(Deserialize)]
 struct PromRangeSeries {
     metric: BTreeMap<String, String>,
     values: Vec<(f64, String)>,
@@ -613,36 +611,24 @@ pub fn prom_range(
     end: f64,
     step: f64,
 ) -> Result<Vec<RangeSeries>> {
-    let url = format!("{}/api/v1/query_range", base.trim_end_matches('/'));
-    let mut r = http
-        .get(&url)
-        .query("query", query)
-        .query("start", format!("{start:.3}"))
-        .query("end", format!("{end:.3}"))
-        .query("step", format!("{step}"))
-        .call()
-        .with_context(|| format!("asking Prometheus at {url}"))?;
-    let body: PromRangeResponse = r
-        .body_mut()
-        .read_json()
-        .with_context(|| format!("{url}: not a Prometheus API answer"))?;
-    if body.status != "success" {
-        bail!("Prometheus: {query}: {}", body.error.unwrap_or_default());
-    }
-    Ok(body
-        .data
-        .map(|d| d.result)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|s| RangeSeries {
-            labels: s.metric,
-            points: s
-                .values
-                .into_iter()
-                .map(|(t, v)| (t, v.parse().unwrap_or(f64::NAN)))
-                .collect(),
-        })
-        .collect())
+    let params = [
+        ("start", format!("{start:.3}")),
+        ("end", format!("{end:.3}")),
+        ("step", format!("{step}")),
+    ];
+    Ok(
+        prom_api::<PromRangeSeries>(http, base, "/api/v1/query_range", query, &params)?
+            .into_iter()
+            .map(|s| RangeSeries {
+                labels: s.metric,
+                points: s
+                    .values
+                    .into_iter()
+                    .map(|(t, v)| (t, v.parse().unwrap_or(f64::NAN)))
+                    .collect(),
+            })
+            .collect(),
+    )
 }
 
 /// The step of a report's range queries: about 2,000 points over the period (Prometheus

@@ -204,7 +204,9 @@ fn experiment(name: &str, a: &ExpArgs, extra: &[String], suffix: Option<&str>) -
         cwd: Some(root.clone()),
         // The experiments' `PLEXP_*` knobs reach plexp inside the VM as on the host (the VM
         // passes every `PACELINE_*` variable on its own, `PACELINE_STUDY_*` among them).
-        env: std::env::vars().filter(|(k, _)| k.starts_with("PLEXP_")).collect(),
+        env: std::env::vars()
+            .filter(|(k, _)| k.starts_with("PLEXP_"))
+            .collect(),
         // DCTCP is a module in Debian's kernels.
         modules: if name == "aqm" {
             vec!["tcp_dctcp".into()]
