@@ -1,8 +1,7 @@
 //! The loaded eBPF object: programs, typed map handles, and the operations the agent and the
-//! tests perform on them (write a policy table, read counters).
+//! tests perform on them (write a policy table, in [`super::banks`]; read counters).
 
 use std::os::fd::AsFd;
-use std::sync::Arc;
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -11,7 +10,6 @@ use aya::{
     programs::{SchedClassifier, SockOps},
 };
 use paceline_common::{
-    classify::Rule,
     dasr::{self, DasrAddr, DasrIface, DasrStats},
     maps::{
         AggClock, CodelState, Counters, CpuState, D3_SEEN_ENTRIES, D3ClassStats, D3LinkCounters, D3LinkCtl,
@@ -21,8 +19,7 @@ use paceline_common::{
     trace::{TraceConfig, TraceCpu},
 };
 
-use crate::kernel::bpfsys;
-use paceline_policy::ctab::Image;
+use crate::kernel::{banks::Bank, bpfsys};
 
 /// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/paceline-ebpf"));
@@ -102,36 +99,28 @@ impl Snapshot {
     }
 }
 
-/// Logs a grace period the kernel would not wait (`membarrier` refused, as on nohz_full
-/// CPUs): [`bpfsys::wait_for_readers`] slept instead.
-fn settled(membarrier: bool) {
-    if !membarrier {
-        log::debug!("membarrier(MEMBARRIER_CMD_GLOBAL) refused (nohz_full?); waited 50 ms instead");
-    }
-}
-
 /// How long a count of the flow table's entries serves: counting walks the table with one
 /// syscall per entry (about 0.5 s for a million), so scrapes and status share one count.
 pub const FLOW_COUNT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub struct Datapath {
     ebpf: Ebpf,
-    active: Array<MapData, u32>,
-    tables: Array<MapData, PolicyTable>,
+    pub(super) active: Array<MapData, u32>,
+    pub(super) tables: Array<MapData, PolicyTable>,
     cpu: PerCpuArray<MapData, CpuState>,
     stats: PerCpuArray<MapData, Counters>,
-    ctab_words: ArrayOfMaps<MapData, MapData>,
-    ctab_sels: ArrayOfMaps<MapData, MapData>,
-    ctab_rules: ArrayOfMaps<MapData, MapData>,
+    pub(super) ctab_words: ArrayOfMaps<MapData, MapData>,
+    pub(super) ctab_sels: ArrayOfMaps<MapData, MapData>,
+    pub(super) ctab_rules: ArrayOfMaps<MapData, MapData>,
     /// What each bank's classifier maps hold, when this process wrote them: the next policy
     /// written into a bank rewrites only what differs.
-    banks: [Option<Bank>; 2],
+    pub(super) banks: [Option<Bank>; 2],
     /// The grace period that began at the last flip of PL_ACTIVE, while it runs: programs may
     /// still be reading the bank that flip left, the bank the next policy is written into, so
     /// nothing writes there before it ends ([`Datapath::settle`]).
-    grace: Option<std::thread::JoinHandle<bool>>,
+    pub(super) grace: Option<std::thread::JoinHandle<bool>>,
     clocks: Array<MapData, AggClock>,
-    codel: Array<MapData, CodelState>,
+    pub(super) codel: Array<MapData, CodelState>,
     flow_table_memlock: Option<u64>,
     /// The last count of the flow table's entries and when it was taken.
     flow_count: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
@@ -156,7 +145,7 @@ pub struct Datapath {
     trace_prog: ProgramArray<MapData>,
     /// Until a trace session takes it ([`Datapath::take_trace_ring`]).
     trace_ring: Option<RingBuf<MapData>>,
-    generation: u64,
+    pub(super) generation: u64,
 }
 
 impl Datapath {
@@ -553,126 +542,6 @@ impl Datapath {
         Ok(p)
     }
 
-    /// Writes a policy into the bank that is not live (its table and its classifier maps),
-    /// then makes that bank live with one write, in force from then on, and returns while the
-    /// grace period after it runs in the background: the next call (and [`Datapath::settle`])
-    /// waits until no program can still be reading the other bank before writing into it.
-    /// Packets in flight see the old or the new policy, never a mix; flow and aggregate clocks
-    /// are untouched.
-    ///
-    /// Both banks keep their maps. A bank this process wrote holds a known image, so the next
-    /// policy written into it changes only the words and entries that differ (a policy that
-    /// changes a few rules writes a few entries); a table that does not fit its map, or that
-    /// differs in more entries than it has, goes into a fresh map instead.
-    pub fn write_policy(&mut self, table: &PolicyTable, image: &Arc<Image>) -> Result<u64> {
-        self.settle();
-        let live = self.active.get(&0, 0).context("reading PL_ACTIVE")? & 1;
-        let next = live ^ 1;
-        // What the standby bank holds, if this process wrote it and its maps are still the
-        // installed ones (a test may put other maps there).
-        let old = self.banks[next as usize]
-            .take()
-            .filter(|b| self.bank_installed(next, b));
-        let (old_image, [old_words, old_sels, old_rules]) = match old {
-            Some(b) => (Some(b.image), b.maps.map(Some)),
-            None => (None, [None, None, None]),
-        };
-        let empty = Image::empty();
-        let was = old_image.as_deref().unwrap_or(&empty);
-        let words =
-            words_into(old_words, &was.words, &image.words).context("writing the classifier's word table")?;
-        let sels = hash_into(old_sels, &was.sels, &image.sels, "pl_ctab_sels")
-            .context("writing the classifier's selector table")?;
-        let rules = hash_into(old_rules, &was.rules, &image.rules, "pl_ctab_rules")
-            .context("writing the classifier's rule table")?;
-        for ((map, outer), what) in [&words, &sels, &rules]
-            .into_iter()
-            .zip([&mut self.ctab_words, &mut self.ctab_sels, &mut self.ctab_rules])
-            .zip(["word", "selector", "rule"])
-        {
-            if map.fresh {
-                outer
-                    .set(next, &map.map.data, 0)
-                    .with_context(|| format!("installing the {what} table"))?;
-            }
-        }
-        // A CoDel whose parameters change starts over: state built under other parameters (or
-        // left from before CoDel was turned off) is not this CoDel's.
-        if let Ok(old) = self.tables.get(&live, 0) {
-            let classes = old
-                .classes
-                .iter()
-                .zip(table.classes.iter())
-                .map(|(a, b)| (a.codel, b.codel));
-            let levels = old
-                .levels
-                .iter()
-                .zip(table.levels.iter())
-                .map(|(a, b)| (a.codel, b.codel));
-            for (slot, (before, after)) in classes.chain(levels).enumerate() {
-                if before != after {
-                    self.codel
-                        .set(slot as u32, CodelState::default(), 0)
-                        .context("resetting PL_CODEL")?;
-                }
-            }
-        }
-        self.generation += 1;
-        let mut t = *table;
-        t.ctab = image.header;
-        t.generation = self.generation;
-        self.tables.set(next, t, 0).context("writing PL_TABLES")?;
-        self.active.set(0, next, 0).context("flipping PL_ACTIVE")?;
-        // The policy is in force from the flip on. Programs that read the old bank number may
-        // still look its maps up: they are waited out (an RCU grace period, 9-26 ms) in the
-        // background, and the next policy, written into that bank, waits for the end first.
-        self.grace = match std::thread::Builder::new()
-            .name("pl-grace".into())
-            .spawn(bpfsys::wait_for_readers)
-        {
-            Ok(h) => Some(h),
-            Err(_) => {
-                settled(bpfsys::wait_for_readers());
-                None
-            }
-        };
-        self.banks[next as usize] = Some(Bank {
-            image: image.clone(),
-            maps: [words, sels, rules].map(|m| m.map),
-        });
-        Ok(self.generation)
-    }
-
-    /// Waits until no program can still be reading the bank the last policy flip left (the
-    /// grace period [`Datapath::write_policy`] leaves running), if one is still running.
-    pub fn settle(&mut self) {
-        if let Some(h) = self.grace.take() {
-            // A panicked wait (it cannot: a syscall) is waited again here.
-            settled(h.join().unwrap_or_else(|_| bpfsys::wait_for_readers()));
-        }
-    }
-
-    /// Does slot `bank` of each outer map still hold the map `b` names?
-    fn bank_installed(&self, bank: u32, b: &Bank) -> bool {
-        [&self.ctab_words, &self.ctab_sels, &self.ctab_rules]
-            .into_iter()
-            .zip(&b.maps)
-            .all(|(outer, m)| {
-                outer
-                    .get(&bank, 0)
-                    .ok()
-                    .and_then(|d| d.info().ok())
-                    .is_some_and(|i| i.id() == m.id)
-            })
-    }
-
-    /// Compiles `rules` (first match wins) into `table`'s classifier and writes both (tests and
-    /// benchmarks that build tables by hand).
-    pub fn write_rules(&mut self, table: &PolicyTable, rules: &[Rule]) -> Result<u64> {
-        let image = paceline_policy::ctab::build(rules).map_err(|e| anyhow!("compiling the rules: {e}"))?;
-        self.write_policy(table, &Arc::new(image))
-    }
-
     /// The table the datapath currently uses.
     pub fn live_policy(&self) -> Result<PolicyTable> {
         let live = self.active.get(&0, 0)? & 1;
@@ -804,140 +673,6 @@ impl Datapath {
     }
 }
 
-/// One of a bank's classifier maps, as this process wrote it.
-struct BankMap {
-    data: MapData,
-    /// The kernel's id of the map (to tell whether a bank still holds it).
-    id: u32,
-    /// Its `max_entries`.
-    capacity: usize,
-}
-
-impl BankMap {
-    fn new(fd: std::os::fd::OwnedFd, capacity: usize) -> Result<Self> {
-        let data = MapData::from_fd(fd)?;
-        let id = data.info()?.id();
-        Ok(BankMap { data, id, capacity })
-    }
-
-    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.data.fd().as_fd()
-    }
-}
-
-/// A bank's classifier maps (words, selectors, rules) and the image they hold.
-struct Bank {
-    image: Arc<Image>,
-    maps: [BankMap; 3],
-}
-
-/// A table written: its map, and whether that map is new (to be installed in the bank).
-struct Written {
-    map: BankMap,
-    fresh: bool,
-}
-
-/// Room a fresh map gets past its image's entries, so that the policies after it, a few rules
-/// apart, fit in the same map.
-fn with_room(n: usize) -> usize {
-    n + n / 16 + 256
-}
-
-/// The words table `new` for a bank whose map is `old` (holding `was`): patched in place when
-/// it fits, else a fresh mmap-able inner array of `u32`.
-fn words_into(old: Option<BankMap>, was: &[u32], new: &[u32]) -> Result<Written> {
-    if let Some(m) = old
-        && m.capacity >= new.len()
-    {
-        bpfsys::patch_mmapable(m.fd(), was, new)?;
-        return Ok(Written { map: m, fresh: false });
-    }
-    let capacity = with_room(new.len());
-    let fd = bpfsys::map_create(
-        bpfsys::BPF_MAP_TYPE_ARRAY,
-        4,
-        4,
-        capacity as u32,
-        bpfsys::BPF_F_INNER_MAP | bpfsys::BPF_F_MMAPABLE,
-        "pl_ctab_words",
-    )?;
-    bpfsys::patch_mmapable(fd.as_fd(), &[], new)?;
-    Ok(Written {
-        map: BankMap::new(fd, capacity)?,
-        fresh: true,
-    })
-}
-
-/// The hash table `new` (sorted by key) for a bank whose map is `old` (holding `was`, sorted
-/// by key): the keys gone deleted and the entries new or changed written, in batches, when the
-/// table fits and that is less than writing it whole; else a fresh inner hash map.
-fn hash_into<K: Copy + Ord, V: Copy + PartialEq>(
-    old: Option<BankMap>,
-    was: &[(K, V)],
-    new: &[(K, V)],
-    name: &str,
-) -> Result<Written> {
-    if let Some(m) = old
-        && m.capacity >= new.len()
-    {
-        let (gone, set) = sorted_diff(was, new);
-        if gone.len() + set.len() <= new.len() {
-            bpfsys::delete_batch(m.fd(), &gone)?;
-            let (keys, values): (Vec<K>, Vec<V>) = set.into_iter().unzip();
-            bpfsys::update_batch(m.fd(), &keys, &values)?;
-            return Ok(Written { map: m, fresh: false });
-        }
-    }
-    let capacity = with_room(new.len());
-    let fd = bpfsys::map_create(
-        bpfsys::BPF_MAP_TYPE_HASH,
-        std::mem::size_of::<K>() as u32,
-        std::mem::size_of::<V>() as u32,
-        capacity as u32,
-        0,
-        name,
-    )?;
-    let keys: Vec<K> = new.iter().map(|e| e.0).collect();
-    let values: Vec<V> = new.iter().map(|e| e.1).collect();
-    bpfsys::update_batch(fd.as_fd(), &keys, &values)?;
-    Ok(Written {
-        map: BankMap::new(fd, capacity)?,
-        fresh: true,
-    })
-}
-
-/// Between two tables sorted by key: the keys of `was` that `new` lacks, and the entries of
-/// `new` that `was` lacks or holds with another value.
-fn sorted_diff<K: Copy + Ord, V: Copy + PartialEq>(was: &[(K, V)], new: &[(K, V)]) -> (Vec<K>, Vec<(K, V)>) {
-    let (mut gone, mut set) = (Vec::new(), Vec::new());
-    let (mut i, mut j) = (0, 0);
-    while i < was.len() || j < new.len() {
-        match (was.get(i), new.get(j)) {
-            (Some(a), Some(b)) if a.0 == b.0 => {
-                if a.1 != b.1 {
-                    set.push(*b);
-                }
-                i += 1;
-                j += 1;
-            }
-            (Some(a), Some(b)) if a.0 < b.0 => {
-                gone.push(a.0);
-                i += 1;
-            }
-            (Some(a), None) => {
-                gone.push(a.0);
-                i += 1;
-            }
-            (_, Some(b)) => {
-                set.push(*b);
-                j += 1;
-            }
-            (None, None) => unreachable!("the loop runs while one is left"),
-        }
-    }
-    (gone, set)
-}
-
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
     ebpf.program_mut(name)
         .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))
@@ -1025,21 +760,4 @@ pub fn restrict_pin(path: &std::path::Path, group: Option<u32>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::sorted_diff;
-
-    #[test]
-    fn a_sorted_diff_names_the_keys_gone_and_the_entries_new_or_changed() {
-        let was = [(1, 'a'), (2, 'b'), (4, 'd'), (6, 'f')];
-        let new = [(2, 'b'), (3, 'c'), (4, 'e'), (7, 'g')];
-        assert_eq!(
-            sorted_diff(&was, &new),
-            (vec![1, 6], vec![(3, 'c'), (4, 'e'), (7, 'g')])
-        );
-        assert_eq!(sorted_diff(&was, &was), (vec![], vec![]));
-        assert_eq!(sorted_diff::<u32, char>(&[], &new[..1]), (vec![], vec![(2, 'b')]));
-    }
 }

@@ -1,6 +1,7 @@
 //! The kernel side: everything the agent asks of the running kernel.
 //!
-//! - [`datapath`]: the loaded eBPF object, typed maps, policy writes and counter snapshots.
+//! - [`datapath`]: the loaded eBPF object, typed maps and counter snapshots; [`banks`] writes a
+//!   policy into the standby bank (changing only what differs) and switches banks.
 //! - [`bpfsys`]: the bpf(2) calls aya does not offer (inner maps, batch writes, RCU waits).
 //! - [`attach`]: tc attachment (tcx or clsact) and sock_ops on the cgroup v2 root.
 //! - [`qdisc`]: fq / mq+fq / HTB root qdiscs through `tc`, and their removal; [`qstats`] reads
@@ -13,6 +14,7 @@
 //! - [`features`]: what the running kernel offers, probed at start.
 //! - [`sockdiag`]: TCP sockets' byte counters (sock_diag netlink) for `paceline flows`.
 pub mod attach;
+pub mod banks;
 pub mod bpfsys;
 pub mod datapath;
 pub mod features;
