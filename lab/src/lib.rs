@@ -9,8 +9,8 @@
 //! - [`experiments`]: one folder per experiment (`plan`, `policy`, `run`, `report`), run by
 //!   `plexp`, normally in the VM through `cargo xtask bench <name>`.
 //! - [`report`]: result JSON to markdown tables and SVG plots (`plreport`).
-//! - `bin/plbench.rs`: the datapath benchmark (BPF_PROG_TEST_RUN against the same run's
-//!   reference) and the policy apply benchmark.
+//! - `bin/plbench/`: the datapath benchmark (`datapath.rs`: BPF_PROG_TEST_RUN against the same
+//!   run's reference) and the policy apply benchmark (`apply.rs`).
 
 pub mod experiments;
 pub mod report;
