@@ -2,7 +2,7 @@
 //! maps, the shape an operator's policy reaches, as YAML (for the agent) and as
 //! datapath rules (for BPF_PROG_TEST_RUN).
 //!
-//! `plgen policy --rules N` prints one (see README, "Policies").
+//! `plgen policy --rules N` prints one (see docs/policy.md, "Large policies").
 
 use std::fmt::Write as _;
 
