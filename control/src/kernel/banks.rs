@@ -1,19 +1,20 @@
 //! The policy banks: writing a policy into the bank of maps the datapath is not reading, then
 //! switching banks ([`Datapath::write_policy`], [`Datapath::settle`]), and the diffing that
-//! makes a policy a few rules apart cost a few map writes (`words_into`, `hash_into`).
+//! makes a policy a few rules apart cost a few map writes (`words_into`, `hash_into`). The
+//! state a bank keeps between writes ([`Bank`], [`BankMap`]) is a field of [`Datapath`], so its
+//! types stand beside it in `datapath.rs`.
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result, anyhow};
-use aya::maps::MapData;
 use paceline_common::{
     classify::Rule,
     maps::{CodelState, PolicyTable},
 };
 
 use crate::kernel::bpfsys;
-use crate::kernel::datapath::Datapath;
+use crate::kernel::datapath::{Bank, BankMap, Datapath};
 use paceline_policy::ctab::Image;
 
 /// Logs a grace period the kernel would not wait (`membarrier` refused, as on nohz_full
@@ -144,33 +145,6 @@ impl Datapath {
         let image = paceline_policy::ctab::build(rules).map_err(|e| anyhow!("compiling the rules: {e}"))?;
         self.write_policy(table, &Arc::new(image))
     }
-}
-
-/// One of a bank's classifier maps, as this process wrote it.
-struct BankMap {
-    data: MapData,
-    /// The kernel's id of the map (to tell whether a bank still holds it).
-    id: u32,
-    /// Its `max_entries`.
-    capacity: usize,
-}
-
-impl BankMap {
-    fn new(fd: std::os::fd::OwnedFd, capacity: usize) -> Result<Self> {
-        let data = MapData::from_fd(fd)?;
-        let id = data.info()?.id();
-        Ok(BankMap { data, id, capacity })
-    }
-
-    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.data.fd().as_fd()
-    }
-}
-
-/// A bank's classifier maps (words, selectors, rules) and the image they hold.
-pub(super) struct Bank {
-    image: Arc<Image>,
-    maps: [BankMap; 3],
 }
 
 /// A table written: its map, and whether that map is new (to be installed in the bank).

@@ -2,6 +2,7 @@
 //! tests perform on them (write a policy table, in [`super::banks`]; read counters).
 
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
@@ -19,7 +20,8 @@ use paceline_common::{
     trace::{TraceConfig, TraceCpu},
 };
 
-use crate::kernel::{banks::Bank, bpfsys};
+use crate::kernel::bpfsys;
+use paceline_policy::ctab::Image;
 
 /// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/paceline-ebpf"));
@@ -671,6 +673,33 @@ impl Datapath {
     pub fn flow_table_memlock(&self) -> Option<u64> {
         self.flow_table_memlock
     }
+}
+
+/// One of a bank's classifier maps, as this process wrote it.
+pub(super) struct BankMap {
+    pub(super) data: MapData,
+    /// The kernel's id of the map (to tell whether a bank still holds it).
+    pub(super) id: u32,
+    /// Its `max_entries`.
+    pub(super) capacity: usize,
+}
+
+impl BankMap {
+    pub(super) fn new(fd: std::os::fd::OwnedFd, capacity: usize) -> Result<Self> {
+        let data = MapData::from_fd(fd)?;
+        let id = data.info()?.id();
+        Ok(BankMap { data, id, capacity })
+    }
+
+    pub(super) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.data.fd().as_fd()
+    }
+}
+
+/// A bank's classifier maps (words, selectors, rules) and the image they hold.
+pub(super) struct Bank {
+    pub(super) image: Arc<Image>,
+    pub(super) maps: [BankMap; 3],
 }
 
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
