@@ -149,6 +149,22 @@ pub fn report(dp: &Datapath) -> Result<DasrReport> {
     })
 }
 
+/// A report of one local address, 10.0.0.2, with N = 2 senders on a 125 MB/s line (62.5 MB/s
+/// each) and `stats`: the fixture the tests of the status document and of the metric family
+/// share.
+#[cfg(test)]
+pub(crate) fn one_address_report(stats: DasrStats) -> DasrReport {
+    DasrReport {
+        addresses: vec![AddrReport {
+            address: "10.0.0.2".into(),
+            senders: 2,
+            line_rate_bytes_per_second: 125_000_000,
+            share_bytes_per_second: 62_500_000,
+        }],
+        stats,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,15 +234,7 @@ mod tests {
         };
         stats.rate_hist[4] = 2;
         stats.rate_hist[dasr::RATE_BUCKETS - 1] = 1;
-        let r = DasrReport {
-            addresses: vec![AddrReport {
-                address: "10.0.0.2".into(),
-                senders: 2,
-                line_rate_bytes_per_second: 125_000_000,
-                share_bytes_per_second: 62_500_000,
-            }],
-            stats,
-        };
+        let r = one_address_report(stats);
         let text = serde_json::to_string(&r).expect("serializes");
         assert_eq!(
             text,

@@ -124,7 +124,7 @@ fn rate_histogram(s: &DasrStats) -> MetricFamily {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dasr::AddrReport;
+    use crate::dasr::one_address_report;
 
     #[test]
     fn metrics_name_every_counter_and_the_histogram() {
@@ -133,15 +133,7 @@ mod tests {
             ..Default::default()
         };
         stats.rate_hist[4] = 3;
-        let r = DasrReport {
-            addresses: vec![AddrReport {
-                address: "10.0.0.2".into(),
-                senders: 2,
-                line_rate_bytes_per_second: 125_000_000,
-                share_bytes_per_second: 62_500_000,
-            }],
-            stats,
-        };
+        let r = one_address_report(stats);
         let text = render(&r).unwrap();
         assert!(
             text.contains("paceline_dasr_senders{address=\"10.0.0.2\"} 2"),
