@@ -169,6 +169,9 @@ pub struct Compiled {
     /// The rules it was compiled from: [`compile_after`] reuses the report of a rule that is
     /// the same at the same index.
     specs: Arc<[RuleSpec]>,
+    /// The covered-rule search's result: [`compile_after`] searches again only for the rules an
+    /// edit reaches.
+    covered: Arc<crate::ctab::shadow::Covered>,
 }
 
 /// Where [`compile`] spent its time (the apply benchmark prints it): the classifier's stages
@@ -552,6 +555,8 @@ fn compile_with(
     let mut rules = Vec::new();
     let mut rule_table = Vec::with_capacity(v.rules.len());
     let mut dscp_rules = false;
+    // The indices whose table rule may not be the running policy's.
+    let mut edited: Vec<usize> = Vec::new();
     for (i, r) in v.rules.iter().enumerate() {
         let class = idx[r.class];
         rule_table.push(table_rule(r, class));
@@ -565,6 +570,11 @@ fn compile_with(
             (c.specs.get(i) == Some(r) && info.class_index == class && info.class == *class_name)
                 .then_some(info)
         });
+        if same.is_none() && running.is_some() {
+            // Its table rule may differ from the running policy's (the same spec in the same
+            // class index makes the same table rule).
+            edited.push(i);
+        }
         rules.push(match same {
             Some(info) => info.clone(),
             None => RuleInfo {
@@ -652,7 +662,8 @@ fn compile_with(
     table.ctab = ctab.header;
     times.classifier = t_ctab.elapsed();
     let t_shadow = std::time::Instant::now();
-    shadow_warnings(&rule_table, &norms, &rules, &mut warnings, v);
+    let covered = Arc::new(covered_rules(&rule_table, &norms, running, &edited));
+    shadow_warnings(&rule_table, &covered, &rules, &mut warnings, v);
     times.shadow = t_shadow.elapsed();
     table.n_classes = n_classes as u32;
     table.default_class = u32::from(idx[v.default_class]);
@@ -710,7 +721,36 @@ fn compile_with(
         htb,
         times,
         specs: v.rules.clone(),
+        covered,
     })
+}
+
+/// The covered-rule search of `table` (normalized: `norms`): after `running`'s, when the two
+/// have as many rules and differ in a few (among `edited`: the others are the same), only for
+/// the rules those reach ([`crate::ctab::shadow::search_after`]).
+fn covered_rules(
+    table: &[Rule],
+    norms: &[crate::ctab::Norm],
+    running: Option<&Compiled>,
+    edited: &[usize],
+) -> crate::ctab::shadow::Covered {
+    use crate::ctab::shadow;
+    let Some(run) = running.filter(|r| r.rule_table.len() == table.len()) else {
+        return shadow::search(norms);
+    };
+    let mut changed = Vec::new();
+    for &i in edited {
+        let before = &run.rule_table[i];
+        if table[i] == *before {
+            continue;
+        }
+        match crate::ctab::normalize(i, before) {
+            Ok(old) if old == norms[i] => {}
+            Ok(old) if changed.len() < shadow::MAX_CHANGED => changed.push((i, old)),
+            _ => return shadow::search(norms),
+        }
+    }
+    shadow::search_after(norms, &run.covered, &changed)
 }
 
 /// A warning as validation's are printed: `file:line: path: message`, the line that of `at`
@@ -731,17 +771,16 @@ const MAX_SHADOW_WARNINGS: usize = 20;
 /// Warns about rules that an earlier rule covers: they can never match.
 fn shadow_warnings(
     table: &[Rule],
-    norms: &[crate::ctab::Norm],
+    found: &crate::ctab::shadow::Covered,
     rules: &[RuleInfo],
     warnings: &mut Vec<String>,
     v: &Validated,
 ) {
-    let (covered, complete) = crate::ctab::shadow::covered(norms);
+    let (covered, complete) = (found.pairs.iter().copied(), found.complete);
     // Offline, cgroups are not resolved and every cgroup rule carries the placeholder id 0:
     // two rules on different cgroups would look alike. Such a pair says nothing.
     let unresolved = |i: usize| table[i].cgroup_mask != 0 && table[i].cgroup_id == 0;
     let covered: Vec<_> = covered
-        .into_iter()
         .filter(|&(later, earlier)| {
             !(unresolved(later) && unresolved(earlier) && rules[later].matches != rules[earlier].matches)
         })

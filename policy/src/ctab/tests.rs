@@ -485,3 +485,53 @@ fn incremental_builds_take_what_an_edit_leaves_unchanged() {
         c.fields.as_ref().unwrap()
     ));
 }
+
+/// An edit that keeps the rule count: a class, a destination, a source, a port or a whole rule
+/// replaced (so rules become covered, or stop being, and coverers change).
+fn same_length_edit(rng: &mut StdRng, rules: &mut [Rule]) {
+    let pool = prefix_pool();
+    let at = rng.random_range(0..rules.len());
+    let (a, l) = pool[rng.random_range(0..pool.len())];
+    rules[at] = match rng.random_range(0..5) {
+        0 => Rule {
+            class: rng.random_range(0..8),
+            ..rules[at]
+        },
+        1 => rules[at].with_dst(words(a), words(mask(l))),
+        2 => rules[at].with_src(words(a), words(mask(l))),
+        3 => {
+            let (lo, hi) = port_pool()[rng.random_range(0..port_pool().len())];
+            rules[at].with_dport(lo, hi)
+        }
+        _ => random_rule(rng, 8),
+    };
+}
+
+#[test]
+fn covered_rule_searches_after_random_edits_equal_searches_from_nothing() {
+    let mut rng = StdRng::seed_from_u64(2027);
+    for _ in 0..300 {
+        let n = rng.random_range(1..70);
+        let mut rules: Vec<Rule> = (0..n).map(|_| random_rule(&mut rng, 8)).collect();
+        let mut prev = shadow::search(&normalize_all(&rules).unwrap());
+        for _ in 0..10 {
+            let before = normalize_all(&rules).unwrap();
+            for _ in 0..rng.random_range(1..4) {
+                same_length_edit(&mut rng, &mut rules);
+            }
+            let norms = normalize_all(&rules).unwrap();
+            let changed: Vec<(usize, Norm)> = (0..rules.len())
+                .filter(|&i| before[i] != norms[i])
+                .map(|i| (i, before[i].clone()))
+                .collect();
+            let after = shadow::search_after(&norms, &prev, &changed);
+            let full = shadow::search(&norms);
+            assert_eq!(
+                (&after.pairs, after.complete),
+                (&full.pairs, full.complete),
+                "after {changed:#?}\n{norms:#?}"
+            );
+            prev = after;
+        }
+    }
+}
