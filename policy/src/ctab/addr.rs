@@ -10,7 +10,7 @@
 //! prefix that contains it), so the ECs a prefix covers (itself and every prefix nested in
 //! it) are one contiguous range.
 
-use paceline_common::ctab::{CHILD, V4_STRIDES, V6_STRIDES};
+use paceline_common::ctab::{CHILD, NONE, V4_STRIDES, V6_STRIDES};
 
 /// A prefix of the 128-bit address space (IPv4 as IPv4-mapped, /96 + length).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -243,6 +243,65 @@ impl AddrEcs {
             .filter(|(_, p)| p.len <= start)
             .max_by_key(|(_, p)| p.len)
             .map_or(ns.base, |(i, _)| ns.base + 1 + i as u32)
+    }
+}
+
+/// How the ECs of one address dimension moved from one numbering to the next: a prefix in both
+/// keeps its place among the others, so the ECs that stay keep their order.
+#[derive(Debug)]
+pub struct EcMoves {
+    /// Per old EC, its new one ([`NONE`]: its prefix is gone).
+    map: Vec<u32>,
+    /// Old ECs whose prefix is gone, and new ECs of prefixes not there before, ascending.
+    removed: Vec<u32>,
+    added: Vec<u32>,
+}
+
+impl EcMoves {
+    pub fn new(old: &AddrEcs, new: &AddrEcs) -> Self {
+        let mut map = vec![NONE; old.count as usize];
+        let (mut removed, mut added) = (Vec::new(), Vec::new());
+        for (o, n) in old.ns.iter().zip(&new.ns) {
+            map[o.base as usize] = n.base;
+            let (mut i, mut j) = (0, 0);
+            while i < o.order.len() || j < n.order.len() {
+                let (oe, ne) = (o.base + 1 + i as u32, n.base + 1 + j as u32);
+                match (o.order.get(i), n.order.get(j)) {
+                    (Some(a), Some(b)) if a == b => {
+                        map[oe as usize] = ne;
+                        i += 1;
+                        j += 1;
+                    }
+                    (Some(a), b) if b.is_none_or(|b| a < b) => {
+                        removed.push(oe);
+                        i += 1;
+                    }
+                    _ => {
+                        added.push(ne);
+                        j += 1;
+                    }
+                }
+            }
+        }
+        EcMoves { map, removed, added }
+    }
+
+    /// Do the old ECs `lo..=hi` all stay, with no new EC among them or right after them? Then
+    /// a prefix whose ECs lie there covers their new ECs, as many and contiguous.
+    pub fn keeps(&self, lo: u32, hi: u32) -> bool {
+        let none_in = |v: &[u32], lo: u32, hi: u32| {
+            let at = v.partition_point(|&e| e < lo);
+            v.get(at).is_none_or(|&e| e > hi)
+        };
+        lo <= hi
+            && (hi as usize) < self.map.len()
+            && none_in(&self.removed, lo, hi)
+            && none_in(&self.added, self.map[lo as usize], self.map[hi as usize] + 1)
+    }
+
+    /// The new EC of old EC `e` (one [`EcMoves::keeps`] says stays).
+    pub fn get(&self, e: u32) -> u32 {
+        self.map[e as usize]
     }
 }
 

@@ -478,29 +478,90 @@ pub fn build_after(
     // prefixes and families, under the same selector id and address ECs): what the selector
     // itself is does not enter them.
     let families: Vec<Option<bool>> = norms.iter().map(|n| n.addr_family).collect();
-    let same_ecs = memo.is_some_and(|m| {
-        m.src.as_ref().is_some_and(|p| Arc::ptr_eq(p, &src))
-            && m.dst.as_ref().is_some_and(|p| Arc::ptr_eq(p, &dst))
+    // When a dimension's ECs were built again (a prefix came or went), the ECs that stay keep
+    // their order: a group whose rules kept their prefixes and whose ECs all stay, with none
+    // added among them, has the entries before with the ECs moved (`EcMoves::keeps`). A group
+    // with a rule whose prefix changed is built again.
+    let moves = memo.and_then(|m| {
+        let (ps, pd) = (m.src.as_ref()?, m.dst.as_ref()?);
+        let n = norms.len();
+        (ps.input.len() == n && pd.input.len() == n).then(|| {
+            let moves = |p: &Arc<AddrStage>, s: &Arc<AddrStage>| {
+                (!Arc::ptr_eq(p, s)).then(|| (addr::EcMoves::new(&p.ecs, &s.ecs), p.clone()))
+            };
+            [moves(ps, &src), moves(pd, &dst)]
+        })
     });
+    let mut dirty: Vec<[bool; 4]> = vec![[false; 4]; groups.len()];
+    if let Some(mv) = &moves {
+        for (m, now) in mv.iter().zip([&src, &dst]) {
+            if let Some((_, before)) = m {
+                for (i, (a, b)) in before.input.iter().zip(&now.input).enumerate() {
+                    if a != b {
+                        dirty[rule_sel[i] as usize][norms[i].shape()] = true;
+                    }
+                }
+            }
+        }
+    }
     let mut group_max: Vec<[usize; 4]> = vec![[0; 4]; groups.len()];
     for (si, g) in groups.iter().enumerate() {
         let is_any = Some(si as u32) == any_sel;
         for shape in [SHAPE_SRC, SHAPE_DST, SHAPE_BOTH] {
             let tag = rule_tag(si as u32, shape);
             let rules_of = &g[shape as usize];
-            if same_ecs && !(is_any && shape != SHAPE_BOTH) {
-                let (m, prev) = (memo.expect("same_ecs"), prev.expect("a memo is an image's"));
+            if let Some([src_mv, dst_mv]) = &moves
+                && !(is_any && shape != SHAPE_BOTH)
+                && !dirty[si][shape as usize]
+            {
+                let (m, prev) = (memo.expect("moves"), prev.expect("a memo is an image's"));
                 let max = m.group_max.get(si).map_or(0, |g| g[shape as usize]);
                 let start = prev.rules.partition_point(|(k, _)| k.tag < tag);
                 let len = prev.rules[start..].partition_point(|(k, _)| k.tag == tag);
+                let entries = &prev.rules[start..start + len];
+                // The ECs the entries cover, per dimension the group uses: sorted by (a, b).
+                let (uses_src, uses_dst) = (shape != SHAPE_DST, shape != SHAPE_SRC);
+                let span_a = entries.first().zip(entries.last()).map(|(f, l)| (f.0.a, l.0.a));
+                let span_b = entries
+                    .iter()
+                    .map(|(k, _)| k.b)
+                    .fold(None, |s: Option<(u32, u32)>, b| {
+                        Some(s.map_or((b, b), |(lo, hi)| (lo.min(b), hi.max(b))))
+                    });
+                let stays =
+                    |mv: &Option<(addr::EcMoves, Arc<AddrStage>)>, span: Option<(u32, u32)>, used: bool| {
+                        !used
+                            || mv.is_none()
+                            || span.is_none_or(|(lo, hi)| mv.as_ref().is_some_and(|m| m.0.keeps(lo, hi)))
+                    };
                 if m.groups.get(si).is_some_and(|pg| pg[shape as usize] == *rules_of)
                     && rules_of
                         .iter()
                         .all(|&ri| m.families[ri as usize] == families[ri as usize])
                     && done + len + max <= lim.rules
+                    && stays(src_mv, span_a, uses_src)
+                    && stays(dst_mv, span_b, uses_dst)
                 {
                     // No rule of it could pass the limit: each checks at most this.
-                    rule_list.extend_from_slice(&prev.rules[start..start + len]);
+                    let moved = |mv: &Option<(addr::EcMoves, Arc<AddrStage>)>, e: u32, used: bool| match mv {
+                        Some((m, _)) if used => m.get(e),
+                        _ => e,
+                    };
+                    if src_mv.is_none() && dst_mv.is_none() {
+                        rule_list.extend_from_slice(entries);
+                    } else {
+                        rule_list.extend(entries.iter().map(|&(k, r)| {
+                            let a = moved(src_mv, k.a, uses_src);
+                            (
+                                RuleKey {
+                                    tag,
+                                    a,
+                                    b: moved(dst_mv, k.b, uses_dst),
+                                },
+                                r,
+                            )
+                        }));
+                    }
                     done += len;
                     group_max[si][shape as usize] = max;
                     continue;

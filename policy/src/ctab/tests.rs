@@ -535,3 +535,58 @@ fn covered_rule_searches_after_random_edits_equal_searches_from_nothing() {
         }
     }
 }
+
+/// Address edits of a policy of /32 lists under ports (the apply benchmark's shape), with /24s
+/// and a /16 among them: an address replaced by one sorted before, between or after the
+/// others, inside a /24 of another rule or not, or a /24 or /16 (covering other rules' ECs);
+/// the address classes move and most groups are taken moved from the image before.
+#[test]
+fn incremental_builds_after_address_edits_equal_full_builds() {
+    let mut rng = StdRng::seed_from_u64(2028);
+    let host = |a: u8, b: u8, c: u8| words(v4([10, a, b, c]));
+    let random_prefix = |rng: &mut StdRng| -> ([u32; 4], [u32; 4]) {
+        let a = [1, 100, 101, 200, 255][rng.random_range(0..5)];
+        let (b, c) = (rng.random_range(0..4), rng.random_range(0..=255));
+        match rng.random_range(0..6) {
+            0 => (host(a, b, 0), words(mask(120))),
+            1 => (host(a, 0, 0), words(mask(112))),
+            _ => (host(a, b, c), words(mask(128))),
+        }
+    };
+    for round in 0..30 {
+        let mut rules: Vec<Rule> = (0..400u32)
+            .map(|i| {
+                let r = Rule::any(1 + (i % 8) as u16)
+                    .with_proto(17)
+                    .with_dport(20000 + (i / 40) as u16, 20000 + (i / 40) as u16);
+                let r = if i % 50 == 7 {
+                    r.with_dst(host(100, (i >> 8) as u8, 0), words(mask(120)))
+                } else {
+                    r.with_dst(host(100, (i >> 8) as u8, i as u8), words(mask(128)))
+                };
+                // Some rules of both families, some with a source too.
+                let r = if i % 3 == 0 { r } else { r.with_family(false) };
+                if round % 2 == 1 && i % 40 < 5 {
+                    r.with_src(host(1, 0, i as u8), words(mask(128)))
+                } else {
+                    r
+                }
+            })
+            .collect();
+        let mut prev = incremental_matches_full(&rules, None, &LIMITS);
+        for _ in 0..12 {
+            for _ in 0..rng.random_range(1..3) {
+                let at = rng.random_range(0..rules.len());
+                let (a, m) = random_prefix(&mut rng);
+                rules[at] = if rng.random_bool(0.8) {
+                    rules[at].with_dst(a, m)
+                } else {
+                    rules[at].with_src(a, m)
+                };
+            }
+            if let Some(image) = incremental_matches_full(&rules, prev.as_ref(), &LIMITS) {
+                prev = Some(image);
+            }
+        }
+    }
+}
