@@ -336,6 +336,17 @@ fn block(
     // depth-first order puts a prefix before those nested in it.
     let mut i = 0;
     let mut children: Vec<(usize, usize, usize)> = Vec::new(); // (entry, from, to)
+    // Sorted, the prefixes between the first and the last share the bits those two share: when
+    // the first is deeper than the block and both agree up to its end, so does every prefix,
+    // all under one entry (none shorter could sort between them). Long runs of IPv4-mapped
+    // prefixes through the IPv6 trie's top blocks skip the walk below.
+    if let (Some(&(first, _)), Some(&(last, _))) = (prefixes.first(), prefixes.last())
+        && first.len > end
+        && (first.addr ^ last.addr) >> (128 - u32::from(end)) == 0
+    {
+        children.push((entry_of(first.addr), 0, prefixes.len()));
+        i = prefixes.len();
+    }
     while i < prefixes.len() {
         let (p, ec) = prefixes[i];
         if p.len <= end {

@@ -335,7 +335,20 @@ pub fn build_after(
 
     // ---- selectors ----
     let mut sel_ids: Ids<Selector> = Ids::new();
-    let rule_sel: Vec<u32> = norms.iter().map(|n| sel_ids.id(&n.sel)).collect();
+    // A YAML rule's address list expands into consecutive rules of one selector: the one before
+    // is compared first, and hashed only when it differs.
+    let mut last: Option<(&Selector, u32)> = None;
+    let rule_sel: Vec<u32> = norms
+        .iter()
+        .map(|n| match last {
+            Some((s, id)) if *s == n.sel => id,
+            _ => {
+                let id = sel_ids.id(&n.sel);
+                last = Some((&n.sel, id));
+                id
+            }
+        })
+        .collect();
     let sels = sel_ids.list;
     st.selectors = sels.len();
     // Per selector, per shape (any, src, dst, both): the rules, in order.
