@@ -172,6 +172,11 @@ impl AddrEcs {
         out
     }
 
+    /// Every prefix, sorted, once (the IPv6 namespace's: it has them all).
+    pub fn prefixes(&self) -> &[Prefix] {
+        &self.ns[1].order
+    }
+
     /// The EC ranges `[start, end)` a prefix covers for packets of `family` (`None`: both), or
     /// for every address when `prefix` is `None` (only with a family).
     pub fn ranges(&self, prefix: Option<&Prefix>, family: Option<bool>) -> Ranges {

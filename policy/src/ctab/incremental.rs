@@ -36,8 +36,9 @@ pub(super) struct Memo {
 /// have the same prefixes in this dimension as the image before takes them from it.
 #[derive(Debug)]
 pub(super) struct AddrStage {
-    /// Each rule's prefix in this dimension.
-    input: Vec<Option<Prefix>>,
+    /// Each rule's prefix in this dimension, as its index in the ECs' prefixes
+    /// ([`AddrEcs::prefixes`]), or [`NONE`]: 4 bytes a rule where the prefix took 32.
+    input: Vec<u32>,
     ecs: AddrEcs,
     /// Some rule has a prefix here: the tries are looked up.
     used: bool,
@@ -50,19 +51,52 @@ pub(super) struct AddrStage {
 }
 
 impl AddrStage {
-    /// The stage of `prev` if it was built from `input`, else a new one built at word `base`.
+    /// Rule `i`'s prefix.
+    fn prefix(&self, i: usize) -> Option<Prefix> {
+        let at = self.input[i];
+        (at != NONE).then(|| self.ecs.prefixes()[at as usize])
+    }
+
+    /// Was it built from these prefixes, one a rule?
+    fn built_from(&self, input: impl ExactSizeIterator<Item = Option<Prefix>>) -> bool {
+        input.len() == self.input.len() && input.enumerate().all(|(i, p)| self.prefix(i) == p)
+    }
+
+    /// The stage of `prev` if it was built from `norms`' prefixes in dimension `dim`, else a
+    /// new one built at word `base`.
     fn reuse_or_build(
         prev: Option<&Arc<AddrStage>>,
-        input: Vec<Option<Prefix>>,
+        norms: &[Norm],
+        dim: fn(&Norm) -> Option<Prefix>,
         base: usize,
     ) -> Result<Arc<AddrStage>, addr::TrieTooBig> {
         if let Some(p) = prev
-            && p.input == input
+            && p.built_from(norms.iter().map(dim))
         {
             return Ok(p.clone());
         }
-        let ecs = AddrEcs::new(input.iter().flatten().copied());
-        let used = input.iter().any(Option::is_some);
+        let ecs = AddrEcs::new(norms.iter().filter_map(dim));
+        // Rules come mostly in address order: the prefix after the last one found is tried
+        // first.
+        let all = ecs.prefixes();
+        let mut next = 0usize;
+        let input: Vec<u32> = norms
+            .iter()
+            .map(|n| match dim(n) {
+                None => NONE,
+                Some(p) => {
+                    let at = if all.get(next) == Some(&p) {
+                        next
+                    } else {
+                        all.binary_search(&p)
+                            .expect("every rule's prefix is one of the ECs'")
+                    };
+                    next = at + 1;
+                    at as u32
+                }
+            })
+            .collect();
+        let used = input.iter().any(|&i| i != NONE);
         let mut words = Vec::new();
         let mut roots = [NONE; 2];
         let mut defaults = [0; 2];
@@ -311,13 +345,11 @@ pub fn build_after(
         limit: lim.words as u64,
         hint: "address tries".into(),
     };
-    let src_in: Vec<Option<Prefix>> = norms.iter().map(|n| n.src).collect();
-    let src = AddrStage::reuse_or_build(memo.and_then(|m| m.src.as_ref()), src_in, words.len())
+    let src = AddrStage::reuse_or_build(memo.and_then(|m| m.src.as_ref()), norms, |n| n.src, words.len())
         .map_err(|_| too_big())?;
     src.place(&mut words, &mut h.src_root, &mut h.src_default)
         .map_err(|_| too_big())?;
-    let dst_in: Vec<Option<Prefix>> = norms.iter().map(|n| n.dst).collect();
-    let dst = AddrStage::reuse_or_build(memo.and_then(|m| m.dst.as_ref()), dst_in, words.len())
+    let dst = AddrStage::reuse_or_build(memo.and_then(|m| m.dst.as_ref()), norms, |n| n.dst, words.len())
         .map_err(|_| too_big())?;
     dst.place(&mut words, &mut h.dst_root, &mut h.dst_default)
         .map_err(|_| too_big())?;
@@ -509,8 +541,8 @@ pub fn build_after(
     if let Some(mv) = &moves {
         for (m, now) in mv.iter().zip([&src, &dst]) {
             if let Some((_, before)) = m {
-                for (i, (a, b)) in before.input.iter().zip(&now.input).enumerate() {
-                    if a != b {
+                for i in 0..norms.len() {
+                    if before.prefix(i) != now.prefix(i) {
                         dirty[rule_sel[i] as usize][norms[i].shape()] = true;
                     }
                 }
