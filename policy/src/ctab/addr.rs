@@ -13,7 +13,12 @@
 use paceline_common::ctab::{CHILD, NONE, V4_STRIDES, V6_STRIDES};
 
 /// A prefix of the 128-bit address space (IPv4 as IPv4-mapped, /96 + length).
+///
+/// Packed: 17 bytes, where a `u128`'s alignment made it 32 (and an `Option` of it 48). A
+/// policy's rules hold two each while it compiles, and its address ECs one per prefix and
+/// namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(C, packed)]
 pub struct Prefix {
     /// Host bits zeroed.
     pub addr: u128,
