@@ -4,7 +4,7 @@
 //! found here.
 
 use super::addr::Prefix;
-use super::fields::ports_contain;
+use super::fields::{Ports, ports_contain};
 use super::fx::FxMap;
 use super::{CgCond, Norm, Selector};
 
@@ -294,7 +294,7 @@ fn selector_covers(o: &Selector, i: &Selector) -> bool {
                 && (!a.dscp_known || b.dscp_known)
         }
     };
-    let ports = |a: &Option<Vec<(u16, u16)>>, b: &Option<Vec<(u16, u16)>>| match (a, b) {
+    let ports = |a: &Option<Ports>, b: &Option<Ports>| match (a, b) {
         (None, _) => true,
         (Some(_), None) => false,
         (Some(a), Some(b)) => ports_contain(a, b),
