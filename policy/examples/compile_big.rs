@@ -146,7 +146,11 @@ fn edits(rules: u32, trials: u32) {
     reset_peak_rss();
     let mut previous = None;
     let full = compile_after(&base, &mut previous);
-    println!("{rules} rules: full compile, ms: {}", medians(&[full]));
+    println!(
+        "{rules} rules: full compile, ms: {} (peak RSS so far {} MB)",
+        medians(&[full]),
+        peak_rss_mb()
+    );
     let mut addr = Vec::new();
     for k in 1..=trials + 1 {
         let at = (rules / 2 + 7919 * k) % (rules - 1);
