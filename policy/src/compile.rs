@@ -33,6 +33,7 @@ use paceline_common::{
     },
 };
 
+use super::covered;
 use super::enforcement::{EnforcementMode, EnforcementRequest};
 use super::htb::{HTB_MAJOR, HtbPlan, htb_leaf, htb_plan};
 use super::protocols;
@@ -171,7 +172,7 @@ pub struct Compiled {
     specs: Arc<[RuleSpec]>,
     /// The covered-rule search's result: [`compile_after`] searches again only for the rules an
     /// edit reaches.
-    covered: Arc<crate::ctab::shadow::Covered>,
+    pub(crate) covered: Arc<crate::ctab::shadow::Covered>,
 }
 
 /// Where [`compile`] spent its time (the apply benchmark prints it): the classifier's stages
@@ -671,8 +672,8 @@ fn compile_with(
     table.ctab = ctab.header;
     times.classifier = t_ctab.elapsed();
     let t_shadow = std::time::Instant::now();
-    let covered = Arc::new(covered_rules(&rule_table, &norms, running, &edited));
-    shadow_warnings(&rule_table, &covered, &rules, &mut warnings, v);
+    let covered = Arc::new(covered::covered_rules(&rule_table, &norms, running, &edited));
+    covered::shadow_warnings(&rule_table, &covered, &rules, &mut warnings, v);
     // Not needed past here: freed before the rest of the policy is put together.
     drop(norms);
     times.shadow = t_shadow.elapsed();
@@ -736,37 +737,9 @@ fn compile_with(
     })
 }
 
-/// The covered-rule search of `table` (normalized: `norms`): after `running`'s, when the two
-/// have as many rules and differ in a few (among `edited`: the others are the same), only for
-/// the rules those reach ([`crate::ctab::shadow::search_after`]).
-fn covered_rules(
-    table: &[Rule],
-    norms: &[crate::ctab::Norm],
-    running: Option<&Compiled>,
-    edited: &[usize],
-) -> crate::ctab::shadow::Covered {
-    use crate::ctab::shadow;
-    let Some(run) = running.filter(|r| r.rule_table.len() == table.len()) else {
-        return shadow::search(norms);
-    };
-    let mut changed = Vec::new();
-    for &i in edited {
-        let before = &run.rule_table[i];
-        if table[i] == *before {
-            continue;
-        }
-        match crate::ctab::normalize(i, before) {
-            Ok(old) if old == norms[i] => {}
-            Ok(old) if changed.len() < shadow::MAX_CHANGED => changed.push((i, old)),
-            _ => return shadow::search(norms),
-        }
-    }
-    shadow::search_after(norms, &run.covered, &changed)
-}
-
 /// A warning as validation's are printed: `file:line: path: message`, the line that of `at`
 /// (or of the nearest field above it that the file has).
-fn located(v: &Validated, at: &str, path: &str, message: String) -> String {
+pub(crate) fn located(v: &Validated, at: &str, path: &str, message: String) -> String {
     super::PolicyError {
         file: v.file.clone(),
         line: v.lines.line(at),
@@ -774,59 +747,4 @@ fn located(v: &Validated, at: &str, path: &str, message: String) -> String {
         message,
     }
     .to_string()
-}
-
-/// Most "can never match" warnings listed; the rest are counted.
-const MAX_SHADOW_WARNINGS: usize = 20;
-
-/// Warns about rules that an earlier rule covers: they can never match.
-fn shadow_warnings(
-    table: &[Rule],
-    found: &crate::ctab::shadow::Covered,
-    rules: &[RuleInfo],
-    warnings: &mut Vec<String>,
-    v: &Validated,
-) {
-    let (covered, complete) = (found.pairs.iter().copied(), found.complete);
-    // Offline, cgroups are not resolved and every cgroup rule carries the placeholder id 0:
-    // two rules on different cgroups would look alike. Such a pair says nothing.
-    let unresolved = |i: usize| table[i].cgroup_mask != 0 && table[i].cgroup_id == 0;
-    let covered: Vec<_> = covered
-        .filter(|&(later, earlier)| {
-            !(unresolved(later) && unresolved(earlier) && rules[later].matches != rules[earlier].matches)
-        })
-        .collect();
-    for (later, earlier) in covered.iter().take(MAX_SHADOW_WARNINGS) {
-        let origin = &rules[*later].origin;
-        // `spec.rules[2] (src[1], dst[0])`: the line is the rule's.
-        let at = origin.split(' ').next().unwrap_or(origin);
-        warnings.push(located(
-            v,
-            at,
-            "",
-            format!(
-                "{origin}: can never match: {} ({}) comes first and covers it ({})",
-                rules[*earlier].origin, rules[*earlier].matches, rules[*later].matches
-            ),
-        ));
-    }
-    if covered.len() > MAX_SHADOW_WARNINGS {
-        warnings.push(located(
-            v,
-            "spec.rules",
-            "spec.rules",
-            format!(
-                "{} more rules can never match (an earlier rule covers each)",
-                covered.len() - MAX_SHADOW_WARNINGS
-            ),
-        ));
-    }
-    if !complete {
-        warnings.push(located(
-            v,
-            "spec.rules",
-            "spec.rules",
-            "the search for rules that can never match stopped early (too many rules to compare)".into(),
-        ));
-    }
 }
