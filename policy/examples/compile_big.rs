@@ -3,11 +3,20 @@
 //!
 //! ```sh
 //! cargo run -p paceline-policy --release --example compile_big -- 100000 [per_rule] [classes]
+//! cargo run -p paceline-policy --release --example compile_big -- edit 100000 [trials]
 //! ```
 //!
 //! The policy has the shape of `paceline-tests`' `policygen::BigPolicy` (what `plbench apply`
 //! writes into the datapath): `per_rule` /32 destinations under one UDP port per YAML rule,
 //! `classes` tenant classes.
+//!
+//! `edit` times what `plbench apply` calls an address edit, without the write: the policy
+//! (1,000 addresses a rule, 16 classes) compiled from nothing, then `trials + 1` edits, each
+//! the policy with rule `p_k = (n/2 + 7919 k) mod (n - 1)`'s address replaced by
+//! `10.200.x.y/32` (in no list, sorted after every other) compiled after the one before (the
+//! first not counted), then as many edits of the probe rule's port (the first two not
+//! counted). It prints the medians of the compile and its stages, and the peak RSS (VmHWM)
+//! from before the first compile, the running policy held beside the new one as in the agent.
 
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -62,7 +71,127 @@ fn peak_rss_mb() -> u64 {
         .map_or(0, |kb| kb / 1024)
 }
 
+/// Starts the peak resident set over from the current one (`clear_refs` 5, Linux 4.0+).
+fn reset_peak_rss() {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        eprintln!("the peak RSS is not reset: /proc/self/clear_refs: {e}");
+    }
+}
+
+/// The compile's time and its stages, ms.
+#[derive(Clone, Copy, Default)]
+struct Stages([f64; 9]);
+
+const STAGE_NAMES: [&str; 9] = [
+    "compile",
+    "rules",
+    "classifier",
+    "normalize",
+    "addresses",
+    "phases",
+    "rule table",
+    "words",
+    "shadow",
+];
+
+fn compile_after(text: &str, previous: &mut Option<paceline_policy::Compiled>) -> Stages {
+    let v = paceline_policy::parse_str(text, "generated.yaml", &OfflineHost).expect("a valid policy");
+    let slots = previous.as_ref().map(|c| c.slots());
+    let ctx = CompileContext {
+        mode: EnforcementMode::None,
+        previous: slots.as_ref(),
+        all_routes_managed: false,
+    };
+    let t = Instant::now();
+    let c = match previous {
+        Some(p) => paceline_policy::compile_after(&v, &ctx, p),
+        None => paceline_policy::compile(&v, &ctx),
+    }
+    .expect("compiles");
+    let compile = t.elapsed();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let (ct, bt) = (c.times, c.ctab.times);
+    let st = Stages([
+        ms(compile),
+        ms(ct.rules),
+        ms(ct.classifier),
+        ms(bt.normalize),
+        ms(bt.addresses),
+        ms(bt.phases),
+        ms(bt.rule_table),
+        ms(bt.words),
+        ms(ct.shadow),
+    ]);
+    *previous = Some(c);
+    st
+}
+
+fn medians(runs: &[Stages]) -> String {
+    (0..STAGE_NAMES.len())
+        .map(|i| {
+            let mut v: Vec<f64> = runs.iter().map(|s| s.0[i]).collect();
+            v.sort_by(f64::total_cmp);
+            format!(
+                "{} {:.1}",
+                STAGE_NAMES[i],
+                v.get(v.len() / 2).copied().unwrap_or(0.0)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn edits(rules: u32, trials: u32) {
+    let base = yaml(rules, 1000, 16);
+    reset_peak_rss();
+    let mut previous = None;
+    let full = compile_after(&base, &mut previous);
+    println!(
+        "{rules} rules: full compile, ms: {} (peak RSS so far {} MB)",
+        medians(&[full]),
+        peak_rss_mb()
+    );
+    let mut addr = Vec::new();
+    for k in 1..=trials + 1 {
+        let at = (rules / 2 + 7919 * k) % (rules - 1);
+        let from = format!("10.{}.{}.{}/32", 100 + (at >> 16), (at >> 8) & 255, at & 255);
+        let to = format!("10.200.{}.{}/32", k >> 8, k & 255);
+        let text = [", ", "["]
+            .iter()
+            .find(|sep| base.contains(&format!("{sep}{from}")))
+            .map(|sep| base.replacen(&format!("{sep}{from}"), &format!("{sep}{to}"), 1))
+            .expect("the rule's address is in the policy");
+        let st = compile_after(&text, &mut previous);
+        if k > 1 {
+            addr.push(st);
+        }
+    }
+    println!("{rules} rules: address edit, median ms: {}", medians(&addr));
+    let mut port = Vec::new();
+    for k in 1..=trials + 2 {
+        let text = base.replacen("dst_port: 7001,", &format!("dst_port: {},", 7001 + k), 1);
+        let st = compile_after(&text, &mut previous);
+        if k > 2 {
+            port.push(st);
+        }
+    }
+    println!("{rules} rules: port edit, median ms: {}", medians(&port));
+    println!(
+        "{rules} rules: peak RSS {} MB (the full compile and the edits)",
+        peak_rss_mb()
+    );
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("edit") {
+        let arg = |i: usize, d: u32| {
+            std::env::args()
+                .nth(i)
+                .map_or(d, |a| a.parse().expect("a number"))
+        };
+        edits(arg(2, 100_000), arg(3, 5));
+        return;
+    }
     let args: Vec<u32> = std::env::args()
         .skip(1)
         .map(|a| a.parse().expect("a number"))

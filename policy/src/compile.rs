@@ -33,6 +33,7 @@ use paceline_common::{
     },
 };
 
+use super::covered;
 use super::enforcement::{EnforcementMode, EnforcementRequest};
 use super::htb::{HTB_MAJOR, HtbPlan, htb_leaf, htb_plan};
 use super::protocols;
@@ -169,6 +170,9 @@ pub struct Compiled {
     /// The rules it was compiled from: [`compile_after`] reuses the report of a rule that is
     /// the same at the same index.
     specs: Arc<[RuleSpec]>,
+    /// The covered-rule search's result: [`compile_after`] searches again only for the rules an
+    /// edit reaches.
+    pub(crate) covered: Arc<crate::ctab::shadow::Covered>,
 }
 
 /// Where [`compile`] spent its time (the apply benchmark prints it): the classifier's stages
@@ -549,9 +553,13 @@ fn compile_with(
 
     let mut times = CompileTimes::default();
     let t_rules = std::time::Instant::now();
-    let mut rules = Vec::new();
     let mut rule_table = Vec::with_capacity(v.rules.len());
     let mut dscp_rules = false;
+    // The running policy's report of each rule, when it is the same rule at the same index in
+    // the same class.
+    let mut same: Vec<Option<&RuleInfo>> = Vec::with_capacity(v.rules.len());
+    // The indices whose table rule may not be the running policy's.
+    let mut edited: Vec<usize> = Vec::new();
     for (i, r) in v.rules.iter().enumerate() {
         let class = idx[r.class];
         rule_table.push(table_rule(r, class));
@@ -559,22 +567,34 @@ fn compile_with(
             dscp_rules = true;
         }
         let class_name = &v.classes[r.class].name;
-        // The running policy's report of the same rule at the same index, in the same class.
-        let same = running.and_then(|c| {
+        let info = running.and_then(|c| {
             let info = c.rules.get(i)?;
             (c.specs.get(i) == Some(r) && info.class_index == class && info.class == *class_name)
                 .then_some(info)
         });
-        rules.push(match same {
+        if info.is_none() && running.is_some() {
+            // Its table rule may differ from the running policy's (the same spec in the same
+            // class index makes the same table rule).
+            edited.push(i);
+        }
+        same.push(info);
+    }
+    // Collected straight into the shared slice: a vector turned into one afterwards was copied,
+    // both held at once (21 MB at 262,144 rules).
+    let rules: Arc<[RuleInfo]> = v
+        .rules
+        .iter()
+        .zip(same)
+        .map(|(r, same)| match same {
             Some(info) => info.clone(),
             None => RuleInfo {
                 origin: rule_origin(r),
-                class: class_name.clone(),
-                class_index: class,
+                class: v.classes[r.class].name.clone(),
+                class_index: idx[r.class],
                 matches: rule_text(r),
             },
-        });
-    }
+        })
+        .collect();
     if ctx.all_routes_managed && !dscp_rules {
         table.flags |= TABLE_SOCK_TOS;
     }
@@ -652,7 +672,10 @@ fn compile_with(
     table.ctab = ctab.header;
     times.classifier = t_ctab.elapsed();
     let t_shadow = std::time::Instant::now();
-    shadow_warnings(&rule_table, &norms, &rules, &mut warnings, v);
+    let covered = Arc::new(covered::covered_rules(&rule_table, &norms, running, &edited));
+    covered::shadow_warnings(&rule_table, &covered, &rules, &mut warnings, v);
+    // Not needed past here: freed before the rest of the policy is put together.
+    drop(norms);
     times.shadow = t_shadow.elapsed();
     table.n_classes = n_classes as u32;
     table.default_class = u32::from(idx[v.default_class]);
@@ -699,7 +722,7 @@ fn compile_with(
         levels,
         qjump,
         link_rate: v.link_rate.clone(),
-        rules: rules.into(),
+        rules,
         interfaces: v.interfaces.clone(),
         interfaces_auto: v.interfaces_auto,
         enforcement: v.enforcement,
@@ -710,12 +733,13 @@ fn compile_with(
         htb,
         times,
         specs: v.rules.clone(),
+        covered,
     })
 }
 
 /// A warning as validation's are printed: `file:line: path: message`, the line that of `at`
 /// (or of the nearest field above it that the file has).
-fn located(v: &Validated, at: &str, path: &str, message: String) -> String {
+pub(crate) fn located(v: &Validated, at: &str, path: &str, message: String) -> String {
     super::PolicyError {
         file: v.file.clone(),
         line: v.lines.line(at),
@@ -723,60 +747,4 @@ fn located(v: &Validated, at: &str, path: &str, message: String) -> String {
         message,
     }
     .to_string()
-}
-
-/// Most "can never match" warnings listed; the rest are counted.
-const MAX_SHADOW_WARNINGS: usize = 20;
-
-/// Warns about rules that an earlier rule covers: they can never match.
-fn shadow_warnings(
-    table: &[Rule],
-    norms: &[crate::ctab::Norm],
-    rules: &[RuleInfo],
-    warnings: &mut Vec<String>,
-    v: &Validated,
-) {
-    let (covered, complete) = crate::ctab::shadow::covered(norms);
-    // Offline, cgroups are not resolved and every cgroup rule carries the placeholder id 0:
-    // two rules on different cgroups would look alike. Such a pair says nothing.
-    let unresolved = |i: usize| table[i].cgroup_mask != 0 && table[i].cgroup_id == 0;
-    let covered: Vec<_> = covered
-        .into_iter()
-        .filter(|&(later, earlier)| {
-            !(unresolved(later) && unresolved(earlier) && rules[later].matches != rules[earlier].matches)
-        })
-        .collect();
-    for (later, earlier) in covered.iter().take(MAX_SHADOW_WARNINGS) {
-        let origin = &rules[*later].origin;
-        // `spec.rules[2] (src[1], dst[0])`: the line is the rule's.
-        let at = origin.split(' ').next().unwrap_or(origin);
-        warnings.push(located(
-            v,
-            at,
-            "",
-            format!(
-                "{origin}: can never match: {} ({}) comes first and covers it ({})",
-                rules[*earlier].origin, rules[*earlier].matches, rules[*later].matches
-            ),
-        ));
-    }
-    if covered.len() > MAX_SHADOW_WARNINGS {
-        warnings.push(located(
-            v,
-            "spec.rules",
-            "spec.rules",
-            format!(
-                "{} more rules can never match (an earlier rule covers each)",
-                covered.len() - MAX_SHADOW_WARNINGS
-            ),
-        ));
-    }
-    if !complete {
-        warnings.push(located(
-            v,
-            "spec.rules",
-            "spec.rules",
-            "the search for rules that can never match stopped early (too many rules to compare)".into(),
-        ));
-    }
 }

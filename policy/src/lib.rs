@@ -61,6 +61,7 @@
 
 pub mod bounds;
 pub mod compile;
+mod covered;
 pub mod ctab;
 pub mod diff;
 pub mod enforcement;

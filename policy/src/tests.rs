@@ -1377,6 +1377,10 @@ fn a_policy_compiled_after_another_is_the_policy_compiled_alone() {
         "    - {class: b, protocol: udp, dst_port: 53, dst: [10.0.0.1/32, 10.9.0.2/32, 10.0.0.3/32]}\n    - {class: b, protocol: tcp, dst: [10.1.0.0/16]}\n",
         // A rule inserted first, covering a later one.
         "    - {class: a, protocol: tcp, dst: [10.0.0.0/8]}\n    - {class: b, protocol: udp, dst_port: 53, dst: [10.0.0.1/32, 10.9.0.2/32, 10.0.0.3/32]}\n    - {class: b, protocol: tcp, dst: [10.1.0.0/16]}\n",
+        // The first rule's address replaced: the last rule no longer covered.
+        "    - {class: a, protocol: tcp, dst: [10.9.0.0/16]}\n    - {class: b, protocol: udp, dst_port: 53, dst: [10.0.0.1/32, 10.9.0.2/32, 10.0.0.3/32]}\n    - {class: b, protocol: tcp, dst: [10.1.0.0/16]}\n",
+        // And back: covered again, and a rule of the list too.
+        "    - {class: a, protocol: udp, dst: [10.0.0.0/8]}\n    - {class: b, protocol: udp, dst_port: 53, dst: [10.0.0.1/32, 10.9.0.2/32, 10.0.0.3/32]}\n    - {class: b, protocol: tcp, dst: [10.1.0.0/16]}\n",
         // A port changed, a rule removed.
         "    - {class: a, protocol: tcp, dst: [10.0.0.0/8]}\n    - {class: b, protocol: udp, dst_port: 5353, dst: [10.0.0.1/32, 10.9.0.2/32, 10.0.0.3/32]}\n",
     ];

@@ -10,10 +10,15 @@
 //! prefix that contains it), so the ECs a prefix covers (itself and every prefix nested in
 //! it) are one contiguous range.
 
-use paceline_common::ctab::{CHILD, V4_STRIDES, V6_STRIDES};
+use paceline_common::ctab::{CHILD, NONE, V4_STRIDES, V6_STRIDES};
 
 /// A prefix of the 128-bit address space (IPv4 as IPv4-mapped, /96 + length).
+///
+/// Packed: 17 bytes, where a `u128`'s alignment made it 32 (and an `Option` of it 48). A
+/// policy's rules hold two each while it compiles, and its address ECs one per prefix and
+/// namespace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(C, packed)]
 pub struct Prefix {
     /// Host bits zeroed.
     pub addr: u128,
@@ -172,6 +177,11 @@ impl AddrEcs {
         out
     }
 
+    /// Every prefix, sorted, once (the IPv6 namespace's: it has them all).
+    pub fn prefixes(&self) -> &[Prefix] {
+        &self.ns[1].order
+    }
+
     /// The EC ranges `[start, end)` a prefix covers for packets of `family` (`None`: both), or
     /// for every address when `prefix` is `None` (only with a family).
     pub fn ranges(&self, prefix: Option<&Prefix>, family: Option<bool>) -> Ranges {
@@ -246,6 +256,65 @@ impl AddrEcs {
     }
 }
 
+/// How the ECs of one address dimension moved from one numbering to the next: a prefix in both
+/// keeps its place among the others, so the ECs that stay keep their order.
+#[derive(Debug)]
+pub struct EcMoves {
+    /// Per old EC, its new one ([`NONE`]: its prefix is gone).
+    map: Vec<u32>,
+    /// Old ECs whose prefix is gone, and new ECs of prefixes not there before, ascending.
+    removed: Vec<u32>,
+    added: Vec<u32>,
+}
+
+impl EcMoves {
+    pub fn new(old: &AddrEcs, new: &AddrEcs) -> Self {
+        let mut map = vec![NONE; old.count as usize];
+        let (mut removed, mut added) = (Vec::new(), Vec::new());
+        for (o, n) in old.ns.iter().zip(&new.ns) {
+            map[o.base as usize] = n.base;
+            let (mut i, mut j) = (0, 0);
+            while i < o.order.len() || j < n.order.len() {
+                let (oe, ne) = (o.base + 1 + i as u32, n.base + 1 + j as u32);
+                match (o.order.get(i), n.order.get(j)) {
+                    (Some(a), Some(b)) if a == b => {
+                        map[oe as usize] = ne;
+                        i += 1;
+                        j += 1;
+                    }
+                    (Some(a), b) if b.is_none_or(|b| a < b) => {
+                        removed.push(oe);
+                        i += 1;
+                    }
+                    _ => {
+                        added.push(ne);
+                        j += 1;
+                    }
+                }
+            }
+        }
+        EcMoves { map, removed, added }
+    }
+
+    /// Do the old ECs `lo..=hi` all stay, with no new EC among them or right after them? Then
+    /// a prefix whose ECs lie there covers their new ECs, as many and contiguous.
+    pub fn keeps(&self, lo: u32, hi: u32) -> bool {
+        let none_in = |v: &[u32], lo: u32, hi: u32| {
+            let at = v.partition_point(|&e| e < lo);
+            v.get(at).is_none_or(|&e| e > hi)
+        };
+        lo <= hi
+            && (hi as usize) < self.map.len()
+            && none_in(&self.removed, lo, hi)
+            && none_in(&self.added, self.map[lo as usize], self.map[hi as usize] + 1)
+    }
+
+    /// The new EC of old EC `e` (one [`EcMoves::keeps`] says stays).
+    pub fn get(&self, e: u32) -> u32 {
+        self.map[e as usize]
+    }
+}
+
 /// The words table would pass its limit while building a trie.
 #[derive(Debug)]
 pub struct TrieTooBig;
@@ -277,6 +346,17 @@ fn block(
     // depth-first order puts a prefix before those nested in it.
     let mut i = 0;
     let mut children: Vec<(usize, usize, usize)> = Vec::new(); // (entry, from, to)
+    // Sorted, the prefixes between the first and the last share the bits those two share: when
+    // the first is deeper than the block and both agree up to its end, so does every prefix,
+    // all under one entry (none shorter could sort between them). Long runs of IPv4-mapped
+    // prefixes through the IPv6 trie's top blocks skip the walk below.
+    if let (Some(&(first, _)), Some(&(last, _))) = (prefixes.first(), prefixes.last())
+        && first.len > end
+        && (first.addr ^ last.addr) >> (128 - u32::from(end)) == 0
+    {
+        children.push((entry_of(first.addr), 0, prefixes.len()));
+        i = prefixes.len();
+    }
     while i < prefixes.len() {
         let (p, ec) = prefixes[i];
         if p.len <= end {

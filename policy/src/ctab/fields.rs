@@ -39,8 +39,49 @@ impl PCond {
     }
 }
 
-/// A set of ports as sorted, disjoint, inclusive intervals (`None` in a condition = any).
-pub type Ports = Vec<(u16, u16)>;
+/// A set of ports as sorted, disjoint, inclusive intervals (`None` in a condition = any): one,
+/// or two when a rule's range wraps. Held inline: a vector was an allocation per normalized
+/// rule (262,144 of them compiling the largest benchmark policy). Compares, orders and derefs
+/// as the slice of its intervals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ports {
+    n: u8,
+    /// The intervals, then `(0, 0)`: equal sets are equal values.
+    r: [(u16, u16); 2],
+}
+
+impl Ports {
+    /// At most two intervals.
+    pub fn new(intervals: &[(u16, u16)]) -> Self {
+        assert!(intervals.len() <= 2, "a port condition has one or two intervals");
+        let mut r = [(0, 0); 2];
+        r[..intervals.len()].copy_from_slice(intervals);
+        Ports {
+            n: intervals.len() as u8,
+            r,
+        }
+    }
+}
+
+impl std::ops::Deref for Ports {
+    type Target = [(u16, u16)];
+
+    fn deref(&self) -> &[(u16, u16)] {
+        &self.r[..usize::from(self.n)]
+    }
+}
+
+impl PartialOrd for Ports {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ports {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (**self).cmp(&**other)
+    }
+}
 
 /// The set of ports a datapath rule's `(min, span)` matches (`port - min` wrapping at 2^16, at
 /// most `span`): one interval, or two when it wraps.
@@ -50,9 +91,9 @@ pub fn port_set(min: u16, span: u16) -> Option<Ports> {
     }
     let hi = u32::from(min) + u32::from(span);
     Some(if hi <= 0xffff {
-        vec![(min, hi as u16)]
+        Ports::new(&[(min, hi as u16)])
     } else {
-        vec![(0, (hi - 0x1_0000) as u16), (min, 0xffff)]
+        Ports::new(&[(0, (hi - 0x1_0000) as u16), (min, 0xffff)])
     })
 }
 
@@ -175,7 +216,7 @@ pub fn port_ecs(conds: &[Ports]) -> FieldEcs {
     let mut ends: HashMap<u32, Vec<u32>> = HashMap::new();
     let mut bounds: BTreeSet<u32> = BTreeSet::from([0, PORT_ENTRIES]);
     for (i, set) in conds.iter().enumerate() {
-        for &(lo, hi) in set {
+        for &(lo, hi) in set.iter() {
             starts.entry(u32::from(lo)).or_default().push(i as u32);
             ends.entry(u32::from(hi) + 1).or_default().push(i as u32);
             bounds.insert(u32::from(lo));
@@ -257,7 +298,11 @@ mod tests {
 
     #[test]
     fn port_ecs_split_at_boundaries() {
-        let e = port_ecs(&[vec![(80, 80)], vec![(0, 1023)], vec![(80, 80)]]);
+        let e = port_ecs(&[
+            Ports::new(&[(80, 80)]),
+            Ports::new(&[(0, 1023)]),
+            Ports::new(&[(80, 80)]),
+        ]);
         let ec80 = e.table[80];
         assert_eq!(e.sigs[ec80 as usize], vec![0, 1, 2]);
         assert_eq!(e.sigs[e.table[79] as usize], vec![1]);
@@ -268,9 +313,12 @@ mod tests {
 
     #[test]
     fn wrapping_port_ranges() {
-        assert_eq!(port_set(65000, 1000), Some(vec![(0, 464), (65000, 65535)]));
+        assert_eq!(
+            port_set(65000, 1000),
+            Some(Ports::new(&[(0, 464), (65000, 65535)]))
+        );
         assert_eq!(port_set(0, u16::MAX), None);
-        assert_eq!(port_set(80, 0), Some(vec![(80, 80)]));
+        assert_eq!(port_set(80, 0), Some(Ports::new(&[(80, 80)])));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! found here.
 
 use super::addr::Prefix;
-use super::fields::ports_contain;
+use super::fields::{Ports, ports_contain};
 use super::fx::FxMap;
 use super::{CgCond, Norm, Selector};
 
@@ -14,9 +14,133 @@ const BUDGET: usize = 20_000_000;
 /// "No prefix" (any address) as a prefix id, and the end of a candidate list.
 const NIL: u32 = u32::MAX;
 
+/// What a search found: what the next policy's search takes for the rules an edit cannot
+/// reach ([`search_after`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Covered {
+    /// `(later, earlier)` pairs, by `later`: rule `later` never matches, rule `earlier` covers it.
+    pub pairs: Vec<(usize, usize)>,
+    /// False when the search stopped at its budget.
+    pub complete: bool,
+    /// At least the containment checks a search from nothing makes (exactly, after one).
+    work: usize,
+}
+
+/// Most changed rules, and most rules an edit reaches, that [`search_after`] searches again
+/// alone (each scans the rules before it); past them it searches from nothing.
+pub const MAX_CHANGED: usize = 16;
+const MAX_REACHED: usize = 64;
+
 /// `(later, earlier)` pairs: rule `later` never matches, rule `earlier` covers it. The second
 /// value is false when the search stopped at its budget.
 pub fn covered(rules: &[Norm]) -> (Vec<(usize, usize)>, bool) {
+    let c = search(rules);
+    (c.pairs, c.complete)
+}
+
+/// Does `outer`'s address condition contain `inner`'s (is it one of the prefix pairs the search
+/// for `inner` looks up)?
+fn addresses_within(outer: &Norm, inner: &Norm) -> bool {
+    let within = |o: &Option<Prefix>, i: &Option<Prefix>| match (o, i) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(o), Some(i)) => o.contains(i),
+    };
+    within(&outer.src, &inner.src) && within(&outer.dst, &inner.dst)
+}
+
+/// [`search`] of `rules`, which are `prev`'s rules (`prev` the search of them) but for
+/// `changed`: each index (ascending) with the rule that was there. The result is [`search`]'s.
+///
+/// A rule's result depends only on the rules before it whose addresses contain its own: they
+/// are its candidates, in the order the search looks them up. An edit reaches the changed rules
+/// and the later rules whose addresses lie within a changed rule's old or new ones (a rule
+/// within one of those lies within the changed rule too); every other rule keeps its result.
+/// A reached rule is searched again over the rules before it. Past a few changed or reached
+/// rules, after an incomplete search, or when the budget could be passed, it searches from
+/// nothing.
+pub fn search_after(rules: &[Norm], prev: &Covered, changed: &[(usize, Norm)]) -> Covered {
+    if !prev.complete
+        || changed.len() > MAX_CHANGED
+        || changed.iter().any(|&(c, _)| c >= rules.len())
+        || !changed.windows(2).all(|w| w[0].0 < w[1].0)
+    {
+        return search(rules);
+    }
+    let Some(first) = changed.first().map(|c| c.0) else {
+        return prev.clone();
+    };
+    let mut reached = Vec::new();
+    for (j, rj) in rules.iter().enumerate().skip(first) {
+        let reach = changed.iter().any(|(c, old)| {
+            *c == j || (*c < j && (addresses_within(old, rj) || addresses_within(&rules[*c], rj)))
+        });
+        if reach {
+            if reached.len() == MAX_REACHED {
+                return search(rules);
+            }
+            reached.push(j);
+        }
+    }
+    let mut is_covered = vec![false; rules.len()];
+    for &(later, _) in &prev.pairs {
+        is_covered[later] = true;
+    }
+    let mut found: Vec<(usize, usize)> = Vec::new();
+    let mut work = prev.work;
+    let rank = |p: &Option<Prefix>| p.map_or(0, |p| 1 + u32::from(p.len));
+    for &j in &reached {
+        let rj = &rules[j];
+        // The search's candidates for rule `j`: the rules before it not covered, first of their
+        // addresses, selector and family, whose addresses contain `j`'s; looked up by source
+        // prefix (shortest first), then destination prefix, then in rule order.
+        let mut seen: FxMap<(Option<Prefix>, Option<Prefix>, &Selector, Option<bool>), ()> = FxMap::default();
+        let mut cands: Vec<usize> = Vec::new();
+        for (i, ri) in rules[..j].iter().enumerate() {
+            if !is_covered[i]
+                && addresses_within(ri, rj)
+                && seen
+                    .insert((ri.src, ri.dst, &ri.sel, ri.addr_family), ())
+                    .is_none()
+            {
+                cands.push(i);
+            }
+        }
+        cands.sort_by_key(|&i| (rank(&rules[i].src), rank(&rules[i].dst)));
+        let mut hit = None;
+        for &i in &cands {
+            work += 1;
+            if covers(&rules[i], rj) {
+                hit = Some(i);
+                break;
+            }
+        }
+        if work > BUDGET {
+            return search(rules);
+        }
+        is_covered[j] = hit.is_some();
+        if let Some(i) = hit {
+            found.push((j, i));
+        }
+    }
+    // The pairs of the rules not reached, with those found, in rule order.
+    let mut pairs: Vec<(usize, usize)> = prev
+        .pairs
+        .iter()
+        .copied()
+        .filter(|(later, _)| reached.binary_search(later).is_err())
+        .chain(found)
+        .collect();
+    pairs.sort_unstable();
+    Covered {
+        pairs,
+        complete: true,
+        work,
+    }
+}
+
+/// The search from nothing ([`covered`]).
+pub fn search(rules: &[Norm]) -> Covered {
     let srcs = PrefixTree::new(rules.iter().filter_map(|r| r.src));
     let dsts = PrefixTree::new(rules.iter().filter_map(|r| r.dst));
     // Per address condition (a pair of prefix ids), the first rule of each distinct selector
@@ -42,7 +166,11 @@ pub fn covered(rules: &[Norm]) -> (Vec<(usize, usize)>, bool) {
                     let (i, next) = nodes[n as usize];
                     work += 1;
                     if work > BUDGET {
-                        return (out, false);
+                        return Covered {
+                            pairs: out,
+                            complete: false,
+                            work,
+                        };
                     }
                     if covers(&rules[i as usize], rj) {
                         found = Some(i as usize);
@@ -80,7 +208,11 @@ pub fn covered(rules: &[Norm]) -> (Vec<(usize, usize)>, bool) {
             }
         }
     }
-    (out, true)
+    Covered {
+        pairs: out,
+        complete: true,
+        work,
+    }
 }
 
 /// The prefixes of one address dimension as a tree: each one's nearest enclosing prefix, so a
@@ -162,7 +294,7 @@ fn selector_covers(o: &Selector, i: &Selector) -> bool {
                 && (!a.dscp_known || b.dscp_known)
         }
     };
-    let ports = |a: &Option<Vec<(u16, u16)>>, b: &Option<Vec<(u16, u16)>>| match (a, b) {
+    let ports = |a: &Option<Ports>, b: &Option<Ports>| match (a, b) {
         (None, _) => true,
         (Some(_), None) => false,
         (Some(a), Some(b)) => ports_contain(a, b),

@@ -485,3 +485,108 @@ fn incremental_builds_take_what_an_edit_leaves_unchanged() {
         c.fields.as_ref().unwrap()
     ));
 }
+
+/// An edit that keeps the rule count: a class, a destination, a source, a port or a whole rule
+/// replaced (so rules become covered, or stop being, and coverers change).
+fn same_length_edit(rng: &mut StdRng, rules: &mut [Rule]) {
+    let pool = prefix_pool();
+    let at = rng.random_range(0..rules.len());
+    let (a, l) = pool[rng.random_range(0..pool.len())];
+    rules[at] = match rng.random_range(0..5) {
+        0 => Rule {
+            class: rng.random_range(0..8),
+            ..rules[at]
+        },
+        1 => rules[at].with_dst(words(a), words(mask(l))),
+        2 => rules[at].with_src(words(a), words(mask(l))),
+        3 => {
+            let (lo, hi) = port_pool()[rng.random_range(0..port_pool().len())];
+            rules[at].with_dport(lo, hi)
+        }
+        _ => random_rule(rng, 8),
+    };
+}
+
+#[test]
+fn covered_rule_searches_after_random_edits_equal_searches_from_nothing() {
+    let mut rng = StdRng::seed_from_u64(2027);
+    for _ in 0..300 {
+        let n = rng.random_range(1..70);
+        let mut rules: Vec<Rule> = (0..n).map(|_| random_rule(&mut rng, 8)).collect();
+        let mut prev = shadow::search(&normalize_all(&rules).unwrap());
+        for _ in 0..10 {
+            let before = normalize_all(&rules).unwrap();
+            for _ in 0..rng.random_range(1..4) {
+                same_length_edit(&mut rng, &mut rules);
+            }
+            let norms = normalize_all(&rules).unwrap();
+            let changed: Vec<(usize, Norm)> = (0..rules.len())
+                .filter(|&i| before[i] != norms[i])
+                .map(|i| (i, before[i].clone()))
+                .collect();
+            let after = shadow::search_after(&norms, &prev, &changed);
+            let full = shadow::search(&norms);
+            assert_eq!(
+                (&after.pairs, after.complete),
+                (&full.pairs, full.complete),
+                "after {changed:#?}\n{norms:#?}"
+            );
+            prev = after;
+        }
+    }
+}
+
+/// Address edits of a policy of /32 lists under ports (the apply benchmark's shape), with /24s
+/// and a /16 among them: an address replaced by one sorted before, between or after the
+/// others, inside a /24 of another rule or not, or a /24 or /16 (covering other rules' ECs);
+/// the address classes move and most groups are taken moved from the image before.
+#[test]
+fn incremental_builds_after_address_edits_equal_full_builds() {
+    let mut rng = StdRng::seed_from_u64(2028);
+    let host = |a: u8, b: u8, c: u8| words(v4([10, a, b, c]));
+    let random_prefix = |rng: &mut StdRng| -> ([u32; 4], [u32; 4]) {
+        let a = [1, 100, 101, 200, 255][rng.random_range(0..5)];
+        let (b, c) = (rng.random_range(0..4), rng.random_range(0..=255));
+        match rng.random_range(0..6) {
+            0 => (host(a, b, 0), words(mask(120))),
+            1 => (host(a, 0, 0), words(mask(112))),
+            _ => (host(a, b, c), words(mask(128))),
+        }
+    };
+    for round in 0..30 {
+        let mut rules: Vec<Rule> = (0..400u32)
+            .map(|i| {
+                let r = Rule::any(1 + (i % 8) as u16)
+                    .with_proto(17)
+                    .with_dport(20000 + (i / 40) as u16, 20000 + (i / 40) as u16);
+                let r = if i % 50 == 7 {
+                    r.with_dst(host(100, (i >> 8) as u8, 0), words(mask(120)))
+                } else {
+                    r.with_dst(host(100, (i >> 8) as u8, i as u8), words(mask(128)))
+                };
+                // Some rules of both families, some with a source too.
+                let r = if i % 3 == 0 { r } else { r.with_family(false) };
+                if round % 2 == 1 && i % 40 < 5 {
+                    r.with_src(host(1, 0, i as u8), words(mask(128)))
+                } else {
+                    r
+                }
+            })
+            .collect();
+        let mut prev = incremental_matches_full(&rules, None, &LIMITS);
+        for _ in 0..12 {
+            for _ in 0..rng.random_range(1..3) {
+                let at = rng.random_range(0..rules.len());
+                let (a, m) = random_prefix(&mut rng);
+                rules[at] = if rng.random_bool(0.8) {
+                    rules[at].with_dst(a, m)
+                } else {
+                    rules[at].with_src(a, m)
+                };
+            }
+            if let Some(image) = incremental_matches_full(&rules, prev.as_ref(), &LIMITS) {
+                prev = Some(image);
+            }
+        }
+    }
+}

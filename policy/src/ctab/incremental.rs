@@ -1,0 +1,734 @@
+//! The build itself ([`build_after`]): rules normalized in, an [`Image`] out, and what an
+//! image keeps for the next build ([`Memo`]): the stages whose inputs an edit leaves unchanged
+//! (an address dimension's ECs and tries, the field ECs and phases, a group's rule-table
+//! entries) are taken from the image before instead of built again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use paceline_common::classify::Rule;
+use paceline_common::ctab::{
+    CHILD, CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, MAX_SEL_MATCH, NONE, RuleKey, SEL_ANY, SEL_BOTH,
+    SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, SelList, TAG_CGROUP,
+    rule_tag,
+};
+
+use super::addr::{self, AddrEcs, Prefix, Ranges};
+use super::fields::{FieldEcs, MarkCond, PCond, Ports, mark_values, p_ecs, port_ecs};
+use super::phases::{self, Bits};
+use super::{BuildError, BuildTimes, CgCond, Ids, Image, Limits, Norm, Selector, Stats, limit};
+
+/// What a build keeps for the next one ([`build_after`]).
+#[derive(Debug, Default)]
+pub(super) struct Memo {
+    pub(super) src: Option<Arc<AddrStage>>,
+    pub(super) dst: Option<Arc<AddrStage>>,
+    pub(super) fields: Option<Arc<FieldStage>>,
+    /// Per selector and shape (any, src, dst, both), its rules; and the most address-EC pairs
+    /// one of them covers.
+    groups: Vec<[Vec<u32>; 4]>,
+    group_max: Vec<[usize; 4]>,
+    /// Each rule's family when it has addresses.
+    families: Vec<Option<bool>>,
+}
+
+/// One address dimension's ECs and tries, and what they were built from: a build whose rules
+/// have the same prefixes in this dimension as the image before takes them from it.
+#[derive(Debug)]
+pub(super) struct AddrStage {
+    /// Each rule's prefix in this dimension, as its index in the ECs' prefixes
+    /// ([`AddrEcs::prefixes`]), or [`NONE`]: 4 bytes a rule where the prefix took 32.
+    input: Vec<u32>,
+    ecs: AddrEcs,
+    /// Some rule has a prefix here: the tries are looked up.
+    used: bool,
+    /// The tries of IPv4 and IPv6 packets, as written at word `base`, their roots ([`NONE`]:
+    /// no trie) and the ECs of addresses no trie prefix refines.
+    base: usize,
+    words: Vec<u32>,
+    roots: [u32; 2],
+    defaults: [u32; 2],
+}
+
+impl AddrStage {
+    /// Rule `i`'s prefix.
+    fn prefix(&self, i: usize) -> Option<Prefix> {
+        let at = self.input[i];
+        (at != NONE).then(|| self.ecs.prefixes()[at as usize])
+    }
+
+    /// Was it built from these prefixes, one a rule?
+    fn built_from(&self, input: impl ExactSizeIterator<Item = Option<Prefix>>) -> bool {
+        input.len() == self.input.len() && input.enumerate().all(|(i, p)| self.prefix(i) == p)
+    }
+
+    /// The stage of `prev` if it was built from `norms`' prefixes in dimension `dim`, else a
+    /// new one built at word `base`.
+    fn reuse_or_build(
+        prev: Option<&Arc<AddrStage>>,
+        norms: &[Norm],
+        dim: fn(&Norm) -> Option<Prefix>,
+        base: usize,
+    ) -> Result<Arc<AddrStage>, addr::TrieTooBig> {
+        if let Some(p) = prev
+            && p.built_from(norms.iter().map(dim))
+        {
+            return Ok(p.clone());
+        }
+        let ecs = AddrEcs::new(norms.iter().filter_map(dim));
+        // Rules come mostly in address order: the prefix after the last one found is tried
+        // first.
+        let all = ecs.prefixes();
+        let mut next = 0usize;
+        let input: Vec<u32> = norms
+            .iter()
+            .map(|n| match dim(n) {
+                None => NONE,
+                Some(p) => {
+                    let at = if all.get(next) == Some(&p) {
+                        next
+                    } else {
+                        all.binary_search(&p)
+                            .expect("every rule's prefix is one of the ECs'")
+                    };
+                    next = at + 1;
+                    at as u32
+                }
+            })
+            .collect();
+        let used = input.iter().any(|&i| i != NONE);
+        let mut words = Vec::new();
+        let mut roots = [NONE; 2];
+        let mut defaults = [0; 2];
+        if used {
+            for v6 in [false, true] {
+                let f = usize::from(v6);
+                defaults[f] = ecs.default_ec(v6);
+                roots[f] = ecs.build_trie(v6, base, &mut words)?.unwrap_or(NONE);
+            }
+        }
+        Ok(Arc::new(AddrStage {
+            input,
+            ecs,
+            used,
+            base,
+            words,
+            roots,
+            defaults,
+        }))
+    }
+
+    /// Appends the tries to `words` (moving their child offsets when they were built elsewhere)
+    /// and sets the header's roots and defaults.
+    fn place(
+        &self,
+        words: &mut Vec<u32>,
+        roots: &mut [u32; 2],
+        defaults: &mut [u32; 2],
+    ) -> Result<(), addr::TrieTooBig> {
+        if !self.used {
+            return Ok(());
+        }
+        let at = words.len();
+        // Building at `at` would have stopped at the same limit.
+        if at + self.words.len() > addr::TRIE_WORD_LIMIT {
+            return Err(addr::TrieTooBig);
+        }
+        let moved = |v: u32| v.wrapping_sub(self.base as u32).wrapping_add(at as u32);
+        if at == self.base {
+            words.extend_from_slice(&self.words);
+        } else {
+            words.extend(self.words.iter().map(|&w| {
+                if w & CHILD != 0 {
+                    CHILD | moved(w & !CHILD)
+                } else {
+                    w
+                }
+            }));
+        }
+        *roots = self.roots.map(|r| if r == NONE { NONE } else { moved(r) });
+        *defaults = self.defaults;
+        Ok(())
+    }
+}
+
+/// The field ECs of a policy's selectors and the phases that combine them: a function of the
+/// selectors (in id order) alone, so a build whose selectors are those of the image before
+/// takes them from it.
+#[derive(Debug)]
+pub(super) struct FieldStage {
+    /// What it was built from.
+    sels: Vec<Selector>,
+    lim: Limits,
+    p: FieldEcs,
+    sp: FieldEcs,
+    dp: FieldEcs,
+    /// Some selector has a condition on protocol/DSCP, source port, destination port.
+    used: [bool; 3],
+    marks: Vec<MarkCond>,
+    mark_ecs: usize,
+    cgroups: Vec<u64>,
+    any_cgroup: bool,
+    /// `None` when no selector has a condition.
+    phases: Option<phases::Phases>,
+}
+
+impl FieldStage {
+    fn new(sels: &[Selector], any_sel: Option<u32>, lim: &Limits) -> Result<Self, BuildError> {
+        let mut pconds: Ids<PCond> = Ids::new();
+        let mut sports: Ids<Ports> = Ids::new();
+        let mut dports: Ids<Ports> = Ids::new();
+        let mut marks: Ids<MarkCond> = Ids::new();
+        let mut cgroups: Ids<u64> = Ids::new();
+        struct SelConds {
+            p: Option<u32>,
+            sport: Option<u32>,
+            dport: Option<u32>,
+            mark: Option<u32>,
+            cgroup: Option<CgCond>,
+        }
+        let sel_conds: Vec<SelConds> = sels
+            .iter()
+            .map(|s| SelConds {
+                p: s.p.map(|c| pconds.id(&c)),
+                sport: s.sport.as_ref().map(|c| sports.id(c)),
+                dport: s.dport.as_ref().map(|c| dports.id(c)),
+                mark: s.mark.map(|c| marks.id(&c)),
+                cgroup: s.cgroup.inspect(|c| {
+                    if let CgCond::Id { id, .. } = c {
+                        cgroups.id(id);
+                    }
+                }),
+            })
+            .collect();
+        limit("mark conditions", marks.list.len(), lim.marks, String::new)?;
+        let mut out = FieldStage {
+            sels: sels.to_vec(),
+            lim: *lim,
+            p: FieldEcs::default(),
+            sp: FieldEcs::default(),
+            dp: FieldEcs::default(),
+            used: [
+                !pconds.list.is_empty(),
+                !sports.list.is_empty(),
+                !dports.list.is_empty(),
+            ],
+            marks: Vec::new(),
+            mark_ecs: 0,
+            cgroups: Vec::new(),
+            any_cgroup: false,
+            phases: None,
+        };
+        if !sels.iter().any(|s| !s.is_any()) {
+            return Ok(out);
+        }
+        let p = p_ecs(&pconds.list);
+        let sp = port_ecs(&sports.list);
+        let dp = port_ecs(&dports.list);
+        let mvals = mark_values(&marks.list, lim.mark_values).ok_or_else(|| BuildError::Limit {
+            what: "mark combinations",
+            count: lim.mark_values as u64 + 1,
+            limit: lim.mark_values as u64,
+            hint: format!("{} mark conditions under overlapping masks", marks.list.len()),
+        })?;
+        // Cgroup ECs: 2 x (index among the policy's ids, from 1; 0 = another id) + unknown.
+        let any_cgroup = sels.iter().any(|s| s.cgroup.is_some());
+        let n_cg = if any_cgroup {
+            2 * (cgroups.list.len() as u32 + 1)
+        } else {
+            1
+        };
+        let cg_members = |c: &Option<CgCond>| -> Vec<u32> {
+            match c {
+                None => (0..n_cg).collect(),
+                Some(CgCond::Known) => (0..n_cg).step_by(2).collect(),
+                Some(CgCond::Id { id, known }) => {
+                    let idx = (cgroups.ids[id] + 1) << 1;
+                    if *known { vec![idx] } else { vec![idx, idx | 1] }
+                }
+            }
+        };
+        // Per field EC, the selectors it satisfies (a selector without a condition on the
+        // field: every EC).
+        let n_sel = sels.len();
+        let alive =
+            |count: u32, cond: &dyn Fn(&SelConds) -> Option<u32>, members: &[Vec<u32>]| -> Vec<Bits> {
+                let mut v = vec![Bits::empty(n_sel); count as usize];
+                for (si, sc) in sel_conds.iter().enumerate() {
+                    if Some(si as u32) == any_sel {
+                        continue;
+                    }
+                    match cond(sc) {
+                        None => v.iter_mut().for_each(|b| b.set(si as u32)),
+                        Some(c) => members[c as usize]
+                            .iter()
+                            .for_each(|&e| v[e as usize].set(si as u32)),
+                    }
+                }
+                v
+            };
+        let fields = phases::Fields {
+            p: alive(p.count(), &|sc| sc.p, &p.members),
+            dport: alive(dp.count(), &|sc| sc.dport, &dp.members),
+            sport: (!sports.list.is_empty()).then(|| alive(sp.count(), &|sc| sc.sport, &sp.members)),
+            mark: (!marks.list.is_empty()).then(|| {
+                let bits = mvals
+                    .iter()
+                    .map(|&v| {
+                        let mut b = Bits::empty(n_sel);
+                        for (si, sc) in sel_conds.iter().enumerate() {
+                            if Some(si as u32) != any_sel && sc.mark.is_none_or(|m| v & (1 << m) != 0) {
+                                b.set(si as u32);
+                            }
+                        }
+                        b
+                    })
+                    .collect();
+                (mvals.clone(), bits)
+            }),
+            cgroup: any_cgroup.then(|| {
+                let mut v = vec![Bits::empty(n_sel); n_cg as usize];
+                for (si, sc) in sel_conds.iter().enumerate() {
+                    if Some(si as u32) == any_sel {
+                        continue;
+                    }
+                    for e in cg_members(&sc.cgroup) {
+                        v[e as usize].set(si as u32);
+                    }
+                }
+                v
+            }),
+        };
+        out.phases = Some(phases::run(&fields, lim.sels)?);
+        out.p = p;
+        out.sp = sp;
+        out.dp = dp;
+        out.marks = marks.list;
+        out.mark_ecs = mvals.len();
+        out.cgroups = cgroups.list;
+        out.any_cgroup = any_cgroup;
+        Ok(out)
+    }
+}
+
+/// [`build_normalized`] for the policy after `prev`'s: the parts whose inputs are those `prev`
+/// was built from are taken from it, not built again: an address dimension's ECs and tries
+/// (when every rule has the same prefix there), the field ECs and phases (the same
+/// selectors), a selector's rule-table entries in an address shape (the same rules, prefixes
+/// and ECs). The image is the one [`build_normalized`] makes (`tests::incremental_*`).
+pub fn build_after(
+    rules: &[Rule],
+    norms: &[Norm],
+    lim: &Limits,
+    prev: Option<&Image>,
+) -> Result<Image, BuildError> {
+    let memo = prev.map(|p| &*p.memo);
+    let mut times = BuildTimes::default();
+    let mut clock = Instant::now();
+    let mut lap = |d: &mut Duration| {
+        let now = Instant::now();
+        *d = now - clock;
+        clock = now;
+    };
+    let mut st = Stats {
+        rules: rules.len(),
+        ..Stats::default()
+    };
+    let mut h = CtabHeader::empty();
+    h.n_rules = rules.len() as u32;
+    let mut words: Vec<u32> = Vec::new();
+
+    // ---- address ECs and tries ----
+    let too_big = || BuildError::Limit {
+        what: "words",
+        count: lim.words as u64 + 1,
+        limit: lim.words as u64,
+        hint: "address tries".into(),
+    };
+    let src = AddrStage::reuse_or_build(memo.and_then(|m| m.src.as_ref()), norms, |n| n.src, words.len())
+        .map_err(|_| too_big())?;
+    src.place(&mut words, &mut h.src_root, &mut h.src_default)
+        .map_err(|_| too_big())?;
+    let dst = AddrStage::reuse_or_build(memo.and_then(|m| m.dst.as_ref()), norms, |n| n.dst, words.len())
+        .map_err(|_| too_big())?;
+    dst.place(&mut words, &mut h.dst_root, &mut h.dst_default)
+        .map_err(|_| too_big())?;
+    if src.used {
+        h.flags |= CT_SRC;
+    }
+    if dst.used {
+        h.flags |= CT_DST;
+    }
+    let (src_ecs, dst_ecs) = (&src.ecs, &dst.ecs);
+    st.src_ecs = src_ecs.count;
+    st.dst_ecs = dst_ecs.count;
+    limit("words", words.len(), lim.words, || "address tries".into())?;
+    lap(&mut times.addresses);
+
+    // ---- selectors ----
+    let mut sel_ids: Ids<Selector> = Ids::new();
+    // A YAML rule's address list expands into consecutive rules of one selector: the one before
+    // is compared first, and hashed only when it differs.
+    let mut last: Option<(&Selector, u32)> = None;
+    let rule_sel: Vec<u32> = norms
+        .iter()
+        .map(|n| match last {
+            Some((s, id)) if *s == n.sel => id,
+            _ => {
+                let id = sel_ids.id(&n.sel);
+                last = Some((&n.sel, id));
+                id
+            }
+        })
+        .collect();
+    let sels = sel_ids.list;
+    st.selectors = sels.len();
+    // Per selector, per shape (any, src, dst, both): the rules, in order.
+    let mut groups: Vec<[Vec<u32>; 4]> = vec![Default::default(); sels.len()];
+    for (i, n) in norms.iter().enumerate() {
+        groups[rule_sel[i] as usize][n.shape()].push(i as u32);
+    }
+    let first_of = |v: &Vec<u32>| v.first().copied().unwrap_or(NONE);
+    let any_sel = sels.iter().position(Selector::is_any).map(|i| i as u32);
+    h.any_sel = any_sel.unwrap_or(NONE);
+
+    // ---- field ECs over the selectors that have conditions ----
+    let has_conds = sels.iter().any(|s| !s.is_any());
+    let mut sel_entries: Vec<(SelKey, SelList)> = Vec::new();
+    let mut rule_entries: Vec<(RuleKey, u32)> = Vec::new();
+    let fields = match memo.and_then(|m| m.fields.as_ref()) {
+        Some(f) if f.sels == sels && f.lim == *lim => f.clone(),
+        _ => Arc::new(FieldStage::new(&sels, any_sel, lim)?),
+    };
+    if has_conds {
+        let f = &*fields;
+        h.flags |= CT_SEL;
+        st.p_ecs = f.p.count();
+        st.sport_ecs = f.sp.count();
+        st.dport_ecs = f.dp.count();
+        let mut table = |e: &FieldEcs, used: bool| -> u32 {
+            if used && e.count() > 1 {
+                let off = words.len() as u32;
+                words.extend_from_slice(&e.table);
+                off
+            } else {
+                NONE
+            }
+        };
+        h.p_off = table(&f.p, f.used[0]);
+        h.sport_off = table(&f.sp, f.used[1]);
+        h.dport_off = table(&f.dp, f.used[2]);
+        st.mark_ecs = f.mark_ecs;
+        h.n_marks = f.marks.len() as u32;
+        for (i, m) in f.marks.iter().enumerate() {
+            h.marks[i] = [m.value, m.mask];
+            if m.known {
+                h.marks_known |= 1 << i;
+            }
+        }
+        st.cgroups = f.cgroups.len();
+        if f.any_cgroup {
+            h.flags |= CT_CGROUP;
+            for (i, id) in f.cgroups.iter().enumerate() {
+                rule_entries.push((
+                    RuleKey {
+                        tag: TAG_CGROUP,
+                        a: *id as u32,
+                        b: (*id >> 32) as u32,
+                    },
+                    i as u32 + 1,
+                ));
+            }
+        }
+        let ph = f.phases.as_ref().expect("built for selectors with conditions");
+        h.phases = ph.mask;
+        rule_entries.extend(ph.rule_entries.iter().copied());
+        // What each final set yields: the first address-free rule of its selectors (they match
+        // every packet that reaches the set), and, sorted by their first address rule, the
+        // selectors whose address rules could still come before it.
+        let any_first = any_sel.map_or(NONE, |s| first_of(&groups[s as usize][0]));
+        let addr_first = |g: &[Vec<u32>; 4]| {
+            g[1..]
+                .iter()
+                .filter_map(|v| v.first().copied())
+                .min()
+                .unwrap_or(NONE)
+        };
+        let mut lists: Vec<Option<SelList>> = Vec::with_capacity(ph.sets.len());
+        for set in &ph.sets {
+            let any_best = set
+                .iter()
+                .map(|s| first_of(&groups[s as usize][0]))
+                .min()
+                .unwrap_or(NONE);
+            let cut = any_best.min(any_first);
+            let mut addr: Vec<u32> = set
+                .iter()
+                .filter(|&s| addr_first(&groups[s as usize]) < cut)
+                .collect();
+            addr.sort_by_key(|&s| addr_first(&groups[s as usize]));
+            if addr.len() > MAX_SEL_MATCH {
+                return Err(BuildError::Limit {
+                    what: "selectors with address conditions one packet can match",
+                    count: addr.len() as u64,
+                    limit: MAX_SEL_MATCH as u64,
+                    hint: format!(
+                        "rules {} overlap in protocol, ports, DSCP, mark or cgroup, each with addresses",
+                        addr.iter()
+                            .map(|&s| addr_first(&groups[s as usize]).to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+            let mut kept = SelList {
+                any_best,
+                n: addr.len() as u32,
+                ..SelList::default()
+            };
+            kept.sel[..addr.len()].copy_from_slice(&addr);
+            lists.push((any_best != NONE || kept.n > 0).then_some(kept));
+        }
+        for &(key, set) in &ph.last {
+            if let Some(l) = lists[set as usize] {
+                sel_entries.push((key, l));
+            }
+        }
+        sel_entries.sort_by_key(|(k, _)| *k);
+    }
+    st.sel_entries = sel_entries.len();
+    lap(&mut times.phases);
+
+    // ---- rule tables ----
+    let mut src_any = if any_sel.is_some_and(|s| !groups[s as usize][SHAPE_SRC as usize].is_empty()) {
+        Some(vec![NONE; src_ecs.count as usize])
+    } else {
+        None
+    };
+    let mut dst_any = if any_sel.is_some_and(|s| !groups[s as usize][SHAPE_DST as usize].is_empty()) {
+        Some(vec![NONE; dst_ecs.count as usize])
+    } else {
+        None
+    };
+    // Per group (selector and shape), its rules' entries, the first rule winning a key: sorted
+    // by (key, rule) and deduplicated. `done` counts the entries of the groups before.
+    let mut rule_list: Vec<(RuleKey, u32)> = rule_entries;
+    let mut done = 0usize;
+    let mut group: Vec<(RuleKey, u32)> = Vec::new();
+    let dedup = |group: &mut Vec<(RuleKey, u32)>| {
+        group.sort_unstable();
+        group.dedup_by_key(|(k, _)| *k);
+    };
+    // A group's entries are those of the image before when its rules are (the same indices,
+    // prefixes and families, under the same selector id and address ECs): what the selector
+    // itself is does not enter them.
+    let families: Vec<Option<bool>> = norms.iter().map(|n| n.addr_family).collect();
+    // When a dimension's ECs were built again (a prefix came or went), the ECs that stay keep
+    // their order: a group whose rules kept their prefixes and whose ECs all stay, with none
+    // added among them, has the entries before with the ECs moved (`EcMoves::keeps`). A group
+    // with a rule whose prefix changed is built again.
+    let moves = memo.and_then(|m| {
+        let (ps, pd) = (m.src.as_ref()?, m.dst.as_ref()?);
+        let n = norms.len();
+        (ps.input.len() == n && pd.input.len() == n).then(|| {
+            let moves = |p: &Arc<AddrStage>, s: &Arc<AddrStage>| {
+                (!Arc::ptr_eq(p, s)).then(|| (addr::EcMoves::new(&p.ecs, &s.ecs), p.clone()))
+            };
+            [moves(ps, &src), moves(pd, &dst)]
+        })
+    });
+    let mut dirty: Vec<[bool; 4]> = vec![[false; 4]; groups.len()];
+    if let Some(mv) = &moves {
+        for (m, now) in mv.iter().zip([&src, &dst]) {
+            if let Some((_, before)) = m {
+                for i in 0..norms.len() {
+                    if before.prefix(i) != now.prefix(i) {
+                        dirty[rule_sel[i] as usize][norms[i].shape()] = true;
+                    }
+                }
+            }
+        }
+    }
+    let mut group_max: Vec<[usize; 4]> = vec![[0; 4]; groups.len()];
+    for (si, g) in groups.iter().enumerate() {
+        let is_any = Some(si as u32) == any_sel;
+        for shape in [SHAPE_SRC, SHAPE_DST, SHAPE_BOTH] {
+            let tag = rule_tag(si as u32, shape);
+            let rules_of = &g[shape as usize];
+            if let Some([src_mv, dst_mv]) = &moves
+                && !(is_any && shape != SHAPE_BOTH)
+                && !dirty[si][shape as usize]
+            {
+                let (m, prev) = (memo.expect("moves"), prev.expect("a memo is an image's"));
+                let max = m.group_max.get(si).map_or(0, |g| g[shape as usize]);
+                let start = prev.rules.partition_point(|(k, _)| k.tag < tag);
+                let len = prev.rules[start..].partition_point(|(k, _)| k.tag == tag);
+                let entries = &prev.rules[start..start + len];
+                // The ECs the entries cover, per dimension the group uses: sorted by (a, b).
+                let (uses_src, uses_dst) = (shape != SHAPE_DST, shape != SHAPE_SRC);
+                let span_a = entries.first().zip(entries.last()).map(|(f, l)| (f.0.a, l.0.a));
+                let span_b = entries
+                    .iter()
+                    .map(|(k, _)| k.b)
+                    .fold(None, |s: Option<(u32, u32)>, b| {
+                        Some(s.map_or((b, b), |(lo, hi)| (lo.min(b), hi.max(b))))
+                    });
+                let stays =
+                    |mv: &Option<(addr::EcMoves, Arc<AddrStage>)>, span: Option<(u32, u32)>, used: bool| {
+                        !used
+                            || mv.is_none()
+                            || span.is_none_or(|(lo, hi)| mv.as_ref().is_some_and(|m| m.0.keeps(lo, hi)))
+                    };
+                if m.groups.get(si).is_some_and(|pg| pg[shape as usize] == *rules_of)
+                    && rules_of
+                        .iter()
+                        .all(|&ri| m.families[ri as usize] == families[ri as usize])
+                    && done + len + max <= lim.rules
+                    && stays(src_mv, span_a, uses_src)
+                    && stays(dst_mv, span_b, uses_dst)
+                {
+                    // No rule of it could pass the limit: each checks at most this.
+                    let moved = |mv: &Option<(addr::EcMoves, Arc<AddrStage>)>, e: u32, used: bool| match mv {
+                        Some((m, _)) if used => m.get(e),
+                        _ => e,
+                    };
+                    if src_mv.is_none() && dst_mv.is_none() {
+                        rule_list.extend_from_slice(entries);
+                    } else {
+                        rule_list.extend(entries.iter().map(|&(k, r)| {
+                            let a = moved(src_mv, k.a, uses_src);
+                            (
+                                RuleKey {
+                                    tag,
+                                    a,
+                                    b: moved(dst_mv, k.b, uses_dst),
+                                },
+                                r,
+                            )
+                        }));
+                    }
+                    done += len;
+                    group_max[si][shape as usize] = max;
+                    continue;
+                }
+            }
+            group.clear();
+            for &ri in rules_of {
+                let n = &norms[ri as usize];
+                let a_box = n
+                    .src
+                    .map_or(Ranges::one(0, 1), |p| src_ecs.ranges(Some(&p), n.addr_family));
+                let b_box = n
+                    .dst
+                    .map_or(Ranges::one(0, 1), |p| dst_ecs.ranges(Some(&p), n.addr_family));
+                let size = a_box.count() * b_box.count();
+                group_max[si][shape as usize] = group_max[si][shape as usize].max(size);
+                if is_any && shape != SHAPE_BOTH {
+                    let arr = if shape == SHAPE_SRC {
+                        &mut src_any
+                    } else {
+                        &mut dst_any
+                    };
+                    let arr = arr.as_mut().expect("allocated for this shape");
+                    let bx = if shape == SHAPE_SRC { &a_box } else { &b_box };
+                    for &(s, e) in bx.iter() {
+                        for v in &mut arr[s as usize..e as usize] {
+                            if *v == NONE {
+                                *v = ri;
+                            }
+                        }
+                    }
+                    continue;
+                }
+                // The limit is on distinct entries: count the group's exactly only when its
+                // entries with repeats would pass it.
+                if done + group.len() + size > lim.rules {
+                    dedup(&mut group);
+                }
+                limit("rule table", done + group.len() + size, lim.rules, || {
+                    format!(
+                        "rule {ri}'s addresses cover {size} address classes (prefixes of other rules nested inside its own)"
+                    )
+                })?;
+                for &(a0, a1) in a_box.iter() {
+                    for a in a0..a1 {
+                        for &(b0, b1) in b_box.iter() {
+                            for b in b0..b1 {
+                                let (a, b) = match shape {
+                                    SHAPE_SRC => (a, 0),
+                                    SHAPE_DST => (0, b),
+                                    _ => (a, b),
+                                };
+                                group.push((RuleKey { tag, a, b }, ri));
+                            }
+                        }
+                    }
+                }
+            }
+            dedup(&mut group);
+            done += group.len();
+            rule_list.extend_from_slice(&group);
+        }
+    }
+    // The groups come in tag order; the cgroup and phase entries go among them.
+    rule_list.sort_unstable_by_key(|(k, _)| *k);
+    st.rule_entries = rule_list.len();
+    lap(&mut times.rule_table);
+
+    // ---- the rest of the words ----
+    let push = |words: &mut Vec<u32>, v: &[u32]| {
+        let off = words.len() as u32;
+        words.extend_from_slice(v);
+        off
+    };
+    let mut recs = Vec::with_capacity(sels.len() * SEL_WORDS as usize);
+    for g in &groups {
+        let mut r = [NONE; SEL_WORDS as usize];
+        // The loop over a packet's listed selectors compares this with the best rule so far:
+        // only their address shapes remain to be looked up.
+        r[SEL_FIRST as usize] = g[1..]
+            .iter()
+            .filter_map(|v| v.first().copied())
+            .min()
+            .unwrap_or(NONE);
+        r[SEL_ANY as usize] = first_of(&g[0]);
+        r[SEL_SRC as usize] = first_of(&g[SHAPE_SRC as usize]);
+        r[SEL_DST as usize] = first_of(&g[SHAPE_DST as usize]);
+        r[SEL_BOTH as usize] = first_of(&g[SHAPE_BOTH as usize]);
+        recs.extend_from_slice(&r);
+    }
+    if !recs.is_empty() {
+        h.sel_off = push(&mut words, &recs);
+    }
+    if let Some(v) = &src_any {
+        h.src_any_off = push(&mut words, v);
+    }
+    if let Some(v) = &dst_any {
+        h.dst_any_off = push(&mut words, v);
+    }
+    if !rules.is_empty() {
+        let classes: Vec<u32> = rules.iter().map(|r| u32::from(r.class)).collect();
+        h.rule_class_off = push(&mut words, &classes);
+    }
+    limit("words", words.len(), lim.words, || {
+        "address tries, field tables and rule classes".into()
+    })?;
+    st.words = words.len();
+    lap(&mut times.words);
+    Ok(Image {
+        header: h,
+        words,
+        sels: sel_entries,
+        rules: rule_list,
+        stats: st,
+        times,
+        memo: Arc::new(Memo {
+            src: Some(src),
+            dst: Some(dst),
+            fields: Some(fields),
+            groups,
+            group_max,
+            families,
+        }),
+    })
+}
