@@ -9,7 +9,14 @@ use paceline_lab::experiments::{self, Common};
 #[command(about = "paceline experiments on the namespace testbed")]
 enum Cli {
     /// Pacing conformance: configured vs achieved rates, per flow and aggregate, TCP and UDP.
-    Pacing(Common),
+    Pacing {
+        #[command(flatten)]
+        common: Common,
+        /// Only classes of 10, 200 and 1,000 Mbit/s carrying 1, 4 and 16 TCP flows (for the
+        /// host, where HTB enforces them).
+        #[arg(long)]
+        aggregates: bool,
+    },
     /// QJump: RPC latency at a high level sharing a bottleneck with bulk traffic.
     Qjump {
         #[command(flatten)]
@@ -30,7 +37,7 @@ enum Cli {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse() {
-        Cli::Pacing(c) => experiments::pacing::run(&c),
+        Cli::Pacing { common, aggregates } => experiments::pacing::run(&common, aggregates),
         Cli::Qjump { common, rate_mbit } => experiments::qjump::run(&common, rate_mbit),
         Cli::PacingStudy(c) => experiments::study::run(&c),
         Cli::D3(c) => experiments::d3::run(&c),

@@ -235,6 +235,53 @@ pub(crate) fn plan(quick: bool) -> (Vec<Point>, Option<u64>) {
     (points, level_rate)
 }
 
+/// The points of `--aggregates`: one class with `class_rate: R` carrying 1, 4 and 16 TCP flows,
+/// at 10, 200 and 1,000 Mbit/s (MTU 1500), and the unpaced controls with 1 and 16 flows. Meant
+/// for the host (`--host`), where HTB enforces the class: it asks whether an aggregate leaves
+/// at its rate whatever the number of flows sharing it (the VM under emulation reaches about
+/// 120 Mbit/s at MTU 1500).
+pub(crate) fn plan_aggregates() -> Vec<Point> {
+    let mut points = Vec::new();
+    let mut port = 5300u16;
+    for rate in [10 * M, 200 * M, 1000 * M] {
+        for flows in [1u32, 4, 16] {
+            let name = format!("tcp-class-{}-{flows}flows", mbit(rate));
+            port += 1;
+            points.push(Point {
+                name: name.clone(),
+                kind: Kind::Class,
+                proto: Proto::Tcp,
+                mtu: 1500,
+                rate_bps: Some(rate),
+                udp_flow_payload_bps: 0,
+                groups: vec![Group {
+                    class: name,
+                    port,
+                    flows,
+                }],
+            });
+        }
+    }
+    for flows in [1u32, 16] {
+        let name = format!("tcp-unpaced-mtu1500-{flows}flows");
+        port += 1;
+        points.push(Point {
+            name: name.clone(),
+            kind: Kind::Unpaced,
+            proto: Proto::Tcp,
+            mtu: 1500,
+            rate_bps: None,
+            udp_flow_payload_bps: 0,
+            groups: vec![Group {
+                class: name,
+                port,
+                flows,
+            }],
+        });
+    }
+    points
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,8 +290,12 @@ mod tests {
     /// points a rate, controls none, and UDP offers 1.5x the paced rate on the wire.
     #[test]
     fn points_are_distinct_and_rated() {
-        for quick in [false, true] {
-            let (points, level_rate) = plan(quick);
+        for (quick, aggregates) in [(false, false), (true, false), (false, true)] {
+            let (points, level_rate) = if aggregates {
+                (plan_aggregates(), None)
+            } else {
+                plan(quick)
+            };
             let mut ports = std::collections::BTreeSet::new();
             let mut classes = std::collections::BTreeSet::new();
             for p in &points {

@@ -335,9 +335,14 @@ pub(crate) fn run_point(bed: &Bed, agent: &Agent, p: &Point, t: Timing, seed: u6
 }
 
 /// Runs the experiment.
-pub fn run(c: &Common) -> Result<()> {
+/// `aggregates`: the points of [`plan_aggregates`] instead of the conformance plan.
+pub fn run(c: &Common, aggregates: bool) -> Result<()> {
     std::fs::create_dir_all(&c.out).with_context(|| format!("create {}", c.out.display()))?;
-    let (mut points, level_rate) = plan(c.quick);
+    let (mut points, level_rate) = if aggregates {
+        (plan_aggregates(), None)
+    } else {
+        plan(c.quick)
+    };
     points.retain(|p| selected(&p.name));
     let level_rate = level_rate.filter(|_| points.iter().any(|p| p.kind == Kind::Level));
     let timing = if c.quick {
