@@ -10,7 +10,8 @@
 //!   `plexp`, normally in the VM through `cargo xtask bench <name>`.
 //! - [`report`]: result JSON to markdown tables and SVG plots (`plreport`).
 //! - `bin/plbench/`: the datapath benchmark (`datapath.rs`: BPF_PROG_TEST_RUN against the same
-//!   run's reference) and the policy apply benchmark (`apply.rs`).
+//!   run's reference), the same costs under real traffic (`traffic.rs`: the kernel's
+//!   per-program statistics) and the policy apply benchmark (`apply.rs`).
 
 pub mod experiments;
 pub mod report;

@@ -56,7 +56,14 @@ fn parse_one_kernel(s: &str) -> Result<vm::Series, String> {
 #[derive(clap::Subcommand)]
 enum Bench {
     /// Pacing conformance in the VM (fq): configured vs achieved rates.
-    Pacing(ExpArgs),
+    Pacing {
+        #[command(flatten)]
+        exp: ExpArgs,
+        /// Only classes of 10, 200 and 1,000 Mbit/s carrying 1, 4 and 16 TCP flows (use with
+        /// --host, where HTB enforces them); results in results/pacing-host-aggregates/.
+        #[arg(long)]
+        aggregates: bool,
+    },
     /// QJump in the VM: RPC latency with and without levels next to bulk flows.
     Qjump {
         #[command(flatten)]
@@ -87,6 +94,17 @@ enum Bench {
         /// Trials; the median is reported.
         #[arg(long, default_value_t = 15)]
         trials: u32,
+    },
+    /// ns/packet of the tc programs under real TCP and UDP traffic through a veth pair, from
+    /// the kernel's per-program statistics: paceline against the floor and the reference,
+    /// attached in turn (host kernel).
+    Traffic {
+        /// Trials; the median is reported.
+        #[arg(long, default_value_t = 5)]
+        trials: u32,
+        /// Seconds of traffic per program, traffic kind and trial.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
     },
     /// Seconds to parse, compile and write generated policies into the datapath (host kernel),
     /// whole and after a one-rule edit, and the peak RSS.
@@ -236,7 +254,10 @@ fn experiment(name: &str, a: &ExpArgs, extra: &[String], suffix: Option<&str>) -
 
 pub fn run(a: Args) -> Result<()> {
     match a.bench {
-        Bench::Pacing(e) => experiment("pacing", &e, &[], None),
+        Bench::Pacing { exp, aggregates } => match aggregates {
+            true => experiment("pacing", &exp, &["--aggregates".into()], Some("aggregates")),
+            false => experiment("pacing", &exp, &[], None),
+        },
         Bench::Qjump { exp, rate_mbit } => match rate_mbit {
             Some(r) => experiment(
                 "qjump",
@@ -257,6 +278,15 @@ pub fn run(a: Args) -> Result<()> {
                 repeat.to_string(),
                 "--trials".into(),
                 trials.to_string(),
+            ],
+        ),
+        Bench::Traffic { trials, seconds } => plbench(
+            "traffic",
+            &[
+                "--trials".into(),
+                trials.to_string(),
+                "--seconds".into(),
+                seconds.to_string(),
             ],
         ),
         Bench::Apply { rules, trials } => plbench(

@@ -3,11 +3,14 @@
 //! - `plbench datapath` ([`datapath`]): the tc classifier's cost per packet on each path, with
 //!   BPF_PROG_TEST_RUN, against an empty classifier and a reference that does what Cilium's
 //!   bandwidth manager does; at 1 to 100,000 rules.
+//! - `plbench traffic` ([`traffic`]): the same programs' cost per packet under real TCP and
+//!   UDP traffic through a veth pair, from the kernel's per-program statistics.
 //! - `plbench apply` ([`apply`]): parsing, compiling and writing generated policies into the
 //!   datapath, as the agent does on a reload, whole and after a one-rule edit.
 
 mod apply;
 mod datapath;
+mod traffic;
 
 use std::path::PathBuf;
 
@@ -32,7 +35,22 @@ enum Bench {
         /// The largest rule count of the scale rows (1, 64, 1k, 10k, 100k up to it).
         #[arg(long, default_value_t = 100_000)]
         max_rules: u32,
+        /// Only the rows whose path contains one of these (comma-separated), besides the
+        /// floor and the reference (for profiling one path).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
         /// Write the results as JSON here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// ns per packet of the tc programs under real traffic through a veth pair (the kernel's
+    /// per-program statistics), paceline's against the floor and the reference.
+    Traffic {
+        #[arg(long, default_value_t = 5)]
+        trials: usize,
+        /// Seconds of traffic per program, traffic kind and trial.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -67,8 +85,10 @@ fn main() -> Result<()> {
             repeat,
             trials,
             max_rules,
+            only,
             out,
-        } => datapath::datapath(repeat, trials, max_rules, out),
+        } => datapath::datapath(repeat, trials, max_rules, only, out),
+        Bench::Traffic { trials, seconds, out } => traffic::traffic(trials, seconds, out),
         Bench::Apply { rules, trials, out } => apply::apply(rules, trials, out),
     }
 }
