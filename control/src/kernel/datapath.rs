@@ -56,6 +56,10 @@ pub struct LoadOptions {
     /// Benchmark only: take every flow-table lookup for a miss (classify, then insert), so a
     /// flow's first packet can be measured with BPF_PROG_TEST_RUN's repeated runs.
     pub bench_flow_miss: bool,
+    /// Benchmark only: load the egress program as if tracing were not built in (every trace
+    /// branch and record store pruned by the verifier), to measure what tracing costs while
+    /// off.
+    pub bench_no_trace: bool,
     /// Benchmark only: the trace ring buffer's size in bytes (a power of two pages), for runs
     /// that record more packets than the default ring holds between two reads.
     pub trace_ring_bytes: Option<u32>,
@@ -71,6 +75,7 @@ impl Default for LoadOptions {
             count_only: false,
             bench_any_socket: false,
             bench_flow_miss: false,
+            bench_no_trace: false,
             trace_ring_bytes: None,
             pins: None,
         }
@@ -156,6 +161,7 @@ impl Datapath {
         let count_only: u32 = opts.count_only.into();
         let any_sock: u32 = opts.bench_any_socket.into();
         let flow_miss: u32 = opts.bench_flow_miss.into();
+        let no_trace: u32 = opts.bench_no_trace.into();
         let netns = own_netns_cookie().context("reading this process's network namespace cookie")?;
         let mut loader = EbpfLoader::new();
         loader
@@ -163,6 +169,7 @@ impl Datapath {
             .override_global("PL_COUNT_ONLY", &count_only, true)
             .override_global("PL_ANY_SOCK", &any_sock, true)
             .override_global("PL_BENCH_FLOW_MISS", &flow_miss, true)
+            .override_global("PL_BENCH_NO_TRACE", &no_trace, true)
             .override_global("PL_NETNS_COOKIE", &netns, true);
         if let Some(n) = opts.trace_ring_bytes {
             loader.map_max_entries(names::TRACE_RING, n);

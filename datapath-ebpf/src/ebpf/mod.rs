@@ -150,8 +150,10 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // For a trace record: stored now, unconditionally and without a branch, so that no
     // register carries it through classification and pacing (the verifier would walk them
     // once for each value).
-    cpu.trace.pending.flags =
-        (has_sock as u8) * TR_SOCKET | ((sock_state.is_some() || cached.is_some()) as u8) * TR_CACHED;
+    if trace::built() {
+        cpu.trace.pending.flags =
+            (has_sock as u8) * TR_SOCKET | ((sock_state.is_some() || cached.is_some()) as u8) * TR_CACHED;
+    }
     let class_idx = match (&sock_state, cached) {
         (Some(st), _) => u32::from(st.class),
         (None, Some(c)) => c,
@@ -161,7 +163,9 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 None => (table.default_class, ctab::NONE),
             };
             // For a trace record (read only when TR_CACHED is clear).
-            cpu.trace.pending.rule = rule;
+            if trace::built() {
+                cpu.trace.pending.rule = rule;
+            }
             if has_sock {
                 if let Some(st) = sock::tcp_sock(ctx).and_then(|s| sock::state(s, true)) {
                     st.generation = table.generation;
@@ -269,8 +273,8 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                     c.drops_codel += 1;
                 }
             }
-            cpu.trace.pending.action = action::DROP_CODEL;
             if trace::on() {
+                cpu.trace.pending.action = action::DROP_CODEL;
                 trace::hand_over(ctx);
             }
             return Ok(TC_ACT_SHOT);
@@ -290,7 +294,9 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 unsafe { (*skb).tstamp = depart };
                 delay = added_delay;
                 how |= PACED;
-                cpu.trace.pending.flags |= TP_PACED;
+                if trace::built() {
+                    cpu.trace.pending.flags |= TP_PACED;
+                }
                 if signal & codel::MARK != 0 {
                     match codel::set_ce(ctx, layout.l3_off, pkt.is_v6 != 0) {
                         Ok(()) => how |= MARKED,
@@ -306,9 +312,9 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                         c.drops_horizon += 1;
                     }
                 }
-                cpu.trace.pending.action = action::DROP_HORIZON;
-                cpu.trace.pending.flags |= TP_PACED;
                 if trace::on() {
+                    cpu.trace.pending.action = action::DROP_HORIZON;
+                    cpu.trace.pending.flags |= TP_PACED;
                     trace::hand_over(ctx);
                 }
                 return Ok(TC_ACT_SHOT);

@@ -31,11 +31,25 @@ use super::maps::{self, TRACE_CFG, TRACE_PROG, TRACE_RING};
 #[unsafe(no_mangle)]
 static mut PL_TRACE_ON: u32 = 0;
 
+/// Read-only at load: 1 only in the benchmark's build that measures what tracing costs while
+/// off. Every trace branch and every store made only for a record then test a load-time
+/// constant, which the verifier prunes, as if tracing were not built in; the agent leaves it 0.
+#[unsafe(no_mangle)]
+static PL_BENCH_NO_TRACE: u32 = 0;
+
+/// Whether tracing is built into this load (see [`PL_BENCH_NO_TRACE`]): the stores a record
+/// needs from the egress program's path are made only then.
+#[inline(always)]
+pub fn built() -> bool {
+    // SAFETY: volatile read of a load-time constant.
+    unsafe { core::ptr::read_volatile(&PL_BENCH_NO_TRACE) == 0 }
+}
+
 /// Whether a trace runs (one load).
 #[inline(always)]
 pub fn on() -> bool {
     // SAFETY: a plain load of a 4-byte global; the agent's writes are whole words.
-    unsafe { core::ptr::read_volatile(core::ptr::addr_of!(PL_TRACE_ON)) != 0 }
+    built() && unsafe { core::ptr::read_volatile(core::ptr::addr_of!(PL_TRACE_ON)) != 0 }
 }
 
 /// Hands the packet to [`pl_tc_trace`] (its facts in `CpuState::trace.pending`); returns only

@@ -35,9 +35,9 @@ use super::{cpu_model, read_trim, write_report};
 /// The benchmark object's programs (`datapath-ebpf/src/bench.rs`): an empty classifier (the
 /// floor), one that only reads the clock, and Cilium's bandwidth-manager algorithm (the
 /// reference).
-const TC_FLOOR: &str = "pl_tc_floor";
+pub(super) const TC_FLOOR: &str = "pl_tc_floor";
 const TC_CLOCK: &str = "pl_tc_clock";
-const TC_REF_EDT: &str = "pl_tc_ref_edt";
+pub(super) const TC_REF_EDT: &str = "pl_tc_ref_edt";
 
 #[derive(Serialize)]
 struct Row {
@@ -85,13 +85,13 @@ fn measure(
 
 /// A policy table, its rules (first match wins) and their compiled classifier.
 #[derive(Clone)]
-struct Policy {
-    table: PolicyTable,
-    image: Arc<Image>,
+pub(super) struct Policy {
+    pub(super) table: PolicyTable,
+    pub(super) image: Arc<Image>,
 }
 
 impl Policy {
-    fn new(table: PolicyTable, rules: &[Rule]) -> Policy {
+    pub(super) fn new(table: PolicyTable, rules: &[Rule]) -> Policy {
         Policy {
             table,
             image: Arc::new(ctab::build(rules).expect("the benchmark's rules compile")),
@@ -103,7 +103,7 @@ impl Policy {
 /// `paced`: every class has a per-flow and a class clock and level 0 a rate and a DSCP at rates
 /// the benchmark's packet rate does not exceed (the measured path is the send path, not the
 /// horizon drop); otherwise classify and set the priority only.
-fn table(paced: bool) -> PolicyTable {
+pub(super) fn table(paced: bool) -> PolicyTable {
     let mut t = PolicyTable::empty();
     t.n_classes = 9;
     for c in 0..9usize {
@@ -140,7 +140,7 @@ fn table(paced: bool) -> PolicyTable {
 }
 
 /// The shipped memcached/web/bulk example's shape: four port rules, the matching one first.
-fn port_rules() -> Vec<Rule> {
+pub(super) fn port_rules() -> Vec<Rule> {
     vec![
         Rule::any(1).with_proto(6).with_dport(11211, 11211),
         Rule::any(1).with_proto(17).with_dport(11211, 11211),
@@ -184,6 +184,10 @@ enum Prog {
     /// TCP flow's later packets do.
     Cached,
     CountOnly,
+    /// [`Prog::Table`]'s path loaded as if tracing were not built in (every trace branch and
+    /// record store pruned by the verifier): against [`Prog::Table`], what tracing costs while
+    /// off.
+    NoTrace,
     /// The tc program as the agent loads it ([`Prog::Table`]'s path) while a trace runs for a
     /// class the packet is not of: the tail call and the filter.
     TraceFiltered,
@@ -211,7 +215,13 @@ struct Case {
     mark: u32,
 }
 
-pub(super) fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<PathBuf>) -> Result<()> {
+pub(super) fn datapath(
+    repeat: u32,
+    trials: usize,
+    max_rules: u32,
+    only: Vec<String>,
+    out: Option<PathBuf>,
+) -> Result<()> {
     let tcp4 = tcp4_to([10, 0, 0, 2], 0, None);
     let udp4 = packet::ipv4(
         [10, 0, 0, 1],
@@ -283,6 +293,13 @@ pub(super) fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<P
         case(
             "IPv4/UDP full, a flow's later packets (class and flow clock in the flow table)",
             Prog::Table,
+            full4,
+            &udp4,
+            0,
+        ),
+        case(
+            "IPv4/UDP full, a flow's later packets, tracing not built in (what tracing off costs: the row above less this)",
+            Prog::NoTrace,
             full4,
             &udp4,
             0,
@@ -439,6 +456,12 @@ pub(super) fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<P
         ));
     }
 
+    if !only.is_empty() {
+        cases.retain(|c| {
+            matches!(c.prog, Prog::Floor | Prog::Reference)
+                || only.iter().any(|o| c.name.contains(o.as_str()))
+        });
+    }
     let mut dp = Datapath::load(&LoadOptions::default())?;
     let mut first = Datapath::load(&LoadOptions {
         bench_flow_miss: true,
@@ -450,6 +473,10 @@ pub(super) fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<P
     })?;
     let mut count_only = Datapath::load(&LoadOptions {
         count_only: true,
+        ..LoadOptions::default()
+    })?;
+    let mut untraced = Datapath::load(&LoadOptions {
+        bench_no_trace: true,
         ..LoadOptions::default()
     })?;
     let mut traced = Datapath::load(&LoadOptions {
@@ -492,11 +519,15 @@ pub(super) fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<P
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for _ in 0..trials {
         for (pi, p) in policies.iter().enumerate() {
+            if !cases.iter().any(|c| c.policy == pi) {
+                continue;
+            }
             dp.write_policy(&p.table, &p.image)?;
             first.write_policy(&p.table, &p.image)?;
             cached.write_policy(&p.table, &p.image)?;
             count_only.write_policy(&p.table, &p.image)?;
             traced.write_policy(&p.table, &p.image)?;
+            untraced.write_policy(&p.table, &p.image)?;
             for (i, c) in cases.iter().enumerate().filter(|(_, c)| c.policy == pi) {
                 let mut runs = repeat;
                 match c.prog {
@@ -526,6 +557,7 @@ pub(super) fn datapath(repeat: u32, trials: usize, max_rules: u32, out: Option<P
                     Prog::Table => dp.tc_program()?,
                     Prog::Cached => cached.tc_program()?,
                     Prog::CountOnly => count_only.tc_program()?,
+                    Prog::NoTrace => untraced.tc_program()?,
                     Prog::TraceFiltered | Prog::TraceSampled | Prog::TraceEvery => traced.tc_program()?,
                 };
                 samples[i].push(measure(prog, &c.frame, c.ts, c.mark, runs)?);
