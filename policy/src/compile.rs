@@ -672,8 +672,19 @@ fn compile_with(
     table.ctab = ctab.header;
     times.classifier = t_ctab.elapsed();
     let t_shadow = std::time::Instant::now();
-    let covered = Arc::new(covered::covered_rules(&rule_table, &norms, running, &edited));
-    covered::shadow_warnings(&rule_table, &covered, &rules, &mut warnings, v);
+    let covered = Arc::new(covered::covered_rules(
+        &rule_table,
+        &norms,
+        running.map(|r| (&r.rule_table[..], &*r.covered)),
+        &edited,
+    ));
+    covered::shadow_warnings(
+        &rule_table,
+        &covered,
+        |i| (rules[i].origin.as_str(), rules[i].matches.as_str()),
+        &mut warnings,
+        |at, path, message| located(v, at, path, message),
+    );
     // Not needed past here: freed before the rest of the policy is put together.
     drop(norms);
     times.shadow = t_shadow.elapsed();

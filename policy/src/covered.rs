@@ -4,25 +4,23 @@
 
 use paceline_common::classify::Rule;
 
-use super::compile::{Compiled, RuleInfo, located};
-use super::validate::Validated;
-
-/// The covered-rule search of `table` (normalized: `norms`): after `running`'s, when the two
-/// have as many rules and differ in a few (among `edited`: the others are the same), only for
-/// the rules those reach ([`crate::ctab::shadow::search_after`]).
+/// The covered-rule search of `table` (normalized: `norms`): after the running policy's (its
+/// rule table and what its search found), when the two have as many rules and differ in a few
+/// (among `edited`: the others are the same), only for the rules those reach
+/// ([`crate::ctab::shadow::search_after`]).
 pub(crate) fn covered_rules(
     table: &[Rule],
     norms: &[crate::ctab::Norm],
-    running: Option<&Compiled>,
+    running: Option<(&[Rule], &crate::ctab::shadow::Covered)>,
     edited: &[usize],
 ) -> crate::ctab::shadow::Covered {
     use crate::ctab::shadow;
-    let Some(run) = running.filter(|r| r.rule_table.len() == table.len()) else {
+    let Some((run_table, run_covered)) = running.filter(|(t, _)| t.len() == table.len()) else {
         return shadow::search(norms);
     };
     let mut changed = Vec::new();
     for &i in edited {
-        let before = &run.rule_table[i];
+        let before = &run_table[i];
         if table[i] == *before {
             continue;
         }
@@ -32,19 +30,21 @@ pub(crate) fn covered_rules(
             _ => return shadow::search(norms),
         }
     }
-    shadow::search_after(norms, &run.covered, &changed)
+    shadow::search_after(norms, run_covered, &changed)
 }
 
 /// Most "can never match" warnings listed; the rest are counted.
 const MAX_SHADOW_WARNINGS: usize = 20;
 
-/// Warns about rules that an earlier rule covers: they can never match.
-pub(crate) fn shadow_warnings(
+/// Warns about rules that an earlier rule covers: they can never match. `rules(i)`: rule i's
+/// origin in the policy and what it matches; `located(at, path, message)`: the message with
+/// the line of the policy it is about.
+pub(crate) fn shadow_warnings<'a>(
     table: &[Rule],
     found: &crate::ctab::shadow::Covered,
-    rules: &[RuleInfo],
+    rules: impl Fn(usize) -> (&'a str, &'a str),
     warnings: &mut Vec<String>,
-    v: &Validated,
+    located: impl Fn(&str, &str, String) -> String,
 ) {
     let (covered, complete) = (found.pairs.iter().copied(), found.complete);
     // Offline, cgroups are not resolved and every cgroup rule carries the placeholder id 0:
@@ -52,26 +52,22 @@ pub(crate) fn shadow_warnings(
     let unresolved = |i: usize| table[i].cgroup_mask != 0 && table[i].cgroup_id == 0;
     let covered: Vec<_> = covered
         .filter(|&(later, earlier)| {
-            !(unresolved(later) && unresolved(earlier) && rules[later].matches != rules[earlier].matches)
+            !(unresolved(later) && unresolved(earlier) && rules(later).1 != rules(earlier).1)
         })
         .collect();
     for (later, earlier) in covered.iter().take(MAX_SHADOW_WARNINGS) {
-        let origin = &rules[*later].origin;
+        let (origin, matches) = rules(*later);
+        let (earlier_origin, earlier_matches) = rules(*earlier);
         // `spec.rules[2] (src[1], dst[0])`: the line is the rule's.
         let at = origin.split(' ').next().unwrap_or(origin);
         warnings.push(located(
-            v,
             at,
             "",
-            format!(
-                "{origin}: can never match: {} ({}) comes first and covers it ({})",
-                rules[*earlier].origin, rules[*earlier].matches, rules[*later].matches
-            ),
+            format!("{origin}: can never match: {earlier_origin} ({earlier_matches}) comes first and covers it ({matches})"),
         ));
     }
     if covered.len() > MAX_SHADOW_WARNINGS {
         warnings.push(located(
-            v,
             "spec.rules",
             "spec.rules",
             format!(
@@ -82,7 +78,6 @@ pub(crate) fn shadow_warnings(
     }
     if !complete {
         warnings.push(located(
-            v,
             "spec.rules",
             "spec.rules",
             "the search for rules that can never match stopped early (too many rules to compare)".into(),

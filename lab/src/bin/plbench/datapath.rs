@@ -491,31 +491,10 @@ pub(super) fn datapath(
         session: 1,
         ..TraceConfig::default()
     };
-    // The floor, the clock and the reference: the benchmark's own object, not the agent's.
-    let mut refs = aya::Ebpf::load(paceline::kernel::datapath::BENCH_OBJECT)
-        .context("loading the benchmark's eBPF object")?;
-    for name in [TC_FLOOR, TC_CLOCK, TC_REF_EDT] {
-        let p: &mut SchedClassifier = refs
-            .program_mut(name)
-            .with_context(|| format!("program {name} missing from the benchmark's object"))?
-            .try_into()?;
-        p.load().with_context(|| format!("verifying {name}"))?;
-    }
-    // The reference's aggregate: a rate low enough that every packet takes the full path
-    // (delayed: the departure computed and written), a horizon it never reaches.
-    let mut aggs: aya::maps::HashMap<_, u64, BenchEdt> = aya::maps::HashMap::try_from(
-        refs.map_mut(names::BENCH_EDT)
-            .with_context(|| format!("map {} missing from the benchmark's object", names::BENCH_EDT))?,
-    )?;
-    aggs.insert(
-        1,
-        &BenchEdt {
-            bps: 1_000_000,
-            t_last: 0,
-            horizon_ns: u64::MAX / 2,
-        },
-        0,
-    )?;
+    // The floor, the clock and the reference: the benchmark's own object, not the agent's. The
+    // reference's aggregate (the packets' mark, 1): a rate low enough that every packet takes
+    // the full path (delayed: the departure computed and written).
+    let refs = bench_object(&[TC_FLOOR, TC_CLOCK, TC_REF_EDT], 1, 1_000_000)?;
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for _ in 0..trials {
         for (pi, p) in policies.iter().enumerate() {
@@ -619,6 +598,34 @@ pub(super) fn datapath(
         rows,
     };
     write_report(&report, out)
+}
+
+/// The benchmark's own eBPF object with `programs` verified, and the reference's aggregate for
+/// packets of mark `mark` at `bps` bytes/s, with a horizon it never reaches.
+pub(super) fn bench_object(programs: &[&str], mark: u64, bps: u64) -> Result<aya::Ebpf> {
+    let mut refs = aya::Ebpf::load(paceline::kernel::datapath::BENCH_OBJECT)
+        .context("loading the benchmark's eBPF object")?;
+    for name in programs {
+        let p: &mut SchedClassifier = refs
+            .program_mut(name)
+            .with_context(|| format!("program {name} missing from the benchmark's object"))?
+            .try_into()?;
+        p.load().with_context(|| format!("verifying {name}"))?;
+    }
+    let mut aggs: aya::maps::HashMap<_, u64, BenchEdt> = aya::maps::HashMap::try_from(
+        refs.map_mut(names::BENCH_EDT)
+            .with_context(|| format!("map {} missing from the benchmark's object", names::BENCH_EDT))?,
+    )?;
+    aggs.insert(
+        mark,
+        &BenchEdt {
+            bps,
+            t_last: 0,
+            horizon_ns: u64::MAX / 2,
+        },
+        0,
+    )?;
+    Ok(refs)
 }
 
 fn arp() -> Vec<u8> {

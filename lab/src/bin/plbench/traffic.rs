@@ -22,7 +22,7 @@ use aya::programs::{
     tc::{SchedClassifierLinkId, TcAttachOptions},
 };
 use paceline::kernel::datapath::{Datapath, LoadOptions};
-use paceline_common::maps::{BenchEdt, PolicyTable, names};
+use paceline_common::maps::PolicyTable;
 use paceline_tests::{
     testbed::{Host, Testbed},
     workload::{
@@ -33,7 +33,7 @@ use paceline_tests::{
 };
 use serde::Serialize;
 
-use super::datapath::{Policy, TC_FLOOR, TC_REF_EDT, port_rules, table};
+use super::datapath::{Policy, TC_FLOOR, TC_REF_EDT, bench_object, port_rules, table};
 use super::{cpu_model, read_trim, write_report};
 
 /// One kind of traffic: TCP or UDP, and how many flows.
@@ -228,30 +228,9 @@ struct TrafficReport {
 
 /// `plbench traffic`.
 pub(super) fn traffic(trials: usize, seconds: f64, out: Option<std::path::PathBuf>) -> Result<()> {
-    let mut refs = aya::Ebpf::load(paceline::kernel::datapath::BENCH_OBJECT)
-        .context("loading the benchmark's eBPF object")?;
-    for name in [TC_FLOOR, TC_REF_EDT] {
-        let p: &mut SchedClassifier = refs
-            .program_mut(name)
-            .with_context(|| format!("program {name} missing from the benchmark's object"))?
-            .try_into()?;
-        p.load().with_context(|| format!("verifying {name}"))?;
-    }
     // The reference's aggregate for unmarked packets, at the rate of the class it is compared
-    // with, and a horizon it never reaches.
-    let mut aggs: aya::maps::HashMap<_, u64, BenchEdt> = aya::maps::HashMap::try_from(
-        refs.map_mut(names::BENCH_EDT)
-            .with_context(|| format!("map {} missing from the benchmark's object", names::BENCH_EDT))?,
-    )?;
-    aggs.insert(
-        0,
-        &BenchEdt {
-            bps: 10_000_000_000,
-            t_last: 0,
-            horizon_ns: u64::MAX / 2,
-        },
-        0,
-    )?;
+    // with.
+    let mut refs = bench_object(&[TC_FLOOR, TC_REF_EDT], 0, 10_000_000_000)?;
     let mut full = Datapath::load(&LoadOptions::default())?;
     let p = Policy::new(table(true), &port_rules());
     full.write_policy(&p.table, &p.image)?;
