@@ -147,9 +147,9 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             }
         }
     }
-    // For a trace record: stored now, unconditionally and without a branch, so that no
+    // For a trace record: stored now, without a branch on whether a trace runs, so that no
     // register carries it through classification and pacing (the verifier would walk them
-    // once for each value).
+    // once for each value); `built()` is a load-time constant the verifier resolves.
     if trace::built() {
         cpu.trace.pending.flags =
             (has_sock as u8) * TR_SOCKET | ((sock_state.is_some() || cached.is_some()) as u8) * TR_CACHED;
