@@ -116,7 +116,11 @@ impl<'a> Agent<'a> {
             api_addr: flag_value(extra, "--api-addr").unwrap_or_else(|| "127.0.0.1:9978".into()),
             token_file: flag_value(extra, "--api-token-file").map(PathBuf::from),
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // A start verifies the egress program: about 16 s under emulation of Linux 6.1 on a
+        // quiet machine, over 45 s on a loaded one (2026-12-05). A start that fails fails at
+        // once; the deadline only catches a hang.
+        let up_within = if crate::gate::under_tcg() { 150 } else { 60 };
+        let deadline = Instant::now() + Duration::from_secs(up_within);
         loop {
             if agent.status().is_some() {
                 return agent;

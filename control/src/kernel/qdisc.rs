@@ -206,11 +206,10 @@ pub fn htb_burst(rate_bytes: u64, frame: u32) -> u64 {
     (rate_bytes as u128 * HTB_BURST_NS as u128 / 1_000_000_000) as u64 + u64::from(frame)
 }
 
-/// Installs (or, with `update`, changes in place) the HTB tree of `plan`: root qdisc `1:` whose
-/// unclassified traffic goes to `plan.default_minor`, and its classes (parents before children).
-/// Installs (or with `update`, only updates the classes of) the HTB hierarchy of `plan` as
-/// `iface`'s root. `ours`: the root there is the one a previous paceline agent installed, which
-/// may be replaced.
+/// Installs (or, with `update`, changes in place the classes of) the HTB tree of `plan` as
+/// `iface`'s root: root qdisc `1:` whose unclassified traffic goes to `plan.default_minor`, and
+/// its classes (parents before children), each with the burst of [`htb_burst`]. `ours`: the
+/// root there is the one a previous paceline agent installed, which may be replaced.
 pub fn install_htb(iface: &str, plan: &HtbPlan, update: bool, ours: bool) -> Result<Installed> {
     if !update {
         if !ours {
