@@ -179,9 +179,7 @@ pub struct Compiled {
 /// are in `ctab.times`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CompileTimes {
-    /// The rule table and what is reported of each rule (origin, conditions). On a large
-    /// policy the reports are made on a thread of their own while the classifier is built and
-    /// searched: only the wait for them, if any, counts here.
+    /// The rule table and what is reported of each rule (origin, conditions).
     pub rules: std::time::Duration,
     /// The classifier ([`crate::ctab::build`]).
     pub classifier: std::time::Duration,
@@ -412,11 +410,6 @@ fn rule_origin(r: &RuleSpec) -> String {
     }
 }
 
-/// Policies of at least this many rules have their reports made on a thread of their own,
-/// beside the classifier's build (below it, the thread costs more than it saves).
-/// The crate's tests take the thread at any size, so that every compile in them goes through it.
-const THREAD_REPORTS: usize = if cfg!(test) { 2 } else { 4096 };
-
 /// Compiles a validated policy. Pure: the same inputs give the same output. Fails only when the
 /// classifier's tables would pass their limits (the error names the limit and the count).
 pub fn compile(v: &Validated, ctx: &CompileContext) -> Result<Compiled, super::PolicyError> {
@@ -593,10 +586,8 @@ fn compile_with(
         same.push(info);
     }
     // What is reported of each rule: the running policy's report where the rule is the same
-    // (a copy: three strings a rule), else made. Nothing before the covered-rule warnings
-    // reads them, so on a large policy they are made on a thread of their own while the
-    // classifier is built and searched; cloning 100,000 reports' strings was 8-10 ms of a
-    // one-rule edit's compile.
+    // (a copy: three strings a rule; 8-10 ms of a one-rule edit of 100,000 rules, which the
+    // reports' types, read by the agent and the lab, keep), else made.
     let same = &same;
     let make_reports = || -> Arc<[RuleInfo]> {
         // Collected straight into the shared slice: a vector turned into one afterwards was
@@ -660,16 +651,9 @@ fn compile_with(
             table.flags |= TABLE_DASR_SENDER;
         }
     }
+    let rules = make_reports();
     times.rules = t_rules.elapsed();
-    let (rules, ctab, covered) = std::thread::scope(|s| {
-        let reports = (v.rules.len() >= THREAD_REPORTS)
-            .then(|| {
-                std::thread::Builder::new()
-                    .name("rule reports".into())
-                    .spawn_scoped(s, make_reports)
-                    .ok()
-            })
-            .flatten();
+    let built = {
         let t_ctab = std::time::Instant::now();
         // Normalized once, for the classifier and for the covered-rule search.
         let norms = crate::ctab::normalize_all(&rule_table);
@@ -694,16 +678,9 @@ fn compile_with(
             (image, covered)
         });
         times.shadow = t_shadow.elapsed();
-        // The reports' wait (if their thread is still at them) counts as theirs.
-        let t_wait = std::time::Instant::now();
-        let rules = match reports {
-            Some(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-            None => make_reports(),
-        };
-        times.rules += t_wait.elapsed();
-        built.map(|(image, covered)| (rules, image, covered))
-    })
-    .map_err(|e| super::PolicyError {
+        built
+    };
+    let (ctab, covered) = built.map_err(|e| super::PolicyError {
         file: v.file.clone(),
         line: None,
         path: "spec.rules".into(),

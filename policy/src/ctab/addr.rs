@@ -255,7 +255,15 @@ impl AddrEcs {
             return Ok(None);
         }
         let default = self.default_ec(v6);
-        let root = block(words, base, deeper, ns.base + 1 + at as u32, default, start, strides)?;
+        let root = block(
+            words,
+            base,
+            deeper,
+            ns.base + 1 + at as u32,
+            default,
+            start,
+            strides,
+        )?;
         Ok(Some(root))
     }
 
