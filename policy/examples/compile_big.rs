@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo run -p paceline-policy --release --example compile_big -- 100000 [per_rule] [classes]
 //! cargo run -p paceline-policy --release --example compile_big -- edit 100000 [trials]
+//! cargo run -p paceline-policy --release --example compile_big -- full 100000 [trials]
 //! ```
 //!
 //! The policy has the shape of `paceline-tests`' `policygen::BigPolicy` (what `plbench apply`
@@ -17,6 +18,10 @@
 //! first not counted), then as many edits of the probe rule's port (the first two not
 //! counted). It prints the medians of the compile and its stages, and the peak RSS (VmHWM)
 //! from before the first compile, the running policy held beside the new one as in the agent.
+//!
+//! `full` times what `plbench apply` calls a full apply, without the write: `trials` policies
+//! parsed, validated and compiled from nothing one after the other in one process (each
+//! dropped before the next), and prints the medians.
 
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -78,12 +83,26 @@ fn reset_peak_rss() {
     }
 }
 
-/// The compile's time and its stages, ms.
-#[derive(Clone, Copy, Default)]
-struct Stages([f64; 9]);
+/// The CPU time of the process (every thread, user and system), ms: on a busy machine the
+/// wall-clock stages also count the time the compile waited for a CPU.
+fn cpu_ms() -> f64 {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given.
+    let u = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
+        u.assume_init()
+    };
+    let t = |v: libc::timeval| v.tv_sec as f64 * 1e3 + v.tv_usec as f64 / 1e3;
+    t(u.ru_utime) + t(u.ru_stime)
+}
 
-const STAGE_NAMES: [&str; 9] = [
+/// The compile's time (wall and CPU) and its stages, ms.
+#[derive(Clone, Copy, Default)]
+struct Stages([f64; 10]);
+
+const STAGE_NAMES: [&str; 10] = [
     "compile",
+    "cpu",
     "rules",
     "classifier",
     "normalize",
@@ -102,17 +121,19 @@ fn compile_after(text: &str, previous: &mut Option<paceline_policy::Compiled>) -
         previous: slots.as_ref(),
         all_routes_managed: false,
     };
-    let t = Instant::now();
+    let (t, cpu) = (Instant::now(), cpu_ms());
     let c = match previous {
         Some(p) => paceline_policy::compile_after(&v, &ctx, p),
         None => paceline_policy::compile(&v, &ctx),
     }
     .expect("compiles");
     let compile = t.elapsed();
+    let cpu = cpu_ms() - cpu;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     let (ct, bt) = (c.times, c.ctab.times);
     let st = Stages([
         ms(compile),
+        cpu,
         ms(ct.rules),
         ms(ct.classifier),
         ms(bt.normalize),
@@ -182,15 +203,40 @@ fn edits(rules: u32, trials: u32) {
     );
 }
 
+/// `trials` policies of `rules` rules, each parsed, validated and compiled from nothing after
+/// the one before was dropped, in one process (as `plbench apply`'s full applies): the medians
+/// of parse+validate, the compile and its stages. The policies differ in their first
+/// destination, so that no two are the same file.
+fn fulls(rules: u32, trials: u32) {
+    let base = yaml(rules, 1000, 16);
+    let mut pv = Vec::new();
+    let mut runs = Vec::new();
+    for k in 0..trials {
+        let text = base.replacen("[10.100.0.0/32", &format!("[10.250.0.{k}/32"), 1);
+        let t = Instant::now();
+        let v = paceline_policy::parse_str(&text, "generated.yaml", &OfflineHost).expect("a valid policy");
+        pv.push(t.elapsed().as_secs_f64() * 1e3);
+        drop(v);
+        runs.push(compile_after(&text, &mut None));
+    }
+    pv.sort_by(f64::total_cmp);
+    println!(
+        "{rules} rules: full, median ms: parse+validate {:.1}, {}",
+        pv[pv.len() / 2],
+        medians(&runs)
+    );
+}
+
 fn main() {
-    if std::env::args().nth(1).as_deref() == Some("edit") {
-        let arg = |i: usize, d: u32| {
-            std::env::args()
-                .nth(i)
-                .map_or(d, |a| a.parse().expect("a number"))
-        };
-        edits(arg(2, 100_000), arg(3, 5));
-        return;
+    let arg = |i: usize, d: u32| {
+        std::env::args()
+            .nth(i)
+            .map_or(d, |a| a.parse().expect("a number"))
+    };
+    match std::env::args().nth(1).as_deref() {
+        Some("edit") => return edits(arg(2, 100_000), arg(3, 5)),
+        Some("full") => return fulls(arg(2, 100_000), arg(3, 5)),
+        _ => {}
     }
     let args: Vec<u32> = std::env::args()
         .skip(1)

@@ -1398,6 +1398,10 @@ fn a_policy_compiled_after_another_is_the_policy_compiled_alone() {
             None => alone.clone(),
         };
         assert_eq!(after.rules, alone.rules);
+        // The table rules of unchanged rules are copied from the running policy. Checked to
+        // fail: with the running policy's table rule copied wherever it has one at the index
+        // (not only where the rule is the same), the address edit's step failed here.
+        assert_eq!(after.rule_table, alone.rule_table);
         assert_eq!(after.warnings, alone.warnings);
         assert_eq!(after.table, alone.table);
         assert!(after.ctab.same_tables(&alone.ctab));

@@ -146,6 +146,12 @@ impl AddrEcs {
         let mut all: Vec<Prefix> = prefixes.into_iter().collect();
         all.sort();
         all.dedup();
+        Self::from_sorted(all)
+    }
+
+    /// Numbers the ECs of `all`, sorted and without duplicates.
+    pub fn from_sorted(all: Vec<Prefix>) -> Self {
+        debug_assert!(all.windows(2).all(|w| w[0] < w[1]));
         let v4: Vec<Prefix> = all.iter().copied().filter(|p| p.overlaps(&V4_MAPPED)).collect();
         let mut out = AddrEcs::default();
         let mut next = 0u32;
@@ -175,6 +181,17 @@ impl AddrEcs {
         }
         out.count = next;
         out
+    }
+
+    /// The same ECs (namespaces, their prefixes and subtree sizes).
+    #[cfg(test)]
+    pub fn same_as(&self, o: &AddrEcs) -> bool {
+        self.count == o.count
+            && self
+                .ns
+                .iter()
+                .zip(&o.ns)
+                .all(|(a, b)| a.base == b.base && a.order == b.order && a.sizes == b.sizes)
     }
 
     /// Every prefix, sorted, once (the IPv6 namespace's: it has them all).
@@ -226,19 +243,27 @@ impl AddrEcs {
     pub fn build_trie(&self, v6: bool, base: usize, words: &mut Vec<u32>) -> Result<Option<u32>, TrieTooBig> {
         let ns = &self.ns[usize::from(v6)];
         let (start, strides): (u8, &[u32]) = if v6 { (0, &V6_STRIDES) } else { (96, &V4_STRIDES) };
-        // Prefixes no longer than the trie's start apply to every address: the default.
-        let deeper: Vec<(Prefix, u32)> = ns
-            .order
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.len > start)
-            .map(|(i, p)| (*p, ns.base + 1 + i as u32))
-            .collect();
+        // Prefixes no longer than the trie's start apply to every address: the default. They
+        // come first in the order (`::/0` in the IPv6 namespace; in the IPv4 one, the prefixes
+        // that contain the whole IPv4-mapped range sort before every prefix inside it), so
+        // the deeper ones are the rest: a slice, where a vector of them with their ECs was a
+        // copy of every prefix, twice an address edit.
+        let at = ns.order.partition_point(|p| p.len <= start);
+        debug_assert!(ns.order[at..].iter().all(|p| p.len > start));
+        let deeper = &ns.order[at..];
         if deeper.is_empty() {
             return Ok(None);
         }
         let default = self.default_ec(v6);
-        let root = block(words, base, &deeper, default, start, strides)?;
+        let root = block(
+            words,
+            base,
+            deeper,
+            ns.base + 1 + at as u32,
+            default,
+            start,
+            strides,
+        )?;
         Ok(Some(root))
     }
 
@@ -323,12 +348,13 @@ pub struct TrieTooBig;
 pub const TRIE_WORD_LIMIT: usize = 1 << 23;
 
 /// Writes one trie block covering bits `[pos, pos + strides[0])` for `prefixes` (all longer than
-/// `pos`, sorted depth-first, each with its EC), leaf-pushed under `inherited`, into `words`
-/// (word `base` of the table first). Returns its offset in the table.
+/// `pos`, sorted depth-first, consecutive ECs from `ec0`), leaf-pushed under `inherited`, into
+/// `words` (word `base` of the table first). Returns its offset in the table.
 fn block(
     words: &mut Vec<u32>,
     base: usize,
-    prefixes: &[(Prefix, u32)],
+    prefixes: &[Prefix],
+    ec0: u32,
     inherited: u32,
     pos: u8,
     strides: &[u32],
@@ -350,7 +376,7 @@ fn block(
     // the first is deeper than the block and both agree up to its end, so does every prefix,
     // all under one entry (none shorter could sort between them). Long runs of IPv4-mapped
     // prefixes through the IPv6 trie's top blocks skip the walk below.
-    if let (Some(&(first, _)), Some(&(last, _))) = (prefixes.first(), prefixes.last())
+    if let (Some(&first), Some(&last)) = (prefixes.first(), prefixes.last())
         && first.len > end
         && (first.addr ^ last.addr) >> (128 - u32::from(end)) == 0
     {
@@ -358,7 +384,7 @@ fn block(
         i = prefixes.len();
     }
     while i < prefixes.len() {
-        let (p, ec) = prefixes[i];
+        let (p, ec) = (prefixes[i], ec0 + i as u32);
         if p.len <= end {
             let first = entry_of(p.addr);
             let count = 1usize << (end - p.len);
@@ -370,7 +396,7 @@ fn block(
             // A run of prefixes deeper than this block under one entry.
             let e = entry_of(p.addr);
             let from = i;
-            while i < prefixes.len() && prefixes[i].0.len > end && entry_of(prefixes[i].0.addr) == e {
+            while i < prefixes.len() && prefixes[i].len > end && entry_of(prefixes[i].addr) == e {
                 i += 1;
             }
             children.push((e, from, i));
@@ -380,7 +406,15 @@ fn block(
         // The entry's value now is the EC of the longest prefix covering it: the child
         // inherits it.
         let inherit = words[off + e];
-        let child = block(words, base, &prefixes[from..to], inherit, end, &strides[1..])?;
+        let child = block(
+            words,
+            base,
+            &prefixes[from..to],
+            ec0 + from as u32,
+            inherit,
+            end,
+            &strides[1..],
+        )?;
         words[off + e] = CHILD | child;
     }
     Ok((base + off) as u32)

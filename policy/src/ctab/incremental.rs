@@ -32,6 +32,10 @@ pub(super) struct Memo {
     families: Vec<Option<bool>>,
 }
 
+/// Most rules with another prefix in one address dimension that [`AddrStage::after`] takes;
+/// past them the stage is built from nothing.
+const MAX_MOVED: usize = 64;
+
 /// One address dimension's ECs and tries, and what they were built from: a build whose rules
 /// have the same prefixes in this dimension as the image before takes them from it.
 #[derive(Debug)]
@@ -57,13 +61,9 @@ impl AddrStage {
         (at != NONE).then(|| self.ecs.prefixes()[at as usize])
     }
 
-    /// Was it built from these prefixes, one a rule?
-    fn built_from(&self, input: impl ExactSizeIterator<Item = Option<Prefix>>) -> bool {
-        input.len() == self.input.len() && input.enumerate().all(|(i, p)| self.prefix(i) == p)
-    }
-
-    /// The stage of `prev` if it was built from `norms`' prefixes in dimension `dim`, else a
-    /// new one built at word `base`.
+    /// The stage of `prev` if it was built from `norms`' prefixes in dimension `dim`; else one
+    /// built at word `base`: after `prev` when as many rules and at most [`MAX_MOVED`] of them
+    /// have another prefix here ([`AddrStage::after`]), else from nothing.
     fn reuse_or_build(
         prev: Option<&Arc<AddrStage>>,
         norms: &[Norm],
@@ -71,10 +71,33 @@ impl AddrStage {
         base: usize,
     ) -> Result<Arc<AddrStage>, addr::TrieTooBig> {
         if let Some(p) = prev
-            && p.built_from(norms.iter().map(dim))
+            && p.input.len() == norms.len()
         {
-            return Ok(p.clone());
+            let mut changed = Vec::new();
+            for (i, n) in norms.iter().enumerate() {
+                if p.prefix(i) != dim(n) {
+                    changed.push(i);
+                    if changed.len() > MAX_MOVED {
+                        break;
+                    }
+                }
+            }
+            if changed.is_empty() {
+                return Ok(p.clone());
+            }
+            if changed.len() <= MAX_MOVED {
+                return Ok(Arc::new(Self::after(p, norms, dim, base, &changed)?));
+            }
         }
+        Self::build(norms, dim, base).map(Arc::new)
+    }
+
+    /// The stage of `norms`' prefixes in dimension `dim` at word `base`, from nothing.
+    pub(super) fn build(
+        norms: &[Norm],
+        dim: fn(&Norm) -> Option<Prefix>,
+        base: usize,
+    ) -> Result<AddrStage, addr::TrieTooBig> {
         let ecs = AddrEcs::new(norms.iter().filter_map(dim));
         // Rules come mostly in address order: the prefix after the last one found is tried
         // first.
@@ -96,6 +119,99 @@ impl AddrStage {
                 }
             })
             .collect();
+        Self::with_tries(ecs, input, base)
+    }
+
+    /// [`AddrStage::build`] after `prev`, whose rules are `norms`' but for `changed` (ascending):
+    /// those rules have another prefix in dimension `dim` than in `prev`. The sorted prefixes
+    /// are `prev`'s with the prefixes no rule has any more taken out and the new ones merged
+    /// in, and each rule's index in them is its index before, moved (a sort of every rule's
+    /// prefix and a search for each was most of an address edit's address stage); the ECs'
+    /// numbering and the tries are made from them as from nothing. The stage is the one
+    /// [`AddrStage::build`] makes (`tests::address_stages_after_edits_equal_stages_from_nothing`).
+    pub(super) fn after(
+        prev: &AddrStage,
+        norms: &[Norm],
+        dim: fn(&Norm) -> Option<Prefix>,
+        base: usize,
+        changed: &[usize],
+    ) -> Result<AddrStage, addr::TrieTooBig> {
+        let old = prev.ecs.prefixes();
+        // The changed rules' prefixes before (as indices into `old`) and now.
+        let mut gone: Vec<u32> = changed
+            .iter()
+            .map(|&i| prev.input[i])
+            .filter(|&at| at != NONE)
+            .collect();
+        gone.sort_unstable();
+        gone.dedup();
+        let mut now: Vec<Prefix> = changed.iter().filter_map(|&i| dim(&norms[i])).collect();
+        now.sort_unstable();
+        now.dedup();
+        // A prefix the changed rules had stays when a rule that did not change has it too, or
+        // a changed rule has it now.
+        let mut stays: Vec<bool> = gone
+            .iter()
+            .map(|&at| now.binary_search(&old[at as usize]).is_ok())
+            .collect();
+        if let (Some(&lo), Some(&hi)) = (gone.first(), gone.last()) {
+            let mut next_changed = changed.iter().copied().peekable();
+            for (i, &at) in prev.input.iter().enumerate() {
+                if next_changed.peek() == Some(&i) {
+                    next_changed.next();
+                    continue;
+                }
+                if at >= lo
+                    && at <= hi
+                    && let Ok(k) = gone.binary_search(&at)
+                {
+                    stays[k] = true;
+                }
+            }
+        }
+        let removed: Vec<u32> = gone
+            .iter()
+            .zip(&stays)
+            .filter(|(_, s)| !**s)
+            .map(|(&at, _)| at)
+            .collect();
+        let added: Vec<Prefix> = now
+            .into_iter()
+            .filter(|p| old.binary_search(p).is_err())
+            .collect();
+        // Merged, with each old prefix's new index.
+        let mut all = Vec::with_capacity(old.len() - removed.len() + added.len());
+        let mut moved = vec![NONE; old.len()];
+        let (mut r, mut a) = (0, 0);
+        for (j, q) in old.iter().enumerate() {
+            while a < added.len() && added[a] < *q {
+                all.push(added[a]);
+                a += 1;
+            }
+            if removed.get(r) == Some(&(j as u32)) {
+                r += 1;
+                continue;
+            }
+            moved[j] = all.len() as u32;
+            all.push(*q);
+        }
+        all.extend_from_slice(&added[a..]);
+        let mut input: Vec<u32> = prev
+            .input
+            .iter()
+            .map(|&at| if at == NONE { NONE } else { moved[at as usize] })
+            .collect();
+        for &i in changed {
+            input[i] = dim(&norms[i]).map_or(NONE, |p| {
+                all.binary_search(&p)
+                    .expect("every rule's prefix is one of the ECs'") as u32
+            });
+        }
+        Self::with_tries(AddrEcs::from_sorted(all), input, base)
+    }
+
+    /// The stage of these ECs and rules' prefixes, with its tries built at word `base`.
+    fn with_tries(ecs: AddrEcs, input: Vec<u32>, base: usize) -> Result<AddrStage, addr::TrieTooBig> {
         let used = input.iter().any(|&i| i != NONE);
         let mut words = Vec::new();
         let mut roots = [NONE; 2];
@@ -107,7 +223,7 @@ impl AddrStage {
                 roots[f] = ecs.build_trie(v6, base, &mut words)?.unwrap_or(NONE);
             }
         }
-        Ok(Arc::new(AddrStage {
+        Ok(AddrStage {
             input,
             ecs,
             used,
@@ -115,7 +231,19 @@ impl AddrStage {
             words,
             roots,
             defaults,
-        }))
+        })
+    }
+
+    /// The same stage: what it was built from, its ECs and its tries.
+    #[cfg(test)]
+    pub(super) fn same_as(&self, o: &AddrStage) -> bool {
+        self.input == o.input
+            && self.ecs.same_as(&o.ecs)
+            && self.used == o.used
+            && self.base == o.base
+            && self.words == o.words
+            && self.roots == o.roots
+            && self.defaults == o.defaults
     }
 
     /// Appends the tries to `words` (moving their child offsets when they were built elsewhere)
