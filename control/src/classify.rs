@@ -148,8 +148,8 @@ pub fn explain(c: &Compiled, q: &Query) -> Result<Answer> {
         priority: level.priority,
         rule: hit.map(|i| RuleHit {
             index: i,
-            origin: c.rules[i].origin.clone(),
-            matches: c.rules[i].matches.clone(),
+            origin: c.rules[i].origin.to_string(),
+            matches: c.rules[i].matches.to_string(),
         }),
         flow_rate: opt(class.flow_rate),
         class_rate: opt(class.class_rate),

@@ -258,9 +258,9 @@ pub fn check_report(c: &Compiled) -> String {
     for (i, r) in c.rules.iter().enumerate().take(MAX_RULE_ROWS) {
         t.row(vec![
             i.to_string(),
-            r.class.clone(),
+            r.class.to_string(),
             r.origin.trim_start_matches("spec.").to_string(),
-            r.matches.clone(),
+            r.matches.to_string(),
         ]);
     }
     if c.rules.len() > MAX_RULE_ROWS {
@@ -526,10 +526,10 @@ pub fn json(c: &Compiled) -> Value {
         })).collect::<Vec<_>>(),
         "default_class": c.class_names.get(usize::from(c.default_class)).cloned().flatten(),
         "rules": c.rules.iter().map(|r| json!({
-            "origin": r.origin,
-            "class": r.class,
+            "origin": &*r.origin,
+            "class": &*r.class,
             "class_index": r.class_index,
-            "match": r.matches,
+            "match": &*r.matches,
         })).collect::<Vec<_>>(),
         "classifier": classifier_json(&c.ctab.stats),
         "table": {

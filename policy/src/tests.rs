@@ -569,7 +569,7 @@ spec:
   default_class: b
 "#;
     let c = fq(&ok(text, &fake_host()));
-    let origins: Vec<&str> = c.rules.iter().map(|r| r.origin.as_str()).collect();
+    let origins: Vec<&str> = c.rules.iter().map(|r| &*r.origin).collect();
     assert_eq!(
         origins,
         [
@@ -578,7 +578,7 @@ spec:
             "spec.rules[0] (src[1], dst[2])",
         ]
     );
-    assert_eq!(c.rules[2].matches, "src fd00::/8 dst fd01::/16");
+    assert_eq!(&*c.rules[2].matches, "src fd00::/8 dst fd01::/16");
     assert_eq!(c.rule_table.len(), 3);
     assert_eq!(c.rule_table[2].family_mask, 1);
     assert_eq!(c.rule_table[2].family, 1);
@@ -717,7 +717,7 @@ fn small_policy_compiles_to_the_exact_table() {
     assert_eq!(c.name.as_deref(), Some("small"));
     assert!(c.htb.is_none());
     assert_eq!(
-        c.rules.iter().map(|r| r.matches.as_str()).collect::<Vec<_>>(),
+        c.rules.iter().map(|r| &*r.matches).collect::<Vec<_>>(),
         [
             "tcp dst 10.1.0.0/16 dst_port 11211",
             "tcp src fd00::/8 src_port 8000-8100",
@@ -968,7 +968,7 @@ fn class_indices_are_stable_across_reloads() {
     assert_eq!(c2.table.n_classes, 6);
     assert_eq!(c2.table.default_class, 0);
     // batch's rule points at its new index.
-    assert_eq!(c2.rules[0].class, "batch");
+    assert_eq!(&*c2.rules[0].class, "batch");
     assert_eq!(c2.rule_table[0].class, 4);
     assert_eq!(c2.slots_to_reset(Some(&c1.slots())), vec![4, 5]);
     assert_eq!(c1.slots_to_reset(None), vec![0, 1, 2, 3, level_slot(0)]);

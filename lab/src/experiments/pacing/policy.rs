@@ -83,7 +83,7 @@ mod tests {
                 assert!(
                     c.rules
                         .iter()
-                        .any(|r| r.class == g.class && r.matches.contains(&rule)),
+                        .any(|r| *r.class == *g.class && r.matches.contains(&rule)),
                     "{}: no rule {rule}",
                     g.class
                 );
