@@ -1193,6 +1193,27 @@ fn a_utf8_byte_order_mark_is_skipped() {
     assert_eq!(v.classes.len(), 1);
 }
 
+/// A valid policy without warnings is parsed without building the path-to-line index (a third
+/// of parsing a large policy); the index is built when a line is first asked for, and then
+/// locates fields as before, and an invalid policy's errors still carry their lines. Checked to
+/// fail: with `LineIndex::new` building the index at once (as before), `is_built` was true
+/// right after parsing.
+#[test]
+fn the_line_index_is_built_only_when_a_line_is_asked_for() {
+    let v = ok(EDITED, &fake_host());
+    assert!(v.warnings.is_empty(), "{:?}", v.warnings);
+    assert!(!v.lines.is_built(), "no line was needed");
+    assert_eq!(v.lines.line("spec.classes"), Some(6));
+    assert!(v.lines.is_built());
+    let bad = EDITED.replace("default_class: a", "default_class: nope");
+    let errs = parse_str(&bad, "bad.yaml", &fake_host()).unwrap_err();
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(
+        (errs[0].path.as_str(), errs[0].line),
+        ("spec.default_class", Some(7))
+    );
+}
+
 /// UTF-16 and UTF-32, with or without a byte-order mark, are named, on line 1, with what to
 /// do. Checked to fail: with `wide_encoding` answering `None` these were "is not UTF-8 text
 /// (invalid utf-8 sequence ...)" with no line (UTF-16LE with a BOM), or reached the YAML
