@@ -536,6 +536,24 @@ fn covered_rule_searches_after_random_edits_equal_searches_from_nothing() {
     }
 }
 
+/// `10.a.b.c` as the address words of a rule.
+fn host10(a: u8, b: u8, c: u8) -> [u32; 4] {
+    words(v4([10, a, b, c]))
+}
+
+/// A prefix an address edit puts in: mostly a /32 of `10.{1,100,101,200,255}.0-3.x`, else the
+/// /24 or /16 around one, and with `with_any` sometimes none (`0/0`).
+fn random_prefix(rng: &mut StdRng, with_any: bool) -> ([u32; 4], [u32; 4]) {
+    let a = [1, 100, 101, 200, 255][rng.random_range(0..5)];
+    let (b, c) = (rng.random_range(0..4), rng.random_range(0..=255));
+    match rng.random_range(0..if with_any { 8 } else { 6 }) {
+        0 => (host10(a, b, 0), words(mask(120))),
+        1 => (host10(a, 0, 0), words(mask(112))),
+        2 if with_any => ([0; 4], [0; 4]),
+        _ => (host10(a, b, c), words(mask(128))),
+    }
+}
+
 /// Address edits of a policy of /32 lists under ports (the apply benchmark's shape), with /24s
 /// and a /16 among them: an address replaced by one sorted before, between or after the
 /// others, inside a /24 of another rule or not, or a /24 or /16 (covering other rules' ECs);
@@ -543,16 +561,6 @@ fn covered_rule_searches_after_random_edits_equal_searches_from_nothing() {
 #[test]
 fn incremental_builds_after_address_edits_equal_full_builds() {
     let mut rng = StdRng::seed_from_u64(2028);
-    let host = |a: u8, b: u8, c: u8| words(v4([10, a, b, c]));
-    let random_prefix = |rng: &mut StdRng| -> ([u32; 4], [u32; 4]) {
-        let a = [1, 100, 101, 200, 255][rng.random_range(0..5)];
-        let (b, c) = (rng.random_range(0..4), rng.random_range(0..=255));
-        match rng.random_range(0..6) {
-            0 => (host(a, b, 0), words(mask(120))),
-            1 => (host(a, 0, 0), words(mask(112))),
-            _ => (host(a, b, c), words(mask(128))),
-        }
-    };
     for round in 0..30 {
         let mut rules: Vec<Rule> = (0..400u32)
             .map(|i| {
@@ -560,14 +568,14 @@ fn incremental_builds_after_address_edits_equal_full_builds() {
                     .with_proto(17)
                     .with_dport(20000 + (i / 40) as u16, 20000 + (i / 40) as u16);
                 let r = if i % 50 == 7 {
-                    r.with_dst(host(100, (i >> 8) as u8, 0), words(mask(120)))
+                    r.with_dst(host10(100, (i >> 8) as u8, 0), words(mask(120)))
                 } else {
-                    r.with_dst(host(100, (i >> 8) as u8, i as u8), words(mask(128)))
+                    r.with_dst(host10(100, (i >> 8) as u8, i as u8), words(mask(128)))
                 };
                 // Some rules of both families, some with a source too.
                 let r = if i % 3 == 0 { r } else { r.with_family(false) };
                 if round % 2 == 1 && i % 40 < 5 {
-                    r.with_src(host(1, 0, i as u8), words(mask(128)))
+                    r.with_src(host10(1, 0, i as u8), words(mask(128)))
                 } else {
                     r
                 }
@@ -577,7 +585,7 @@ fn incremental_builds_after_address_edits_equal_full_builds() {
         for _ in 0..12 {
             for _ in 0..rng.random_range(1..3) {
                 let at = rng.random_range(0..rules.len());
-                let (a, m) = random_prefix(&mut rng);
+                let (a, m) = random_prefix(&mut rng, false);
                 rules[at] = if rng.random_bool(0.8) {
                     rules[at].with_dst(a, m)
                 } else {
@@ -602,32 +610,21 @@ fn incremental_builds_after_address_edits_equal_full_builds() {
 fn address_stages_after_edits_equal_stages_from_nothing() {
     use super::incremental::AddrStage;
     let mut rng = StdRng::seed_from_u64(2029);
-    let host = |a: u8, b: u8, c: u8| words(v4([10, a, b, c]));
-    let random_prefix = |rng: &mut StdRng| -> ([u32; 4], [u32; 4]) {
-        let a = [1, 100, 101, 200, 255][rng.random_range(0..5)];
-        let (b, c) = (rng.random_range(0..4), rng.random_range(0..=255));
-        match rng.random_range(0..8) {
-            0 => (host(a, b, 0), words(mask(120))),
-            1 => (host(a, 0, 0), words(mask(112))),
-            2 => ([0; 4], [0; 4]),
-            _ => (host(a, b, c), words(mask(128))),
-        }
-    };
     let dims: [fn(&Norm) -> Option<super::addr::Prefix>; 2] = [|n| n.src, |n| n.dst];
     for round in 0..40 {
         let mut rules: Vec<Rule> = (0..300u32)
             .map(|i| {
                 let r = Rule::any(1 + (i % 8) as u16).with_proto(17);
                 let r = if i % 50 == 7 {
-                    r.with_dst(host(100, (i >> 8) as u8, 0), words(mask(120)))
+                    r.with_dst(host10(100, (i >> 8) as u8, 0), words(mask(120)))
                 } else if i % 60 == 11 {
                     r
                 } else {
-                    r.with_dst(host(100, (i >> 8) as u8, i as u8), words(mask(128)))
+                    r.with_dst(host10(100, (i >> 8) as u8, i as u8), words(mask(128)))
                 };
                 let r = if i % 3 == 0 { r } else { r.with_family(false) };
                 if round % 2 == 1 && i % 30 < 4 {
-                    r.with_src(host(1, 0, (i % 7) as u8), words(mask(128)))
+                    r.with_src(host10(1, 0, (i % 7) as u8), words(mask(128)))
                 } else {
                     r
                 }
@@ -648,7 +645,7 @@ fn address_stages_after_edits_equal_stages_from_nothing() {
                     let o = rules[rng.random_range(0..rules.len())];
                     (o.dst, o.dst_mask)
                 } else {
-                    random_prefix(&mut rng)
+                    random_prefix(&mut rng, true)
                 };
                 rules[at] = if rng.random_bool(0.7) {
                     rules[at].with_dst(a, m)
