@@ -590,25 +590,23 @@ fn compile_with(
     }
     // What is reported of each rule: the running policy's report where the rule is the same
     // (its shared strings), else made.
-    let same = &same;
     let shared_names: Vec<Arc<str>> = v.classes.iter().map(|c| Arc::from(c.name.as_str())).collect();
-    let make_reports = || -> Arc<[RuleInfo]> {
-        // Collected straight into the shared slice: a vector turned into one afterwards was
-        // copied, both held at once (21 MB at 262,144 rules).
-        v.rules
-            .iter()
-            .zip(same)
-            .map(|(r, same)| match same {
-                Some(info) => (*info).clone(),
-                None => RuleInfo {
-                    origin: rule_origin(r).into(),
-                    class: shared_names[r.class].clone(),
-                    class_index: idx[r.class],
-                    matches: rule_text(r).into(),
-                },
-            })
-            .collect()
-    };
+    // Collected straight into the shared slice: a vector turned into one afterwards was
+    // copied, both held at once (21 MB at 262,144 rules).
+    let rules: Arc<[RuleInfo]> = v
+        .rules
+        .iter()
+        .zip(same)
+        .map(|(r, same)| match same {
+            Some(info) => info.clone(),
+            None => RuleInfo {
+                origin: rule_origin(r).into(),
+                class: shared_names[r.class].clone(),
+                class_index: idx[r.class],
+                matches: rule_text(r).into(),
+            },
+        })
+        .collect();
     if ctx.all_routes_managed && !dscp_rules {
         table.flags |= TABLE_SOCK_TOS;
     }
@@ -654,7 +652,6 @@ fn compile_with(
             table.flags |= TABLE_DASR_SENDER;
         }
     }
-    let rules = make_reports();
     times.rules = t_rules.elapsed();
     let built = {
         let t_ctab = std::time::Instant::now();

@@ -399,7 +399,7 @@ fn bulk_and_ss(a: &Host, b: &Host, port: u16) -> String {
         let ss = a
             .run(&["ss", "-tin", "--tos", "state", "established", "dport", &port.to_string()])
             .expect("ss");
-        if ss.contains("rto:") && ss.contains("bytes_acked:") || start.elapsed() > Duration::from_secs(50) {
+        if (ss.contains("rto:") && ss.contains("bytes_acked:")) || start.elapsed() > Duration::from_secs(50) {
             break ss;
         }
     };
