@@ -328,7 +328,9 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let mut tagged = false;
     if level.flags & (LEVEL_SET_DSCP | LEVEL_SET_PCP) != 0 {
         let mut rewrite_failed = false;
-        if level.flags & LEVEL_SET_DSCP != 0 {
+        // A packet that already carries the level's DSCP (the socket set it, or an earlier
+        // hop) is left alone without reading its header again: the parser read the DSCP.
+        if level.flags & LEVEL_SET_DSCP != 0 && pkt.dscp != level.dscp {
             match tag::set_dscp(ctx, layout.l3_off, pkt.is_v6 != 0, level.dscp) {
                 Ok(t) => tagged |= t,
                 Err(()) => rewrite_failed = true,
