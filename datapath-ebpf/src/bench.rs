@@ -45,14 +45,19 @@ mod progs {
     static BENCH_EDT: HashMap<u64, BenchEdt> = HashMap::with_max_entries(16, 0);
 
     /// The published EDT algorithm of Cilium's bandwidth manager, written for the benchmark: an
-    /// IP frame's aggregate is looked up in a hash map, the clock read, the departure computed
-    /// from the aggregate's last departure and rate (dropped past the horizon), `skb->tstamp`
-    /// written. One hash lookup, one clock read, no classification.
+    /// IP frame's ethertype read by direct packet access, its aggregate looked up in a hash map,
+    /// the clock read, the departure computed from the aggregate's last departure and rate
+    /// (dropped past the horizon), `skb->tstamp` written. One hash lookup, one clock read, no
+    /// classification.
     #[classifier]
     pub fn pl_tc_ref_edt(ctx: TcContext) -> i32 {
-        let Ok(ethertype) = ctx.load::<[u8; 2]>(12) else {
+        // Direct packet access, as Cilium's validate_ethertype reads it (not a helper call).
+        let (data, end) = (ctx.data(), ctx.data_end());
+        if data + 14 > end {
             return TC_ACT_UNSPEC;
-        };
+        }
+        // SAFETY: bytes 12 and 13 lie within the bounds checked above.
+        let ethertype = unsafe { *((data + 12) as *const [u8; 2]) };
         if ethertype != [0x08, 0x00] && ethertype != [0x86, 0xdd] {
             return TC_ACT_UNSPEC;
         }
