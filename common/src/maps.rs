@@ -76,6 +76,16 @@ const _: () = assert!(MAX_CLASSES.is_power_of_two() && MAX_LEVELS.is_power_of_tw
 /// also the size compiled into the object.
 pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
 
+/// Values of the tc program's load-time global `PL_BENCH_FLOW_MISS` (the datapath benchmark
+/// only; the agent leaves it 0): every flow-table lookup taken for a miss, the flow classified
+/// and its entry inserted again, replacing the previous run's (the entry and its bucket stay in
+/// cache, nothing is evicted).
+pub const BENCH_FLOW_REPLACE: u32 = 1;
+/// Each run a new flow: the flow key's first word is XORed with this CPU's count of inserts,
+/// so the lookup misses and the insert takes a new entry; once the table is full, every insert
+/// evicts the least recently used flow, as under a flood of new flows.
+pub const BENCH_FLOW_NEW: u32 = 2;
+
 /// Index of level `l`'s slot in [`names::AGG_CLOCKS`] / [`names::STATS`].
 #[inline(always)]
 pub const fn level_slot(level: u32) -> u32 {

@@ -53,9 +53,10 @@ pub struct LoadOptions {
     /// Benchmark only: treat any full socket as a TCP socket's (BPF_PROG_TEST_RUN's socket is
     /// a placeholder that is not TCP), so the per-socket fast path can be measured.
     pub bench_any_socket: bool,
-    /// Benchmark only: take every flow-table lookup for a miss (classify, then insert), so a
-    /// flow's first packet can be measured with BPF_PROG_TEST_RUN's repeated runs.
-    pub bench_flow_miss: bool,
+    /// Benchmark only: 0, or how each BPF_PROG_TEST_RUN run makes a flow's first packet:
+    /// `BENCH_FLOW_REPLACE` (the lookup taken for a miss, the entry replaced) or
+    /// `BENCH_FLOW_NEW` (a new flow each run, evicting once the table is full).
+    pub bench_flow_miss: u32,
     /// Benchmark only: load the egress program as if tracing were not built in (every trace
     /// branch and record store pruned by the verifier), to measure what tracing costs while
     /// off.
@@ -74,7 +75,7 @@ impl Default for LoadOptions {
             flow_table_size: DEFAULT_FLOW_TABLE_SIZE,
             count_only: false,
             bench_any_socket: false,
-            bench_flow_miss: false,
+            bench_flow_miss: 0,
             bench_no_trace: false,
             trace_ring_bytes: None,
             pins: None,
@@ -160,7 +161,7 @@ impl Datapath {
     pub fn load(opts: &LoadOptions) -> Result<Self> {
         let count_only: u32 = opts.count_only.into();
         let any_sock: u32 = opts.bench_any_socket.into();
-        let flow_miss: u32 = opts.bench_flow_miss.into();
+        let flow_miss: u32 = opts.bench_flow_miss;
         let no_trace: u32 = opts.bench_no_trace.into();
         let netns = own_netns_cookie().context("reading this process's network namespace cookie")?;
         let mut loader = EbpfLoader::new();

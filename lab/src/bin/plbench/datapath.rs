@@ -17,7 +17,7 @@ use paceline::kernel::datapath::{Datapath, LoadOptions};
 use paceline_common::{
     classify::Rule,
     maps::{
-        BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, MAX_CLASSES, PolicyTable,
+        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, MAX_CLASSES, PolicyTable,
         names,
     },
     trace::{TRACE_CLASS, TRACE_ON, TraceConfig},
@@ -172,8 +172,13 @@ enum Prog {
     Clock,
     Reference,
     /// The tc program loaded to take every flow-table lookup for a miss: each run looks the
-    /// flow up, classifies and inserts, as a flow's first packet does.
+    /// flow up, classifies and inserts, as a flow's first packet does; the insert replaces the
+    /// previous run's entry (in cache, nothing evicted).
     Full,
+    /// Each run a new flow (the program alters the key's first word with its count of
+    /// inserts): the lookup misses, the insert takes a new entry, and once the table is full
+    /// (after 65,536 runs) evicts the least recently used flow, as under a flood of new flows.
+    NewFlow,
     /// The tc program as the agent loads it; BPF_PROG_TEST_RUN's placeholder socket is not
     /// TCP, so after the first run every packet finds its class (and its flow clock) in the
     /// flow table, as the later packets of a flow without a local socket do (UDP, forwarded
@@ -333,6 +338,13 @@ pub(super) fn datapath(
             0,
         ),
         case(
+            "IPv4/UDP full path: a new flow's first packet, the flow table full (every insert evicts)",
+            Prog::NewFlow,
+            full4,
+            &udp4,
+            0,
+        ),
+        case(
             "IPv4/TCP full, a TCP flow's later packets (class and flow clock in the socket)",
             Prog::Cached,
             full4,
@@ -441,6 +453,13 @@ pub(super) fn datapath(
             tcp_ts,
         ));
         cases.push(case(
+            &format!("IPv4/TCP full path, {n} rules, the last matches: a new flow's first packet, table full"),
+            Prog::NewFlow,
+            pf,
+            &tcp4_to(last4, 0, None),
+            tcp_ts,
+        ));
+        cases.push(case(
             &format!("IPv4/TCP full path, {n} rules, the last matches: later packets"),
             Prog::Cached,
             pf,
@@ -464,7 +483,11 @@ pub(super) fn datapath(
     }
     let mut dp = Datapath::load(&LoadOptions::default())?;
     let mut first = Datapath::load(&LoadOptions {
-        bench_flow_miss: true,
+        bench_flow_miss: BENCH_FLOW_REPLACE,
+        ..LoadOptions::default()
+    })?;
+    let mut fresh = Datapath::load(&LoadOptions {
+        bench_flow_miss: BENCH_FLOW_NEW,
         ..LoadOptions::default()
     })?;
     let mut cached = Datapath::load(&LoadOptions {
@@ -503,6 +526,7 @@ pub(super) fn datapath(
             }
             dp.write_policy(&p.table, &p.image)?;
             first.write_policy(&p.table, &p.image)?;
+            fresh.write_policy(&p.table, &p.image)?;
             cached.write_policy(&p.table, &p.image)?;
             count_only.write_policy(&p.table, &p.image)?;
             traced.write_policy(&p.table, &p.image)?;
@@ -533,6 +557,7 @@ pub(super) fn datapath(
                     Prog::Clock => reference(TC_CLOCK)?,
                     Prog::Reference => reference(TC_REF_EDT)?,
                     Prog::Full => first.tc_program()?,
+                    Prog::NewFlow => fresh.tc_program()?,
                     Prog::Table => dp.tc_program()?,
                     Prog::Cached => cached.tc_program()?,
                     Prog::CountOnly => count_only.tc_program()?,
