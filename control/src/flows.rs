@@ -1,7 +1,8 @@
 //! `paceline flows`: the flows the agent paces, as rows, from two places:
 //!
 //! - the per-flow table (`PL_FLOWS`, an LRU hash of `FlowKey -> FlowState`): every flow without
-//!   a local TCP socket (UDP, forwarded traffic; its class cached for its later packets, its
+//!   a local TCP socket from its second packet on (UDP, forwarded traffic; a flow of a single
+//!   packet is not listed; its class cached for its later packets, its
 //!   clock kept only with fq): the 5-tuple, the class (see below), the rate the flow's clock
 //!   runs at (a D3 grant overrides the class's `flow_rate`), its next departure relative to now
 //!   (positive: the clock runs ahead, packets wait; negative: idle that long); the table keeps

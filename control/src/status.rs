@@ -384,6 +384,7 @@ impl LiveStatus {
             flow_table: snap.flow_entries.map(|entries| FlowTableCounters {
                 entries,
                 inserts: snap.global.flow_inserts,
+                first_packets: snap.global.flow_first_packets,
                 evictions: snap.flow_evictions().unwrap_or(0),
             }),
             d3_classes: d3
@@ -435,8 +436,12 @@ pub struct LiveCounters {
 pub struct FlowTableCounters {
     /// Entries present (counted at most every few seconds).
     pub entries: u64,
-    /// Flows the datapath gave a clock since the table was created.
+    /// Flows the datapath entered in the table (on their second packet) since it was created.
     pub inserts: u64,
+    /// First packets of flows without a local TCP socket, which left their clock in an
+    /// admission slot instead of entering the table (absent from agents before admission).
+    #[serde(default)]
+    pub first_packets: u64,
     /// Flows evicted by newer ones because the table was full.
     pub evictions: u64,
 }

@@ -425,11 +425,19 @@ pub fn render_with(
     counter(
         &r,
         "paceline_flow_table_inserts_total",
-        "Flows the datapath entered in the per-flow table (every flow without a local TCP socket: its class and clock).",
+        "Flows the datapath entered in the per-flow table (every flow without a local TCP socket, on its second packet: its class and clock).",
         &[],
     )?
     .with_label_values(&[] as &[&str])
     .inc_by(snap.global.flow_inserts);
+    counter(
+        &r,
+        "paceline_flow_first_packets_total",
+        "First packets of flows without a local TCP socket, which left their clock in an admission slot instead of entering the per-flow table (far above the inserts: many one-packet flows, such as a scan or a flood).",
+        &[],
+    )?
+    .with_label_values(&[] as &[&str])
+    .inc_by(snap.global.flow_first_packets);
     for (name, help, v) in [
         (
             "paceline_trace_records_total",

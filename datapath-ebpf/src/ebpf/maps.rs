@@ -11,7 +11,8 @@ use paceline_common::{
     classify::PacketInfo,
     ctab::{NONE, RuleKey, SelKey, SelList, Tables},
     maps::{
-        AGG_SLOTS, AggClock, Counters, CpuState, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, PolicyTable,
+        ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, Counters, CpuState, DEFAULT_FLOW_TABLE_SIZE, FlowKey,
+        FlowState, PolicyTable,
     },
     trace::{TRACE_RING_BYTES, TraceConfig},
 };
@@ -24,6 +25,10 @@ pub static TABLES: Array<PolicyTable> = Array::with_max_entries(2, 0);
 
 #[map(name = "PL_FLOWS")]
 pub static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+
+/// Flows seen once (see `paceline_common::maps::AdmitSlot`), shared by all CPUs.
+#[map(name = "PL_ADMIT")]
+pub static ADMIT: Array<AdmitSlot> = Array::with_max_entries(ADMIT_SLOTS, 0);
 
 #[map(name = "PL_AGG_CLOCKS")]
 pub static AGG_CLOCKS: Array<AggClock> = Array::with_max_entries(AGG_SLOTS as u32, 0);

@@ -25,13 +25,13 @@ use paceline_common::{
     ctab::{self, CT_CGROUP},
     edt::delay_bucket,
     maps::{
-        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowKey, LEVEL_SET_DSCP, LEVEL_SET_PCP, MAX_CLASSES, MAX_LEVELS,
-        TABLE_NO_FLOW_CLOCKS, level_slot,
+        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,
+        MAX_CLASSES, MAX_LEVELS, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag, level_slot,
     },
     trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action, held_binding},
 };
 
-use maps::FLOWS;
+use maps::{ADMIT, FLOWS};
 
 /// Read-only at load (the agent overrides it): 1 when the agent asked for tagging and pacing to
 /// be skipped entirely, so the program only counts (used by the benchmark's floor).
@@ -134,7 +134,10 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         // SAFETY: volatile read of a load-time constant.
         let bench_miss = unsafe { core::ptr::read_volatile(&PL_BENCH_FLOW_MISS) };
         if bench_miss == BENCH_FLOW_NEW {
-            cpu.flow_key.src[0] ^= cpu.global.flow_inserts as u32;
+            cpu.flow_key.src[0] ^= cpu
+                .global
+                .flow_inserts
+                .wrapping_add(cpu.global.flow_first_packets) as u32;
         }
         if let Some(f) = FLOWS.get_ptr_mut(&cpu.flow_key)
             && bench_miss != BENCH_FLOW_REPLACE
@@ -187,6 +190,18 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             } else {
                 cpu.flow_state = paceline_common::maps::FlowState::default();
                 cpu.flow_state.set_class(table.generation, &pkt, c);
+                // A flow seen once continues from the clock its first packet left (the slot's
+                // tag read before its clock: see `AdmitSlot`).
+                let tag = admit_tag(&cpu.flow_key);
+                cpu.admit_tag = tag;
+                if let Some(slot) = ADMIT.get_ptr(admit_index(tag)) {
+                    // SAFETY: a slot of an array map, valid for this program run.
+                    unsafe {
+                        if core::ptr::addr_of!((*slot).tag).read_volatile() == tag {
+                            cpu.flow_state.t_next = core::ptr::addr_of!((*slot).t_next).read_volatile();
+                        }
+                    }
+                }
                 clock = &mut cpu.flow_state.t_next;
                 bind = &mut cpu.flow_state.binding;
                 insert = true;
@@ -375,9 +390,26 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         unsafe { bind.write_volatile(held_binding(delay != 0, held)) };
     }
     if insert {
-        // A flood of new flows evicts the least recently used entries (LRU map).
-        if FLOWS.insert(&cpu.flow_key, &cpu.flow_state, 0).is_ok() {
-            cpu.global.flow_inserts += 1;
+        // A flow enters the table on its second packet (see `AdmitSlot`): its first leaves its
+        // clock in this CPU's slot, so a flood of one-packet flows inserts nothing and evicts
+        // no established flow. Once the table is full, an insert evicts the least recently
+        // used entry (LRU map). The tag is read back from memory: the verifier sees one state.
+        // SAFETY: a field of this CPU's map value.
+        let tag = unsafe { core::ptr::addr_of!(cpu.admit_tag).read_volatile() };
+        if let Some(slot) = ADMIT.get_ptr_mut(admit_index(tag)) {
+            // SAFETY: a slot of an array map, valid for this program run; the clock is written
+            // before the tag (see `AdmitSlot`).
+            unsafe {
+                if core::ptr::addr_of!((*slot).tag).read_volatile() == tag {
+                    if FLOWS.insert(&cpu.flow_key, &cpu.flow_state, 0).is_ok() {
+                        cpu.global.flow_inserts += 1;
+                    }
+                } else {
+                    core::ptr::addr_of_mut!((*slot).t_next).write_volatile(cpu.flow_state.t_next);
+                    core::ptr::addr_of_mut!((*slot).tag).write_volatile(tag);
+                    cpu.global.flow_first_packets += 1;
+                }
+            }
         }
     }
     count(cpu, class_idx, level_slot, len, delay, how, held);

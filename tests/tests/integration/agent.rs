@@ -340,17 +340,25 @@ fn class_aggregate_rate_enforced_for_udp() {
 /// dropping the `burst`/`cburst` arguments from `qdisc::install_htb`: this fails, as the
 /// 20 Mbit/s class then reads `burst 1600b` against 2,500 bytes.
 fn htb_classes_bank_a_millisecond(host: &Host, ifname: &str) {
-    let out = host.run(&["tc", "class", "show", "dev", ifname]).expect("tc class show");
+    let out = host
+        .run(&["tc", "class", "show", "dev", ifname])
+        .expect("tc class show");
     let mut checked = 0;
     for line in out.lines().filter(|l| l.starts_with("class htb ")) {
         let words: Vec<&str> = line.split_whitespace().collect();
         let after = |key: &str| {
-            let i = words.iter().position(|w| *w == key).unwrap_or_else(|| panic!("no {key} in {line}"));
+            let i = words
+                .iter()
+                .position(|w| *w == key)
+                .unwrap_or_else(|| panic!("no {key} in {line}"));
             words[i + 1]
         };
         let rate_bytes = tc_rate_bits(after("rate")) / 8;
         let ceil_bytes = tc_rate_bits(after("ceil")) / 8;
-        for (what, size, rate) in [("burst", after("burst"), rate_bytes), ("cburst", after("cburst"), ceil_bytes)] {
+        for (what, size, rate) in [
+            ("burst", after("burst"), rate_bytes),
+            ("cburst", after("cburst"), ceil_bytes),
+        ] {
             let bytes = tc_size_bytes(size);
             assert!(
                 bytes >= rate / 1000,
@@ -397,7 +405,15 @@ fn bulk_and_ss(a: &Host, b: &Host, port: u16) -> String {
     let ss = loop {
         std::thread::sleep(Duration::from_millis(500));
         let ss = a
-            .run(&["ss", "-tin", "--tos", "state", "established", "dport", &port.to_string()])
+            .run(&[
+                "ss",
+                "-tin",
+                "--tos",
+                "state",
+                "established",
+                "dport",
+                &port.to_string(),
+            ])
             .expect("ss");
         if (ss.contains("rto:") && ss.contains("bytes_acked:")) || start.elapsed() > Duration::from_secs(50) {
             break ss;

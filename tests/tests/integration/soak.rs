@@ -113,10 +113,14 @@ fn u64_at(v: &serde_json::Value, path: &[&str]) -> u64 {
         .unwrap_or_else(|| panic!("no number at {path:?} in {v:#}"))
 }
 
-/// The datapath alone, on any kernel (BPF_PROG_TEST_RUN): 1,048,576 distinct TCP flows
-/// through a 16,384-entry flow table (131,072 under emulation, eight times the table, where a
-/// million took 80 s). Every new flow gets a clock; the table never holds more than its size;
-/// inserts minus entries are the evictions.
+/// The datapath alone, on any kernel (BPF_PROG_TEST_RUN), with a 16,384-entry flow table.
+/// First, 1,000 established flows (two packets each: a flow enters the table on its second)
+/// and then 1,048,576 one-packet flows (65,536 under emulation, where a million took 80 s): the
+/// flood inserts nothing and evicts none of the established flows, whose next packets still
+/// find their class in the table. Then 65,536 two-packet flows, four times the table: every one
+/// gets an entry, the table never holds more than its size, and inserts minus entries are the
+/// evictions. Checked (2026-12-05): with every flow entered on its first packet (the admission
+/// slot's check taken as a match), the flood evicted the established flows and this failed.
 #[test]
 fn a_flood_of_flows_through_the_datapath_evicts_and_counts() {
     use paceline::kernel::datapath::{Datapath, LoadOptions};
@@ -147,44 +151,87 @@ fn a_flood_of_flows_through_the_datapath_evicts_and_counts() {
         None,
         0,
     );
-    // Ethernet (14) + IPv4 without options (20): the ports are the next four bytes.
+    // Ethernet (14) + IPv4 without options (20): the ports are the next four bytes; the
+    // destination address's last byte tells the three sets of flows apart.
     const PORTS: usize = 14 + 20;
-    let mut timing = Vec::new();
-    let flows: u64 = if crate::under_tcg() { 1 << 17 } else { 1 << 20 };
-    for i in 0..flows {
+    const DST_LAST: usize = 14 + 19;
+    let mut sent = 0u64;
+    let mut send = |dp: &mut Datapath, set: u8, i: u64, packets: u32| {
+        frame[DST_LAST] = set;
         frame[PORTS..PORTS + 2].copy_from_slice(&((i >> 16) as u16 + 1).to_be_bytes());
         frame[PORTS + 2..PORTS + 4].copy_from_slice(&(i as u16).to_be_bytes());
+        for _ in 0..packets {
+            let out = test_run::run(dp, &frame, SkBuff::default());
+            assert_eq!(out.ret, test_run::TC_ACT_UNSPEC, "flow {set}/{i} passes");
+            sent += 1;
+        }
+    };
+    const ESTABLISHED: u64 = 1_000;
+    for i in 0..ESTABLISHED {
+        send(&mut dp, 2, i, 2);
+    }
+    let started = Instant::now();
+    let flood: u64 = if crate::under_tcg() { 1 << 16 } else { 1 << 20 };
+    for i in 0..flood {
+        send(&mut dp, 3, i, 1);
+    }
+    let flood_took = started.elapsed();
+    let s = dp.snapshot().expect("snapshot");
+    let entries = s.flow_entries.expect("the flow table counted");
+    eprintln!(
+        "{ESTABLISHED} established flows, then {flood} one-packet flows in {flood_took:?}: {entries} entries, {} inserts, {} first packets",
+        s.global.flow_inserts, s.global.flow_first_packets
+    );
+    assert_eq!(
+        (s.global.flow_inserts, s.global.flow_first_packets),
+        (ESTABLISHED, ESTABLISHED + flood),
+        "the established flows entered the table on their second packets, the flood on none"
+    );
+    assert_eq!(entries, ESTABLISHED, "the flood evicted no established flow");
+    // Their next packets find their class in the table: no insert, no first packet.
+    for i in 0..ESTABLISHED {
+        send(&mut dp, 2, i, 1);
+    }
+    let s = dp.snapshot().expect("snapshot");
+    assert_eq!(
+        (s.global.flow_inserts, s.global.flow_first_packets),
+        (ESTABLISHED, ESTABLISHED + flood)
+    );
+
+    // Two-packet flows, four times the table: each enters it, the oldest are evicted.
+    let flows = 4 * CAPACITY as u64;
+    let mut timing = Vec::new();
+    for i in 0..flows {
         let t0 = (i % (flows / 8) == 0).then(Instant::now);
-        let out = test_run::run(&mut dp, &frame, SkBuff::default());
-        assert_eq!(out.ret, test_run::TC_ACT_UNSPEC, "flow {i} passes");
+        send(&mut dp, 4, i, 2);
         if let Some(t0) = t0 {
             timing.push(t0.elapsed());
         }
     }
     let s = dp.snapshot().expect("snapshot");
-    let entries = s.flow_entries.expect("the flow table counted");
+    // Counted afresh (the snapshot's count is at most a few seconds old).
+    let entries = dp.flows(0).expect("the flow table").1 as u64;
+    let inserts = s.global.flow_inserts - ESTABLISHED;
     eprintln!(
-        "{flows} flows: {entries} entries of {CAPACITY}, {} inserts, {:?} evictions; a test run at each eighth: {timing:?}",
-        s.global.flow_inserts,
-        s.flow_evictions()
+        "{flows} two-packet flows: {entries} entries of {CAPACITY}, {inserts} inserts, {} evictions; two test runs at each eighth: {timing:?}",
+        s.global.flow_inserts - entries
     );
-    assert_eq!(s.classes[0].packets, flows);
-    assert_eq!(s.global.flow_inserts, flows, "every new flow got a clock");
+    assert_eq!(s.classes[0].packets, sent);
+    assert_eq!(inserts, flows, "every flow of two packets got an entry");
     assert!(entries <= CAPACITY as u64, "bounded: {entries}");
     assert!(
         entries >= CAPACITY as u64 / 2,
         "a flooded table is mostly full: {entries}"
     );
-    assert_eq!(s.flow_evictions(), Some(flows - entries));
 }
 
 /// The same through the agent, with real datagrams, and the counters it exports. Every flow
-/// without a local TCP socket enters the flow table (its class cached there; its clock kept
-/// only where fq enforces it), so this runs with fq where the kernel has it and with
-/// `enforcement: none` where it does not.
+/// without a local TCP socket enters the flow table on its second packet (its class cached
+/// there; its clock kept only where fq enforces it), so this runs with fq where the kernel has
+/// it and with `enforcement: none` where it does not.
 #[test]
-fn new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_counted() {
-    if !privileged("new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_counted") {
+fn new_flows_four_times_the_flow_table_stay_within_it_and_their_evictions_are_counted() {
+    if !privileged("new_flows_four_times_the_flow_table_stay_within_it_and_their_evictions_are_counted") {
         return;
     }
     let mode = if paceline::kernel::features::Features::probe().sch_fq {
@@ -201,20 +248,20 @@ fn new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_c
     let before = agent.status().expect("status");
     let memlock_before = before["flow_table"]["memlock_bytes"].clone();
 
-    // 2 sockets (source ports) x 65,535 destination ports (port 0 is sent to port 1): 131,070
-    // distinct UDP flows, eight times the table, one 32-byte datagram each (a million took 160 s
-    // under emulation). Nobody listens; the datapath sees every one on the way out.
-    const SOCKETS: usize = 2;
+    // One socket x 65,535 destination ports (port 0 is sent to port 1): 65,535 distinct UDP
+    // flows, four times the table, two 32-byte datagrams each (a flow enters the table on its
+    // second; a million datagrams took 160 s under emulation). Nobody listens; the datapath
+    // sees every one on the way out.
     let to = b.ipv4();
     let started = Instant::now();
     let sent = a
         .in_netns(move || {
             let mut sent = 0u64;
-            for _ in 0..SOCKETS {
-                let s = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
-                for port in 0..=u16::MAX {
-                    // Port 0 is no destination; the socket's buffer may fill: retry.
-                    let port = port.max(1);
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").expect("bind");
+            for port in 0..=u16::MAX {
+                // Port 0 is no destination; the socket's buffer may fill: retry.
+                let port = port.max(1);
+                for _ in 0..2 {
                     while s.send_to(&[0u8; 32], (to, port)).is_err() {
                         std::thread::sleep(Duration::from_micros(50));
                     }
@@ -228,7 +275,7 @@ fn new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_c
         "sent {sent} datagrams in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let flows = (SOCKETS * 65_535) as u64; // port 0 mapped onto port 1
+    let flows = 65_535u64; // port 0 mapped onto port 1
 
     // The entries are counted every 5 s: wait for a count taken after the flood.
     std::thread::sleep(Duration::from_secs(6));
@@ -236,12 +283,15 @@ fn new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_c
         !s["counters"]["flow_table"].is_null()
     });
     let ft = &s["counters"]["flow_table"];
-    let (entries, inserts, evictions) = (
+    let (entries, inserts, evictions, first_packets) = (
         u64_at(ft, &["entries"]),
         u64_at(ft, &["inserts"]),
         u64_at(ft, &["evictions"]),
+        u64_at(ft, &["first_packets"]),
     );
-    eprintln!("flow table: {entries} entries of {CAPACITY}, {inserts} inserts, {evictions} evictions");
+    eprintln!(
+        "flow table: {entries} entries of {CAPACITY}, {inserts} inserts, {evictions} evictions, {first_packets} first packets"
+    );
     assert!(entries <= CAPACITY as u64, "bounded: {entries} > {CAPACITY}");
     assert!(
         entries >= CAPACITY as u64 / 2,
@@ -252,8 +302,12 @@ fn new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_c
     // its interface; one CI run counted 131,073 inserts for 131,072 datagrams): a few more.
     const OWN_PACKETS: u64 = 64;
     assert!(
-        inserts >= flows && inserts <= sent + OWN_PACKETS,
+        inserts >= flows && inserts <= flows + OWN_PACKETS,
         "{inserts} inserts for {flows} flows ({sent} datagrams, and at most {OWN_PACKETS} of the namespace's own)"
+    );
+    assert!(
+        first_packets >= flows && first_packets <= flows + OWN_PACKETS,
+        "{first_packets} first packets for {flows} flows"
     );
     assert_eq!(evictions, inserts - entries);
     // The table's memory is allocated once: a flood does not grow it.
@@ -270,6 +324,7 @@ fn new_flows_eight_times_the_flow_table_stay_within_it_and_their_evictions_are_c
     };
     assert!(metric("paceline_flow_table_evictions_total ") >= flows - CAPACITY as u64);
     assert!(metric("paceline_flow_table_inserts_total ") >= flows);
+    assert!(metric("paceline_flow_first_packets_total ") >= flows);
     assert!(metric("paceline_flow_table_entries ") <= CAPACITY as u64);
     agent.stop();
 }

@@ -539,6 +539,9 @@ pub(crate) fn paced_table(flow_rate: u64, class_rate: u64, level_rate: u64, hori
     t
 }
 
+/// A flow's packets leave exactly len/rate apart; its second continues from the clock its
+/// first left in its admission slot (the flow enters the table on its second packet). Checked (2026-12-05): with that clock not read, the second packet left
+/// at once and this failed.
 #[test]
 fn flow_departures_are_spaced_len_over_rate_exactly() {
     if !privileged("flow_departures_are_spaced_len_over_rate_exactly") {
@@ -981,9 +984,10 @@ fn cached_class(dp: &Datapath, dport: u16, generation: u64) -> Option<u32> {
 }
 
 /// A flow without a local socket (UDP here; forwarded traffic and containers' traffic at the
-/// host's device take the same path) is classified once: its class goes into the flow table
-/// with the policy generation, and the next policy reclassifies it on its next packet, with its
-/// flow clock kept. Checked (2026-12-03): with the generation left out of the check
+/// host's device take the same path) enters the flow table on its second packet (its first
+/// leaves its clock in the CPU's admission slot): its class goes into the table with the policy
+/// generation, and the next policy reclassifies it on its next packet, with its flow clock
+/// kept. Checked (2026-12-03): with the generation left out of the check
 /// (`FlowState::class_for` comparing only the packet's fields), the packet after the reload
 /// counted in the old policy's class and this failed.
 #[test]
@@ -1002,15 +1006,24 @@ fn a_flow_without_a_socket_is_classified_once_and_again_after_a_reload() {
     let a = run(&mut dp, &f, SkBuff::default());
     assert_eq!(
         cached_class(&dp, 5300, g1),
-        Some(1),
-        "the first packet cached its class"
+        None,
+        "the first packet waits in its slot"
     );
     run(&mut dp, &f, SkBuff::default());
+    assert_eq!(
+        cached_class(&dp, 5300, g1),
+        Some(1),
+        "the second packet entered the flow with its class"
+    );
     let s = dp.snapshot().unwrap();
     assert_eq!(
-        (s.classes[1].packets, s.global.flow_inserts),
-        (2, 1),
-        "one flow, one entry"
+        (
+            s.classes[1].packets,
+            s.global.flow_first_packets,
+            s.global.flow_inserts
+        ),
+        (2, 1, 1),
+        "one flow, one first packet, one entry"
     );
     // The same port now belongs to class 2.
     let g2 = dp.write_rules(&t, &[port_rule(5300, 2).with_proto(17)]).unwrap();

@@ -278,22 +278,23 @@ fn class_and_flow_filters_keep_only_their_packets() {
         ..TraceConfig::default()
     })
     .unwrap();
-    for dport in [8, 9, 10, 9] {
+    for dport in [8, 9, 10, 9, 9] {
         run(&mut dp, &udp4(7, dport, 0), SkBuff::default());
     }
     let r = records(&mut dp);
     assert_eq!(
         r.iter().map(|r| (r.class, r.key.dport)).collect::<Vec<_>>(),
-        [(2, 9), (2, 9)]
+        [(2, 9), (2, 9), (2, 9)]
     );
-    // The first packet names the rule that matched it (rule 1); the second's class came from
-    // the flow table, and no rule is claimed for it.
+    // The first two packets name the rule that matched them (rule 1; the flow enters the flow
+    // table on its second); the third's class came from the table, and no rule is claimed for
+    // it.
     assert_eq!(
         r.iter().map(|r| r.rule).collect::<Vec<_>>(),
-        [1, paceline_common::trace::NO_RULE]
+        [1, 1, paceline_common::trace::NO_RULE]
     );
     assert_eq!(
-        r[1].flags & paceline_common::trace::TR_CACHED,
+        r[2].flags & paceline_common::trace::TR_CACHED,
         paceline_common::trace::TR_CACHED
     );
     // One 5-tuple: UDP 10.0.0.1:7 -> 10.0.0.2:10.

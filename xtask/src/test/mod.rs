@@ -405,7 +405,7 @@ const HOST_ONLY: &[&str] = &[
 ///
 /// Under emulation on 6.1 the end-to-end runs took 364 s of a 923-s run (2026-12-02).
 const NEWEST_VM_ONLY: &[&str] = &[
-    "soak::new_flows_eight_times",
+    "soak::new_flows_four_times",
     "soak::the_d3_application_map",
     "ops::classify_flows_and_cleanup_check",
     "agent::reload_applies_a_good_policy",

@@ -17,7 +17,8 @@ use paceline::kernel::datapath::{Datapath, LoadOptions};
 use paceline_common::{
     classify::Rule,
     maps::{
-        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, BenchEdt, CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LevelConfig, MAX_CLASSES, PolicyTable,
+        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, BenchEdt, CLASS_SET_PRIORITY, ClassConfig,
+        DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, LEVEL_SET_DSCP, LevelConfig, MAX_CLASSES, PolicyTable,
         names,
     },
     trace::{TRACE_CLASS, TRACE_ON, TraceConfig},
@@ -172,13 +173,17 @@ enum Prog {
     Clock,
     Reference,
     /// The tc program loaded to take every flow-table lookup for a miss: each run looks the
-    /// flow up, classifies and inserts, as a flow's first packet does; the insert replaces the
-    /// previous run's entry (in cache, nothing evicted).
+    /// flow up, classifies, finds the flow in its admission slot and enters it in the table,
+    /// as a flow's second packet does; the insert replaces the previous run's entry (in cache,
+    /// nothing evicted).
     Full,
-    /// Each run a new flow (the program alters the key's first word with its count of
-    /// inserts): the lookup misses, the insert takes a new entry, and once the table is full
-    /// (after 65,536 runs) evicts the least recently used flow, as under a flood of new flows.
+    /// Each run a new flow (the program alters the key's first word with its count of first
+    /// packets and inserts): the lookup misses, the flow is classified and leaves its clock in
+    /// an admission slot, as a new flow's first packet does. The table stays empty.
     NewFlow,
+    /// [`Prog::NewFlow`] with the flow table full of 65,536 other flows: every lookup walks a
+    /// full table's bucket.
+    NewFlowFullTable,
     /// The tc program as the agent loads it; BPF_PROG_TEST_RUN's placeholder socket is not
     /// TCP, so after the first run every packet finds its class (and its flow clock) in the
     /// flow table, as the later packets of a flow without a local socket do (UDP, forwarded
@@ -331,15 +336,22 @@ pub(super) fn datapath(
             0,
         ),
         case(
-            "IPv4/UDP full path: a flow's first packet",
+            "IPv4/UDP full path: a flow's second packet (classified, entered in the flow table)",
             Prog::Full,
             full4,
             &udp4,
             0,
         ),
         case(
-            "IPv4/UDP full path: a new flow's first packet, the flow table full (every insert evicts)",
+            "IPv4/UDP full path: a new flow's first packet (classified, its clock left in an admission slot)",
             Prog::NewFlow,
+            full4,
+            &udp4,
+            0,
+        ),
+        case(
+            "IPv4/UDP full path: a new flow's first packet, the flow table full of other flows",
+            Prog::NewFlowFullTable,
             full4,
             &udp4,
             0,
@@ -446,14 +458,14 @@ pub(super) fn datapath(
             tcp_ts,
         ));
         cases.push(case(
-            &format!("IPv4/TCP full path, {n} rules, the last matches: first packet"),
+            &format!("IPv4/TCP full path, {n} rules, the last matches: second packet (entered in the table)"),
             Prog::Full,
             pf,
             &tcp4_to(last4, 0, None),
             tcp_ts,
         ));
         cases.push(case(
-            &format!("IPv4/TCP full path, {n} rules, the last matches: a new flow's first packet, table full"),
+            &format!("IPv4/TCP full path, {n} rules, the last matches: a new flow's first packet"),
             Prog::NewFlow,
             pf,
             &tcp4_to(last4, 0, None),
@@ -490,6 +502,11 @@ pub(super) fn datapath(
         bench_flow_miss: BENCH_FLOW_NEW,
         ..LoadOptions::default()
     })?;
+    let mut crowded = Datapath::load(&LoadOptions {
+        bench_flow_miss: BENCH_FLOW_NEW,
+        ..LoadOptions::default()
+    })?;
+    fill_flow_table(&mut crowded, DEFAULT_FLOW_TABLE_SIZE)?;
     let mut cached = Datapath::load(&LoadOptions {
         bench_any_socket: true,
         ..LoadOptions::default()
@@ -527,6 +544,7 @@ pub(super) fn datapath(
             dp.write_policy(&p.table, &p.image)?;
             first.write_policy(&p.table, &p.image)?;
             fresh.write_policy(&p.table, &p.image)?;
+            crowded.write_policy(&p.table, &p.image)?;
             cached.write_policy(&p.table, &p.image)?;
             count_only.write_policy(&p.table, &p.image)?;
             traced.write_policy(&p.table, &p.image)?;
@@ -558,6 +576,7 @@ pub(super) fn datapath(
                     Prog::Reference => reference(TC_REF_EDT)?,
                     Prog::Full => first.tc_program()?,
                     Prog::NewFlow => fresh.tc_program()?,
+                    Prog::NewFlowFullTable => crowded.tc_program()?,
                     Prog::Table => dp.tc_program()?,
                     Prog::Cached => cached.tc_program()?,
                     Prog::CountOnly => count_only.tc_program()?,
@@ -651,6 +670,34 @@ pub(super) fn bench_object(programs: &[&str], mark: u64, bps: u64) -> Result<aya
         0,
     )?;
     Ok(refs)
+}
+
+/// Fills `dp`'s flow table with `n` flows no benchmark packet belongs to (UDP from
+/// 198.51.100.1 to 203.0.113.x), as a busy host's table holds its established flows.
+fn fill_flow_table(dp: &mut Datapath, n: u32) -> Result<()> {
+    use aya::maps::{HashMap, Map, MapData, MapInfo};
+    let ids = dp.tc_program()?.info()?.map_ids()?.unwrap_or_default();
+    for id in ids {
+        if MapInfo::from_id(id)?.name_as_str() != Some(names::FLOWS) {
+            continue;
+        }
+        let mut flows: HashMap<MapData, FlowKey, FlowState> =
+            HashMap::try_from(Map::LruHashMap(MapData::from_id(id)?))?;
+        let v4 = |a: [u8; 4]| [0, 0, 0xffff_0000u32.to_be(), u32::from_ne_bytes(a)];
+        for i in 0..n {
+            let key = FlowKey {
+                src: v4([198, 51, 100, 1]),
+                dst: v4([203, 0, 113, (i >> 16) as u8]),
+                sport: i as u16,
+                dport: 53,
+                proto: 17,
+                _pad: [0; 3],
+            };
+            flows.insert(key, FlowState::default(), 0)?;
+        }
+        return Ok(());
+    }
+    anyhow::bail!("map {} missing from the loaded program", names::FLOWS)
 }
 
 fn arp() -> Vec<u8> {
