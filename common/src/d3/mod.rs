@@ -36,6 +36,7 @@
 
 mod controller;
 mod host;
+pub mod maps;
 mod router;
 mod segment;
 mod units;
