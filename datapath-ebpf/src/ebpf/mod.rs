@@ -63,7 +63,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     };
     let skb = ctx.skb.skb;
     let mut pkt = PacketInfo::default();
-    let layout = match parse::parse(ctx, &mut pkt) {
+    let layout = match parse::parse_with(ctx, &mut pkt, &mut cpu.layout) {
         Ok(l) => l,
         Err(why) => {
             let a = match why {

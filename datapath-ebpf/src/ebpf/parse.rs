@@ -40,14 +40,26 @@ impl Frame for Skb<'_> {
     }
 }
 
-/// Where [`launder`] passes the layout through.
+/// Where [`launder`] passes the layout through for the programs without a `CpuState` (the D3
+/// router, DASR).
 #[map(name = "PL_PARSE_SCRATCH")]
 static SCRATCH: PerCpuArray<[u32; 4]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Parses the packet into `pkt` (addresses, ports, protocol, DSCP, family).
 #[inline(always)]
 pub fn parse(ctx: &TcContext, pkt: &mut PacketInfo) -> Result<Layout, Unparsed> {
-    paceline_common::parse::parse(&Skb(ctx), pkt).map(launder)
+    let scratch = SCRATCH.get_ptr_mut(0);
+    paceline_common::parse::parse(&Skb(ctx), pkt).map(|l| match scratch {
+        Some(p) => launder(l, p),
+        None => l,
+    })
+}
+
+/// [`parse`], the layout passed through `scratch` (the egress program's slot in its CPU
+/// state, in the cache line it reads the packet back from).
+#[inline(always)]
+pub fn parse_with(ctx: &TcContext, pkt: &mut PacketInfo, scratch: *mut [u32; 4]) -> Result<Layout, Unparsed> {
+    paceline_common::parse::parse(&Skb(ctx), pkt).map(|l| launder(l, scratch))
 }
 
 /// The layout, passed through a per-CPU map value so that the verifier sees offsets it does
@@ -57,18 +69,16 @@ pub fn parse(ctx: &TcContext, pkt: &mut PacketInfo) -> Result<Layout, Unparsed> 
 /// used with helpers that check them at run time (`bpf_skb_load_bytes`, `bpf_skb_store_bytes`,
 /// `bpf_l3_csum_replace`).
 #[inline(always)]
-fn launder(l: Layout) -> Layout {
+fn launder(l: Layout, p: *mut [u32; 4]) -> Layout {
     const NONE: u32 = u32::MAX;
-    let Some(p) = SCRATCH.get_ptr_mut(0) else {
-        return l;
-    };
     let enc = [
         l.l3_off as u32,
         l.l4_off.map_or(NONE, |o| o as u32),
         l.vlan_tci_off.map_or(NONE, |o| o as u32),
         0,
     ];
-    // SAFETY: this CPU's slot of an array map; volatile so LLVM does not forward the stores.
+    // SAFETY: this CPU's slot of an array map (or a field of this CPU's map value); volatile
+    // so LLVM does not forward the stores.
     let d = unsafe {
         p.write_volatile(enc);
         p.read_volatile()
