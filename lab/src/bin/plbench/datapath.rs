@@ -100,6 +100,19 @@ impl Policy {
     }
 }
 
+/// A policy whose one class does what the reference does: one aggregate clock per class (no
+/// per-flow clock, no level rate, no DSCP or priority), the class every bench rule matches.
+pub(super) fn table_one_clock() -> PolicyTable {
+    let mut t = table(false);
+    for c in 0..9usize {
+        t.classes[c].flags = 0;
+        if c > 0 {
+            t.classes[c].class_rate = 10_000_000_000; // 80 Gbit/s
+        }
+    }
+    t
+}
+
 /// Classes 1..=8 at level 0 (every class the bench rules use), class 0 the default at level 1.
 /// `paced`: every class has a per-flow and a class clock and level 0 a rate and a DSCP at rates
 /// the benchmark's packet rate does not exceed (the measured path is the send path, not the
@@ -251,8 +264,9 @@ pub(super) fn datapath(
     let mut policies: Vec<Policy> = vec![
         Policy::new(table(true), &port_rules()),
         Policy::new(table(false), &port_rules()),
+        Policy::new(table_one_clock(), &port_rules()),
     ];
-    let (full4, classify4) = (0, 1);
+    let (full4, classify4, one4) = (0, 1, 2);
     let case = |name: &str, prog, policy, frame: &[u8], ts| Case {
         name: name.into(),
         prog,
@@ -362,6 +376,28 @@ pub(super) fn datapath(
             full4,
             &tcp4,
             tcp_ts,
+        ),
+        // Like for like: the reference's work (one aggregate clock) on each of paceline's paths.
+        case(
+            "IPv4/UDP one class clock (what the reference does): a flow's later packets (flow table)",
+            Prog::Table,
+            one4,
+            &udp4,
+            0,
+        ),
+        case(
+            "IPv4/TCP one class clock (what the reference does): later packets (socket)",
+            Prog::Cached,
+            one4,
+            &tcp4,
+            tcp_ts,
+        ),
+        case(
+            "IPv4/UDP one class clock (what the reference does): a new flow's first packet",
+            Prog::NewFlow,
+            one4,
+            &udp4,
+            0,
         ),
         case(
             "IPv4/TCP full, later packets, DSCP already set by the socket",

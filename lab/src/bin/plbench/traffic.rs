@@ -22,7 +22,6 @@ use aya::programs::{
     tc::{SchedClassifierLinkId, TcAttachOptions},
 };
 use paceline::kernel::datapath::{Datapath, LoadOptions};
-use paceline_common::maps::PolicyTable;
 use paceline_tests::{
     testbed::{Host, Testbed},
     workload::{
@@ -33,7 +32,7 @@ use paceline_tests::{
 };
 use serde::Serialize;
 
-use super::datapath::{Policy, TC_FLOOR, TC_REF_EDT, bench_object, port_rules, table};
+use super::datapath::{Policy, TC_FLOOR, TC_REF_EDT, bench_object, port_rules, table, table_one_clock};
 use super::{cpu_model, read_trim, write_report};
 
 /// One kind of traffic: TCP or UDP, and how many flows.
@@ -201,19 +200,6 @@ fn drive(tx: &Host, rx: &Host, dst: IpAddr, t: Traffic, seconds: f64, port: u16)
     std::thread::sleep(Duration::from_millis(50));
     drop(server);
     Ok(())
-}
-
-/// A policy whose one class does what the reference does: one aggregate clock per class (no
-/// per-flow clock, no level rate, no DSCP or priority), the class every bench rule matches.
-fn table_one_clock() -> PolicyTable {
-    let mut t = table(false);
-    for c in 0..9usize {
-        t.classes[c].flags = 0;
-        if c > 0 {
-            t.classes[c].class_rate = 10_000_000_000; // 80 Gbit/s
-        }
-    }
-    t
 }
 
 #[derive(Serialize)]
