@@ -48,8 +48,10 @@ static SCRATCH: PerCpuArray<[u32; 4]> = PerCpuArray::with_max_entries(1, 0);
 /// Parses the packet into `pkt` (addresses, ports, protocol, DSCP, family).
 #[inline(always)]
 pub fn parse(ctx: &TcContext, pkt: &mut PacketInfo) -> Result<Layout, Unparsed> {
-    let scratch = SCRATCH.get_ptr_mut(0);
-    paceline_common::parse::parse(&Skb(ctx), pkt).map(|l| match scratch {
+    // The map is looked up after parsing, as before the egress program's `parse_with`: looked
+    // up first, LLVM turned the D3 router's zeroing of its packet (in a map value) into a call
+    // of a `memset` function, which Linux 6.1's verifier refuses for a map value.
+    paceline_common::parse::parse(&Skb(ctx), pkt).map(|l| match SCRATCH.get_ptr_mut(0) {
         Some(p) => launder(l, p),
         None => l,
     })
