@@ -14,7 +14,7 @@ use paceline_common::{
     dasr::{self, DasrAddr, DasrIface, DasrStats},
     maps::{
         AggClock, CodelState, Counters, CpuState, D3_SEEN_ENTRIES, D3ClassStats, D3LinkCounters, D3LinkCtl,
-        D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, GlobalCounters, MAX_CLASSES, MAX_LEVELS,
+        D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, FlowTableKey, GlobalCounters, MAX_CLASSES, MAX_LEVELS,
         PolicyTable, SockState, names,
     },
     trace::{TraceConfig, TraceCpu},
@@ -624,7 +624,7 @@ impl Datapath {
             return Some(n);
         }
         let map = self.ebpf.map(names::FLOWS)?;
-        let flows: HashMap<&MapData, FlowKey, FlowState> = HashMap::try_from(map).ok()?;
+        let flows: HashMap<&MapData, FlowTableKey, FlowState> = HashMap::try_from(map).ok()?;
         // Keys only: a flow evicted mid-walk restarts the walk at the first key (the kernel's
         // rule for a missing key), so bound it by the capacity plus a margin.
         let n = flows
@@ -644,14 +644,14 @@ impl Datapath {
             .ebpf
             .map(names::FLOWS)
             .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::FLOWS))?;
-        let h: HashMap<&MapData, FlowKey, FlowState> = HashMap::try_from(m)?;
+        let h: HashMap<&MapData, FlowTableKey, FlowState> = HashMap::try_from(m)?;
         let mut out = Vec::new();
         let mut total = 0;
         // Entries evicted while we walk the table are skipped.
         for (k, v) in h.iter().take(self.flow_capacity as usize * 2 + 16).flatten() {
             total += 1;
             if out.len() < limit {
-                out.push((k, v));
+                out.push((k.flow(&v), v));
             }
         }
         Ok((out, total))

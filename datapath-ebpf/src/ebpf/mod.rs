@@ -25,7 +25,7 @@ use paceline_common::{
     ctab::{self, CT_CGROUP},
     edt::delay_bucket,
     maps::{
-        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,
+        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowKey, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,
         MAX_CLASSES, MAX_LEVELS, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag, level_slot,
     },
     trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action, held_binding},
@@ -134,16 +134,22 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         // SAFETY: volatile read of a load-time constant.
         let bench_miss = unsafe { core::ptr::read_volatile(&PL_BENCH_FLOW_MISS) };
         if bench_miss == BENCH_FLOW_NEW {
-            cpu.flow_key.src[0] ^= cpu
-                .global
-                .flow_inserts
-                .wrapping_add(cpu.global.flow_first_packets) as u32;
+            let n = cpu.global.flow_inserts.wrapping_add(cpu.global.flow_first_packets) as u32;
+            cpu.flow_key.src[0] ^= n;
+            cpu.flow_key.src[3] ^= n;
         }
-        if let Some(f) = FLOWS.get_ptr_mut(&cpu.flow_key)
+        let words = FlowTableKey::words_of(&cpu.flow_key, pkt.is_v6 != 0);
+        // SAFETY: a field of this CPU's map value, 16 bytes like the words (see `words_of`).
+        unsafe { core::ptr::addr_of_mut!(cpu.table_key).cast::<[u32; 4]>().write_volatile(words) };
+        if let Some(f) = FLOWS.get_ptr_mut(&cpu.table_key)
             && bench_miss != BENCH_FLOW_REPLACE
-        {
-            in_table = true;
             // SAFETY: a map value of this type, valid for this program run.
+            && (pkt.is_v6 == 0 || unsafe { same_addr(&(*f).src, &pkt.src) && same_addr(&(*f).dst, &pkt.dst) })
+        {
+            // An IPv6 entry whose addresses are another flow's (their hashes met): this flow
+            // is not in the table, and its insert below takes the entry over.
+            in_table = true;
+            // SAFETY: as above.
             let f = unsafe { &mut *f };
             if let Some(c) = f.class_for(table.generation, &pkt) {
                 cached = Some(c);
@@ -179,7 +185,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                     st.class = c as u16;
                     sock_state = Some(st);
                 }
-            } else if in_table && let Some(f) = FLOWS.get_ptr_mut(&cpu.flow_key) {
+            } else if in_table && let Some(f) = FLOWS.get_ptr_mut(&cpu.table_key) {
                 // A flow classified under another policy (or for another mark, DSCP or
                 // cgroup): the new class, the same clock.
                 // SAFETY: as above.
@@ -189,6 +195,8 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 bind = &mut f.binding;
             } else {
                 cpu.flow_state = paceline_common::maps::FlowState::default();
+                cpu.flow_state.src = pkt.src;
+                cpu.flow_state.dst = pkt.dst;
                 cpu.flow_state.set_class(table.generation, &pkt, c);
                 // A flow seen once continues from the clock its first packet left (the slot's
                 // tag read before its clock: see `AdmitSlot`).
@@ -401,7 +409,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             // before the tag (see `AdmitSlot`).
             unsafe {
                 if core::ptr::addr_of!((*slot).tag).read_volatile() == tag {
-                    if FLOWS.insert(&cpu.flow_key, &cpu.flow_state, 0).is_ok() {
+                    if FLOWS.insert(&cpu.table_key, &cpu.flow_state, 0).is_ok() {
                         cpu.global.flow_inserts += 1;
                     }
                 } else {
@@ -432,6 +440,13 @@ fn set_flow_key(k: &mut FlowKey, p: &PacketInfo) {
     k.dport = p.dport;
     k.proto = p.proto;
     k._pad = [0; 3];
+}
+
+/// Whether two addresses are equal, word by word (an array's `==` may become a call of
+/// `bcmp`, which BPF has not).
+#[inline(always)]
+fn same_addr(a: &[u32; 4], b: &[u32; 4]) -> bool {
+    (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) == 0
 }
 
 /// [`count`]'s `how` bits: the packet's DSCP or PCP was rewritten.

@@ -8,10 +8,11 @@ use paceline_common::{
     classify::Rule,
     edt::tx_time_ns,
     maps::{
-        CLASS_SET_PRIORITY, ClassConfig, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig, PolicyTable, level_slot,
-        v4_mapped,
+        CLASS_SET_PRIORITY, ClassConfig, FlowState, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig,
+        PolicyTable, level_slot, names, v4_mapped,
     },
 };
+use aya::maps::{HashMap, Map, MapData, MapInfo};
 use paceline_tests::{
     packet::{self, L4},
     skb::{SkBuff, mono_now_ns},
@@ -1040,6 +1041,95 @@ fn a_flow_without_a_socket_is_classified_once_and_again_after_a_reload() {
         c.ctx.tstamp - a.ctx.tstamp,
         2 * tx_time_ns(f.len() as u64, rate),
         "the flow kept its clock through the reload"
+    );
+}
+
+/// An IPv6 flow's table key holds a hash of its 5-tuple, not its addresses
+/// (`FlowTableKey`); its entry holds them, and the datapath compares them on every hit. An
+/// entry planted at a flow's key with another flow's addresses and another class (as if the
+/// two hashes met) gives the packet nothing: it is classified by the policy, and its flow
+/// takes the entry over. Checked (2026-12-05): with the comparison taken out of the datapath,
+/// the packet counted in the planted entry's class and this failed.
+#[test]
+fn an_ipv6_flow_never_takes_the_entry_of_another_whose_key_it_shares() {
+    if !privileged("an_ipv6_flow_never_takes_the_entry_of_another_whose_key_it_shares") {
+        return;
+    }
+    let mut dp = load();
+    let mut t = table();
+    for (c, prio) in [(0, 1), (1, 2), (2, 3)] {
+        t.classes[c] = ClassConfig {
+            skb_priority: prio,
+            flags: CLASS_SET_PRIORITY,
+            ..ClassConfig::zeroed()
+        };
+    }
+    let g = dp
+        .write_rules(&t, &[port_rule(5300, 1).with_proto(17)])
+        .unwrap();
+    let src = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let dst = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+    let f = packet::ipv6(
+        src,
+        dst,
+        L4::Udp {
+            sport: 4000,
+            dport: 5300,
+        },
+        0,
+        0,
+        false,
+        16,
+    );
+    // Two packets: the flow's entry, with its class.
+    run(&mut dp, &f, SkBuff::default());
+    run(&mut dp, &f, SkBuff::default());
+    let (flows, _) = dp.flows(1024).unwrap();
+    let (key, entry) = *flows.iter().find(|(k, _)| k.dport == 5300).expect("the flow's entry");
+    assert_eq!(entry.class_under(g), Some(1));
+    // Another flow's addresses, cached in class 2, at this flow's key.
+    let other = |last: u8| {
+        let mut a = [0u8; 16];
+        a[0] = 0xfd;
+        a[15] = last;
+        let w = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
+        [w(0), w(4), w(8), w(12)]
+    };
+    let planted = FlowState {
+        class_gen: FlowState::class_gen(g, 2),
+        src: other(7),
+        dst: other(8),
+        ..entry
+    };
+    let table_key = FlowTableKey::of(&key, true);
+    {
+        let ids = dp.tc_program().unwrap().info().unwrap().map_ids().unwrap().unwrap_or_default();
+        let id = ids
+            .into_iter()
+            .find(|id| MapInfo::from_id(*id).unwrap().name_as_str() == Some(names::FLOWS))
+            .expect("the flow table");
+        let mut m: HashMap<MapData, FlowTableKey, FlowState> =
+            HashMap::try_from(Map::LruHashMap(MapData::from_id(id).unwrap())).unwrap();
+        m.insert(table_key, planted, 0).unwrap();
+    }
+    let before = dp.snapshot().unwrap();
+    let o = run(&mut dp, &f, SkBuff::default());
+    let after = dp.snapshot().unwrap();
+    assert_eq!(
+        (
+            after.classes[1].packets - before.classes[1].packets,
+            after.classes[2].packets - before.classes[2].packets,
+            o.ctx.priority
+        ),
+        (1, 0, 2),
+        "the packet is classified by the policy, not given the planted entry's class"
+    );
+    let (flows, _) = dp.flows(1024).unwrap();
+    let (k, e) = flows.iter().find(|(k, _)| k.dport == 5300).expect("the flow's entry");
+    assert_eq!(
+        (*k, e.class_under(g)),
+        (key, Some(1)),
+        "the flow took its entry back, its own addresses and class"
     );
 }
 

@@ -18,7 +18,7 @@ use paceline_common::{
     classify::Rule,
     maps::{
         BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, BenchEdt, CLASS_SET_PRIORITY, ClassConfig,
-        DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, LEVEL_SET_DSCP, LevelConfig, MAX_CLASSES, PolicyTable,
+        DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, FlowTableKey, LEVEL_SET_DSCP, LevelConfig, MAX_CLASSES, PolicyTable,
         names,
     },
     trace::{TRACE_CLASS, TRACE_ON, TraceConfig},
@@ -719,7 +719,7 @@ fn fill_flow_table(dp: &mut Datapath, n: u32) -> Result<()> {
         if MapInfo::from_id(id)?.name_as_str() != Some(names::FLOWS) {
             continue;
         }
-        let mut flows: HashMap<MapData, FlowKey, FlowState> =
+        let mut flows: HashMap<MapData, FlowTableKey, FlowState> =
             HashMap::try_from(Map::LruHashMap(MapData::from_id(id)?))?;
         let v4 = |a: [u8; 4]| [0, 0, 0xffff_0000u32.to_be(), u32::from_ne_bytes(a)];
         for i in 0..n {
@@ -731,7 +731,12 @@ fn fill_flow_table(dp: &mut Datapath, n: u32) -> Result<()> {
                 proto: 17,
                 _pad: [0; 3],
             };
-            flows.insert(key, FlowState::default(), 0)?;
+            let state = FlowState {
+                src: key.src,
+                dst: key.dst,
+                ..FlowState::default()
+            };
+            flows.insert(FlowTableKey::of(&key, false), state, 0)?;
         }
         return Ok(());
     }
