@@ -14,8 +14,8 @@ use paceline_common::{
     dasr::{self, DasrAddr, DasrIface, DasrStats},
     maps::{
         AggClock, CodelState, Counters, CpuState, D3_SEEN_ENTRIES, D3ClassStats, D3LinkCounters, D3LinkCtl,
-        D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, FlowTableKey, GlobalCounters, MAX_CLASSES, MAX_LEVELS,
-        PolicyTable, SockState, names,
+        D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, FlowTableKey, GlobalCounters, MAX_CLASSES,
+        MAX_LEVELS, PolicyTable, SockState, names,
     },
     trace::{TraceConfig, TraceCpu},
 };

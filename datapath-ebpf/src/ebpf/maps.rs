@@ -11,8 +11,8 @@ use paceline_common::{
     classify::PacketInfo,
     ctab::{NONE, RuleKey, SelKey, SelList, Tables},
     maps::{
-        ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, Counters, CpuState, DEFAULT_FLOW_TABLE_SIZE,
-        FlowState, FlowTableKey, PolicyTable,
+        ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, Counters, CpuState, DEFAULT_FLOW_TABLE_SIZE, FlowState,
+        FlowTableKey, PolicyTable,
     },
     trace::{TRACE_RING_BYTES, TraceConfig},
 };
@@ -24,7 +24,8 @@ pub static ACTIVE: Array<u32> = Array::with_max_entries(1, 0);
 pub static TABLES: Array<PolicyTable> = Array::with_max_entries(2, 0);
 
 #[map(name = "PL_FLOWS")]
-pub static FLOWS: LruHashMap<FlowTableKey, FlowState> = LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
+pub static FLOWS: LruHashMap<FlowTableKey, FlowState> =
+    LruHashMap::with_max_entries(DEFAULT_FLOW_TABLE_SIZE, 0);
 
 /// Flows seen once (see `paceline_common::maps::AdmitSlot`), shared by all CPUs.
 #[map(name = "PL_ADMIT")]

@@ -25,8 +25,8 @@ use paceline_common::{
     ctab::{self, CT_CGROUP},
     edt::delay_bucket,
     maps::{
-        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowKey, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,
-        MAX_CLASSES, MAX_LEVELS, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag, level_slot,
+        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowKey, FlowTableKey, LEVEL_SET_DSCP,
+        LEVEL_SET_PCP, MAX_CLASSES, MAX_LEVELS, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag, level_slot,
     },
     trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action, held_binding},
 };
@@ -134,13 +134,20 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         // SAFETY: volatile read of a load-time constant.
         let bench_miss = unsafe { core::ptr::read_volatile(&PL_BENCH_FLOW_MISS) };
         if bench_miss == BENCH_FLOW_NEW {
-            let n = cpu.global.flow_inserts.wrapping_add(cpu.global.flow_first_packets) as u32;
+            let n = cpu
+                .global
+                .flow_inserts
+                .wrapping_add(cpu.global.flow_first_packets) as u32;
             cpu.flow_key.src[0] ^= n;
             cpu.flow_key.src[3] ^= n;
         }
         let words = FlowTableKey::words_of(&cpu.flow_key, pkt.is_v6 != 0);
         // SAFETY: a field of this CPU's map value, 16 bytes like the words (see `words_of`).
-        unsafe { core::ptr::addr_of_mut!(cpu.table_key).cast::<[u32; 4]>().write_volatile(words) };
+        unsafe {
+            core::ptr::addr_of_mut!(cpu.table_key)
+                .cast::<[u32; 4]>()
+                .write_volatile(words)
+        };
         if let Some(f) = FLOWS.get_ptr_mut(&cpu.table_key)
             && bench_miss != BENCH_FLOW_REPLACE
             // SAFETY: a map value of this type, valid for this program run.

@@ -2,6 +2,7 @@
 //! the real entry point, check the verdict, the context (`tstamp`, `priority`), the bytes
 //! (rewrites with valid checksums) and the counters.
 
+use aya::maps::{HashMap, Map, MapData, MapInfo};
 use aya::{TestRun, TestRunOptions};
 use paceline::kernel::datapath::{Datapath, LoadOptions};
 use paceline_common::{
@@ -12,7 +13,6 @@ use paceline_common::{
         PolicyTable, level_slot, names, v4_mapped,
     },
 };
-use aya::maps::{HashMap, Map, MapData, MapInfo};
 use paceline_tests::{
     packet::{self, L4},
     skb::{SkBuff, mono_now_ns},
@@ -1044,6 +1044,19 @@ fn a_flow_without_a_socket_is_classified_once_and_again_after_a_reload() {
     );
 }
 
+/// Classes 0, 1 and 2 set the priority to 1, 2 and 3: a packet's priority says its class.
+fn priority_table() -> PolicyTable {
+    let mut t = table();
+    for (c, prio) in [(0, 1), (1, 2), (2, 3)] {
+        t.classes[c] = ClassConfig {
+            skb_priority: prio,
+            flags: CLASS_SET_PRIORITY,
+            ..ClassConfig::zeroed()
+        };
+    }
+    t
+}
+
 /// An IPv6 flow's table key holds a hash of its 5-tuple, not its addresses
 /// (`FlowTableKey`); its entry holds them, and the datapath compares them on every hit. An
 /// entry planted at a flow's key with another flow's addresses and another class (as if the
@@ -1056,17 +1069,8 @@ fn an_ipv6_flow_never_takes_the_entry_of_another_whose_key_it_shares() {
         return;
     }
     let mut dp = load();
-    let mut t = table();
-    for (c, prio) in [(0, 1), (1, 2), (2, 3)] {
-        t.classes[c] = ClassConfig {
-            skb_priority: prio,
-            flags: CLASS_SET_PRIORITY,
-            ..ClassConfig::zeroed()
-        };
-    }
-    let g = dp
-        .write_rules(&t, &[port_rule(5300, 1).with_proto(17)])
-        .unwrap();
+    let t = priority_table();
+    let g = dp.write_rules(&t, &[port_rule(5300, 1).with_proto(17)]).unwrap();
     let src = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
     let dst = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
     let f = packet::ipv6(
@@ -1085,7 +1089,10 @@ fn an_ipv6_flow_never_takes_the_entry_of_another_whose_key_it_shares() {
     run(&mut dp, &f, SkBuff::default());
     run(&mut dp, &f, SkBuff::default());
     let (flows, _) = dp.flows(1024).unwrap();
-    let (key, entry) = *flows.iter().find(|(k, _)| k.dport == 5300).expect("the flow's entry");
+    let (key, entry) = *flows
+        .iter()
+        .find(|(k, _)| k.dport == 5300)
+        .expect("the flow's entry");
     assert_eq!(entry.class_under(g), Some(1));
     // Another flow's addresses, cached in class 2, at this flow's key.
     let other = |last: u8| {
@@ -1103,7 +1110,14 @@ fn an_ipv6_flow_never_takes_the_entry_of_another_whose_key_it_shares() {
     };
     let table_key = FlowTableKey::of(&key, true);
     {
-        let ids = dp.tc_program().unwrap().info().unwrap().map_ids().unwrap().unwrap_or_default();
+        let ids = dp
+            .tc_program()
+            .unwrap()
+            .info()
+            .unwrap()
+            .map_ids()
+            .unwrap()
+            .unwrap_or_default();
         let id = ids
             .into_iter()
             .find(|id| MapInfo::from_id(*id).unwrap().name_as_str() == Some(names::FLOWS))
@@ -1125,7 +1139,10 @@ fn an_ipv6_flow_never_takes_the_entry_of_another_whose_key_it_shares() {
         "the packet is classified by the policy, not given the planted entry's class"
     );
     let (flows, _) = dp.flows(1024).unwrap();
-    let (k, e) = flows.iter().find(|(k, _)| k.dport == 5300).expect("the flow's entry");
+    let (k, e) = flows
+        .iter()
+        .find(|(k, _)| k.dport == 5300)
+        .expect("the flow's entry");
     assert_eq!(
         (*k, e.class_under(g)),
         (key, Some(1)),
@@ -1143,14 +1160,7 @@ fn a_cached_class_holds_only_for_the_mark_and_dscp_it_was_computed_for() {
         return;
     }
     let mut dp = load();
-    let mut t = table();
-    for (c, prio) in [(0, 1), (1, 2), (2, 3)] {
-        t.classes[c] = ClassConfig {
-            skb_priority: prio,
-            flags: CLASS_SET_PRIORITY,
-            ..ClassConfig::zeroed()
-        };
-    }
+    let t = priority_table();
     let rules = [Rule::any(1).with_mark(0x10, 0xff), Rule::any(2).with_dscp(46)];
     dp.write_rules(&t, &rules).unwrap();
     let plain = udp4(4000, 5300, 0);

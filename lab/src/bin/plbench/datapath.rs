@@ -18,8 +18,8 @@ use paceline_common::{
     classify::Rule,
     maps::{
         BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, BenchEdt, CLASS_SET_PRIORITY, ClassConfig,
-        DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, FlowTableKey, LEVEL_SET_DSCP, LevelConfig, MAX_CLASSES, PolicyTable,
-        names,
+        DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, FlowTableKey, LEVEL_SET_DSCP, LevelConfig, MAX_CLASSES,
+        PolicyTable, names,
     },
     trace::{TRACE_CLASS, TRACE_ON, TraceConfig},
 };
