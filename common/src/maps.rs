@@ -73,10 +73,10 @@ pub const MAX_LEVELS: usize = 8;
 /// Entries of [`names::AGG_CLOCKS`] and of [`names::STATS`].
 pub const AGG_SLOTS: usize = MAX_CLASSES + MAX_LEVELS;
 const _: () = assert!(MAX_CLASSES.is_power_of_two() && MAX_LEVELS.is_power_of_two());
-/// Default entries of [`names::FLOWS`] (`spec.flow_table_size`): 65 536 flows (about 9 MiB of
-/// kernel memory, a 16-byte key and a 72-byte [`FlowState`] each: the map's memlock is what
-/// `paceline status` reports). The agent resizes the map at load time; this is
-/// also the size compiled into the object.
+/// Default entries of [`names::FLOWS`] (`spec.flow_table_size`): 65 536 flows, a 16-byte key
+/// and a 72-byte [`FlowState`] each: 9.5 MiB of kernel memory by the map's memlock, which
+/// `paceline status` reports. The agent resizes the map at load time; this is also the size
+/// compiled into the object.
 pub const DEFAULT_FLOW_TABLE_SIZE: u32 = 65_536;
 
 /// Index of level `l`'s slot in [`names::AGG_CLOCKS`] / [`names::STATS`].
