@@ -238,7 +238,8 @@ pub trait Tables {
     /// The rule (or cgroup EC) stored under `key`; [`NONE`] when absent.
     fn rule(&self, key: &RuleKey) -> u32;
     /// `v` unchanged, but unknown to the eBPF verifier: the paths that computed it (a trie
-    /// walk ends at one of several levels) then continue as one (see the datapath's `launder`).
+    /// walk ends at one of several levels) then continue as one (see the datapath's
+    /// `maps::read_back`).
     fn opaque(&self, v: [u32; 2]) -> [u32; 2] {
         v
     }

@@ -408,7 +408,8 @@ impl GlobalCounters {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct CpuState {
     pub global: GlobalCounters,
-    /// The parsed packet passes through here (see the datapath's `launder`).
+    /// The parser writes the packet here and the program reads it back (see the datapath's
+    /// `maps::read_back`).
     pub scratch: crate::classify::PacketInfo,
     /// The parsed packet's layout passes through here (see the datapath's `parse::launder`),
     /// beside the packet: one cache line fewer per packet than a map of its own.
@@ -418,8 +419,6 @@ pub struct CpuState {
     pub opaque: [u32; 2],
     /// The flow table's key and new value are built here, not on the stack: Linux 6.1 allows
     /// the tc program and the CoDel function it calls 512 bytes of stack together.
-    pub flow_key: FlowKey,
-    /// The flow table's key of `flow_key` ([`FlowTableKey`]).
     pub table_key: FlowTableKey,
     pub flow_state: FlowState,
     /// The [`admit_tag`] of a new flow's key while its packet is decided (in memory, not a
@@ -428,7 +427,7 @@ pub struct CpuState {
     /// `paceline trace`: the cap's window, the clocks of the packet being decided, counters.
     pub trace: crate::trace::TraceCpu,
 }
-const _: () = assert!(size_of::<CpuState>() == 72 + 56 + 16 + 8 + 40 + 16 + 72 + 8 + 112);
+const _: () = assert!(size_of::<CpuState>() == 72 + 56 + 16 + 8 + 16 + 72 + 8 + 112);
 
 pub use crate::d3::maps::*;
 

@@ -37,13 +37,20 @@ const _: () = assert!(size_of::<AdmitSlot>() == 16);
 /// clock.
 #[inline(always)]
 pub fn admit_tag(k: &FlowKey) -> u64 {
+    admit_tag_of(&k.src, &k.dst, k.sport, k.dport, k.proto)
+}
+
+/// [`admit_tag`] of the flow with these fields (what the datapath computes from the parsed
+/// packet, without writing out a [`FlowKey`]).
+#[inline(always)]
+pub fn admit_tag_of(src: &[u32; 4], dst: &[u32; 4], sport: u16, dport: u16, proto: u8) -> u64 {
     let w = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
-    let ports = u64::from(k.sport) | (u64::from(k.dport) << 16) | (u64::from(k.proto) << 32);
+    let ports = u64::from(sport) | (u64::from(dport) << 16) | (u64::from(proto) << 32);
     let words = [
-        w(k.src[0], k.src[1]),
-        w(k.src[2], k.src[3]),
-        w(k.dst[0], k.dst[1]),
-        w(k.dst[2], k.dst[3]),
+        w(src[0], src[1]),
+        w(src[2], src[3]),
+        w(dst[0], dst[1]),
+        w(dst[2], dst[3]),
         ports,
     ];
     let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -114,7 +121,7 @@ impl FlowTableKey {
     /// IPv4-mapped in `k`).
     #[inline(always)]
     pub fn of(k: &FlowKey, v6: bool) -> FlowTableKey {
-        let (a, b) = Self::addr_words(k, v6);
+        let [a, b, ..] = Self::words_of(k, v6);
         FlowTableKey {
             a,
             b,
@@ -126,29 +133,38 @@ impl FlowTableKey {
         }
     }
 
-    /// The key's first two words: an IPv4 flow's addresses, an IPv6 flow's 5-tuple hash.
-    #[inline(always)]
-    fn addr_words(k: &FlowKey, v6: bool) -> (u32, u32) {
-        if v6 {
-            let h = admit_tag(k);
-            (h as u32, (h >> 32) as u32)
-        } else {
-            (k.src[3], k.dst[3])
-        }
-    }
-
     /// [`FlowTableKey::of`] as the four 32-bit words of its layout, built with arithmetic:
     /// the datapath writes the key as four word stores, so that the map's hash, which reads
     /// it a word at a time, does not wait for byte and half-word stores to reach the cache
     /// (a store cannot be forwarded to a wider load). Little-endian layout (x86, arm64, bpfel).
     #[inline(always)]
     pub fn words_of(k: &FlowKey, v6: bool) -> [u32; 4] {
-        let (a, b) = Self::addr_words(k, v6);
+        Self::words_for(&k.src, &k.dst, k.sport, k.dport, k.proto, v6)
+    }
+
+    /// [`FlowTableKey::words_of`] of the flow with these fields (what the datapath computes
+    /// from the parsed packet): an IPv4 flow's addresses (the last words of their IPv4-mapped
+    /// form), an IPv6 flow's 5-tuple hash; then ports, protocol and family.
+    #[inline(always)]
+    pub fn words_for(
+        src: &[u32; 4],
+        dst: &[u32; 4],
+        sport: u16,
+        dport: u16,
+        proto: u8,
+        v6: bool,
+    ) -> [u32; 4] {
+        let (a, b) = if v6 {
+            let h = admit_tag_of(src, dst, sport, dport, proto);
+            (h as u32, (h >> 32) as u32)
+        } else {
+            (src[3], dst[3])
+        };
         [
             a,
             b,
-            u32::from(k.sport) | (u32::from(k.dport) << 16),
-            u32::from(k.proto) | (u32::from(v6) << 8),
+            u32::from(sport) | (u32::from(dport) << 16),
+            u32::from(proto) | (u32::from(v6) << 8),
         ]
     }
 

@@ -157,16 +157,13 @@ pub fn cpu() -> Option<&'static mut CpuState> {
     CPU.get_ptr_mut(0).map(|p| unsafe { &mut *p })
 }
 
-/// Stores `pkt` in the scratch slot and reads it back: the copy the caller gets is made of
-/// values the verifier does not know, so every parse path (VLAN or not, IPv4 or IPv6, each
-/// extension header) converges into one verifier state instead of re-verifying
+/// Reads back the packet the parser wrote into this CPU's scratch value: the copy the caller
+/// gets is made of values the verifier does not know, so every parse path (VLAN or not, IPv4
+/// or IPv6, each extension header) converges into one verifier state instead of re-verifying
 /// classification and pacing once per parse path.
 #[inline(always)]
-pub fn launder(cpu: &mut CpuState, pkt: &PacketInfo) -> PacketInfo {
-    let p: *mut PacketInfo = &mut cpu.scratch;
-    // SAFETY: a field of this CPU's map value; volatile so LLVM does not forward the stores.
-    unsafe {
-        p.write_volatile(*pkt);
-        p.read_volatile()
-    }
+pub fn read_back(cpu: &CpuState) -> PacketInfo {
+    // SAFETY: a field of this CPU's map value; volatile so LLVM does not forward the parser's
+    // stores.
+    unsafe { core::ptr::addr_of!(cpu.scratch).read_volatile() }
 }

@@ -25,8 +25,8 @@ use paceline_common::{
     ctab::{self, CT_CGROUP},
     edt::delay_bucket,
     maps::{
-        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowKey, FlowTableKey, LEVEL_SET_DSCP,
-        LEVEL_SET_PCP, MAX_CLASSES, MAX_LEVELS, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag, level_slot,
+        BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,
+        MAX_CLASSES, MAX_LEVELS, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag_of, level_slot,
     },
     trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action, held_binding},
 };
@@ -62,8 +62,20 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         return Ok(TC_ACT_UNSPEC);
     };
     let skb = ctx.skb.skb;
-    let mut pkt = PacketInfo::default();
-    let layout = match parse::parse_with(ctx, &mut pkt, &mut cpu.layout) {
+    // The parser writes the packet straight into this CPU's scratch value, which is read back
+    // below (see `maps::read_back`): no copy through the stack. What it leaves unwritten for
+    // some packets (ports, the unknown fields) is cleared first.
+    let scratch: *mut PacketInfo = &mut cpu.scratch;
+    // SAFETY: a field of this CPU's map value; volatile so that LLVM keeps these the stores
+    // they are (not a `memset` call, which Linux 6.1's verifier refuses on a map value).
+    unsafe {
+        core::ptr::addr_of_mut!((*scratch).sport).write_volatile(0);
+        core::ptr::addr_of_mut!((*scratch).dport).write_volatile(0);
+        core::ptr::addr_of_mut!((*scratch).unknown).write_volatile(0);
+        core::ptr::addr_of_mut!((*scratch).cgroup_id).write_volatile(0);
+    }
+    // SAFETY: as above; no other reference to the scratch value lives across the parse.
+    let layout = match parse::parse_with(ctx, unsafe { &mut *scratch }, &mut cpu.layout) {
         Ok(l) => l,
         Err(why) => {
             let a = match why {
@@ -95,13 +107,14 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             return Ok(TC_ACT_UNSPEC);
         }
     };
-    // SAFETY: reading __sk_buff fields allowed for tc programs.
-    pkt.mark = unsafe { (*skb).mark };
-    if table.ctab.flags & CT_CGROUP != 0 {
-        // SAFETY: helper on the program's own context.
-        pkt.cgroup_id = unsafe { bpf_skb_cgroup_id(skb) };
+    // SAFETY: reading __sk_buff fields allowed for tc programs; fields of this CPU's value.
+    unsafe {
+        core::ptr::addr_of_mut!((*scratch).mark).write_volatile((*skb).mark);
+        if table.ctab.flags & CT_CGROUP != 0 {
+            core::ptr::addr_of_mut!((*scratch).cgroup_id).write_volatile(bpf_skb_cgroup_id(skb));
+        }
     }
-    let pkt = maps::launder(cpu, &pkt);
+    let pkt = maps::read_back(cpu);
     // A local TCP socket keeps its class (and its flow clock) in socket storage: a packet whose
     // socket holds a class computed under this policy, for this mark and DSCP, skips
     // classification. Every other flow keeps them in the flow table, keyed by its 5-tuple and
@@ -128,20 +141,15 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let mut bind: *mut u8 = core::ptr::null_mut();
     let mut insert = false;
     let mut in_table = false;
-    let mut cached = None;
+    // The class the table's entry holds; `NOT_CACHED` when none (a plain integer, not an
+    // `Option`: LLVM may copy an `Option`'s undefined payload, a register the verifier refuses
+    // to read).
+    let mut cached = NOT_CACHED;
     if !has_sock {
-        set_flow_key(&mut cpu.flow_key, &pkt);
         // SAFETY: volatile read of a load-time constant.
         let bench_miss = unsafe { core::ptr::read_volatile(&PL_BENCH_FLOW_MISS) };
-        if bench_miss == BENCH_FLOW_NEW {
-            let n = cpu
-                .global
-                .flow_inserts
-                .wrapping_add(cpu.global.flow_first_packets) as u32;
-            cpu.flow_key.src[0] ^= n;
-            cpu.flow_key.src[3] ^= n;
-        }
-        let words = FlowTableKey::words_of(&cpu.flow_key, pkt.is_v6 != 0);
+        let src = flow_src(cpu, &pkt);
+        let words = FlowTableKey::words_for(&src, &pkt.dst, pkt.sport, pkt.dport, pkt.proto, pkt.is_v6 != 0);
         // SAFETY: a field of this CPU's map value, 16 bytes like the words (see `words_of`).
         unsafe {
             core::ptr::addr_of_mut!(cpu.table_key)
@@ -159,7 +167,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             // SAFETY: as above.
             let f = unsafe { &mut *f };
             if let Some(c) = f.class_for(table.generation, &pkt) {
-                cached = Some(c);
+                cached = c;
                 clock = &mut f.t_next;
                 bind = &mut f.binding;
             }
@@ -170,12 +178,12 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // once for each value); `built()` is a load-time constant the verifier resolves.
     if trace::built() {
         cpu.trace.pending.flags =
-            (has_sock as u8) * TR_SOCKET | ((sock_state.is_some() || cached.is_some()) as u8) * TR_CACHED;
+            (has_sock as u8) * TR_SOCKET | ((sock_state.is_some() || cached != NOT_CACHED) as u8) * TR_CACHED;
     }
     let class_idx = match (&sock_state, cached) {
         (Some(st), _) => u32::from(st.class),
-        (None, Some(c)) => c,
-        (None, None) => {
+        (None, c) if c != NOT_CACHED => c,
+        (None, _) => {
             let (c, rule) = match maps::ctab(bank) {
                 Some(tables) => ctab::classify_rule(&table.ctab, &tables, &pkt, table.default_class),
                 None => (table.default_class, ctab::NONE),
@@ -207,7 +215,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 cpu.flow_state.set_class(table.generation, &pkt, c);
                 // A flow seen once continues from the clock its first packet left (the slot's
                 // tag read before its clock: see `AdmitSlot`).
-                let tag = admit_tag(&cpu.flow_key);
+                let tag = admit_tag_of(&flow_src(cpu, &pkt), &pkt.dst, pkt.sport, pkt.dport, pkt.proto);
                 cpu.admit_tag = tag;
                 if let Some(slot) = ADMIT.get_ptr(admit_index(tag)) {
                     // SAFETY: a slot of an array map, valid for this program run.
@@ -262,7 +270,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         paceline_common::dasr::cap(class.flow_rate, dasr_rate)
     };
     // What a trace record says of this packet, in this CPU's state (not on the stack: see
-    // `CpuState::flow_key`); written only while a trace runs, but for the bits the exits
+    // `CpuState::table_key`); written only while a trace runs, but for the bits the exits
     // below set.
     if trace::on() {
         let t = &mut cpu.trace.pending;
@@ -437,16 +445,22 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     Ok(TC_ACT_UNSPEC)
 }
 
-/// Writes the packet's 5-tuple into `k` (a per-CPU map value, as the key of a map operation
-/// must not be on the stack of a program this large: see `CpuState::flow_key`).
+/// The packet's source address as its flow's key takes it: in the benchmark's builds that
+/// measure a new flow's first packet, altered by a per-CPU count, so that each run is a new
+/// flow (the same count for the table's key and the admission tag: the counters move after).
 #[inline(always)]
-fn set_flow_key(k: &mut FlowKey, p: &PacketInfo) {
-    k.src = p.src;
-    k.dst = p.dst;
-    k.sport = p.sport;
-    k.dport = p.dport;
-    k.proto = p.proto;
-    k._pad = [0; 3];
+fn flow_src(cpu: &paceline_common::maps::CpuState, p: &PacketInfo) -> [u32; 4] {
+    let mut s = p.src;
+    // SAFETY: volatile read of a load-time constant.
+    if unsafe { core::ptr::read_volatile(&PL_BENCH_FLOW_MISS) } == BENCH_FLOW_NEW {
+        let n = cpu
+            .global
+            .flow_inserts
+            .wrapping_add(cpu.global.flow_first_packets) as u32;
+        s[0] ^= n;
+        s[3] ^= n;
+    }
+    s
 }
 
 /// Whether two addresses are equal, word by word (an array's `==` may become a call of
@@ -455,6 +469,10 @@ fn set_flow_key(k: &mut FlowKey, p: &PacketInfo) {
 fn same_addr(a: &[u32; 4], b: &[u32; 4]) -> bool {
     (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) == 0
 }
+
+/// `cached` when the flow table's entry holds no class for this packet (classes are below
+/// `MAX_CLASSES`).
+const NOT_CACHED: u32 = u32::MAX;
 
 /// [`count`]'s `how` bits: the packet's DSCP or PCP was rewritten.
 const TAGGED: u32 = 1 << 0;

@@ -65,7 +65,7 @@ pub fn parse_with(ctx: &TcContext, pkt: &mut PacketInfo, scratch: *mut [u32; 4])
 }
 
 /// The layout, passed through a per-CPU map value so that the verifier sees offsets it does
-/// not know (as the datapath's `maps::launder` does for the packet): every parse path (no tag,
+/// not know (as the datapath's `maps::read_back` does for the packet): every parse path (no tag,
 /// one or two, IPv4 options, each IPv6 extension chain) then continues as one verifier state
 /// instead of re-verifying classification and pacing once per layout. The offsets are only
 /// used with helpers that check them at run time (`bpf_skb_load_bytes`, `bpf_skb_store_bytes`,
