@@ -12,6 +12,7 @@
 //! - [`frames`]: random and mutated frames for the datapath's differential test, and what the
 //!   reference parser and classifier in `paceline_common` expect of each.
 //! - [`policygen`]: large generated policies (YAML and datapath rules) for the scale tests.
+//! - [`tables`]: the loaded datapath's maps opened for writing (a planted flow-table entry).
 //! - `tests/`: the privileged integration suite (one binary, flat module list).
 //!
 //! The experiments, benchmarks and report tool that run on this testbed are `paceline-lab`'s.
@@ -23,6 +24,7 @@ pub mod packet;
 pub mod policygen;
 pub mod skb;
 pub mod stolen;
+pub mod tables;
 pub mod testbed;
 pub mod workload;
 

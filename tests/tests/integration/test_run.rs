@@ -2,7 +2,6 @@
 //! the real entry point, check the verdict, the context (`tstamp`, `priority`), the bytes
 //! (rewrites with valid checksums) and the counters.
 
-use aya::maps::{HashMap, Map, MapData, MapInfo};
 use aya::{TestRun, TestRunOptions};
 use paceline::kernel::datapath::{Datapath, LoadOptions};
 use paceline_common::{
@@ -10,12 +9,13 @@ use paceline_common::{
     edt::tx_time_ns,
     maps::{
         CLASS_SET_PRIORITY, ClassConfig, FlowState, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig,
-        PolicyTable, level_slot, names, v4_mapped,
+        PolicyTable, level_slot, v4_mapped,
     },
 };
 use paceline_tests::{
     packet::{self, L4},
     skb::{SkBuff, mono_now_ns},
+    tables::flow_table,
 };
 use std::cell::Cell;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -1108,24 +1108,10 @@ fn an_ipv6_flow_never_takes_the_entry_of_another_whose_key_it_shares() {
         dst: other(8),
         ..entry
     };
-    let table_key = FlowTableKey::of(&key, true);
-    {
-        let ids = dp
-            .tc_program()
-            .unwrap()
-            .info()
-            .unwrap()
-            .map_ids()
-            .unwrap()
-            .unwrap_or_default();
-        let id = ids
-            .into_iter()
-            .find(|id| MapInfo::from_id(*id).unwrap().name_as_str() == Some(names::FLOWS))
-            .expect("the flow table");
-        let mut m: HashMap<MapData, FlowTableKey, FlowState> =
-            HashMap::try_from(Map::LruHashMap(MapData::from_id(id).unwrap())).unwrap();
-        m.insert(table_key, planted, 0).unwrap();
-    }
+    flow_table(&mut dp)
+        .unwrap()
+        .insert(FlowTableKey::of(&key, true), planted, 0)
+        .unwrap();
     let before = dp.snapshot().unwrap();
     let o = run(&mut dp, &f, SkBuff::default());
     let after = dp.snapshot().unwrap();
@@ -1147,6 +1133,73 @@ fn an_ipv6_flow_never_takes_the_entry_of_another_whose_key_it_shares() {
         (*k, e.class_under(g)),
         (key, Some(1)),
         "the flow took its entry back, its own addresses and class"
+    );
+}
+
+/// The datapath builds an IPv4 flow's table key from the parsed packet's fields, the agent
+/// from a `FlowKey` (`FlowTableKey::of`): the two must name the same entry, or `paceline
+/// flows` and a planted entry miss the flow. An entry planted under the agent's key, with
+/// another class, must decide the flow's next packet. Checked (2026-12-05): with the datapath's
+/// key taking the addresses the other way round, the packet kept its own class and this failed.
+#[test]
+fn an_ipv4_flow_finds_its_entry_under_the_key_the_agent_computes() {
+    if !privileged("an_ipv4_flow_finds_its_entry_under_the_key_the_agent_computes") {
+        return;
+    }
+    let mut dp = load();
+    let t = priority_table();
+    let g = dp.write_rules(&t, &[port_rule(5301, 1).with_proto(17)]).unwrap();
+    let f = packet::ipv4(
+        [10, 9, 0, 1],
+        [10, 9, 0, 2],
+        L4::Udp {
+            sport: 4001,
+            dport: 5301,
+        },
+        0,
+        0,
+        &[],
+        None,
+        16,
+    );
+    // Two packets: the flow's entry, with its class.
+    run(&mut dp, &f, SkBuff::default());
+    run(&mut dp, &f, SkBuff::default());
+    let (flows, _) = dp.flows(1024).unwrap();
+    let (key, entry) = *flows
+        .iter()
+        .find(|(k, _)| k.dport == 5301)
+        .expect("the flow's entry");
+    assert_eq!(
+        (key.src, key.dst, key.sport, key.proto),
+        (
+            v4_mapped(u32::from_ne_bytes([10, 9, 0, 1])),
+            v4_mapped(u32::from_ne_bytes([10, 9, 0, 2])),
+            4001,
+            17
+        ),
+        "the entry gives its flow back"
+    );
+    assert_eq!(entry.class_under(g), Some(1));
+    let planted = FlowState {
+        class_gen: FlowState::class_gen(g, 2),
+        ..entry
+    };
+    flow_table(&mut dp)
+        .unwrap()
+        .insert(FlowTableKey::of(&key, false), planted, 0)
+        .unwrap();
+    let before = dp.snapshot().unwrap();
+    let o = run(&mut dp, &f, SkBuff::default());
+    let after = dp.snapshot().unwrap();
+    assert_eq!(
+        (
+            after.classes[2].packets - before.classes[2].packets,
+            after.classes[1].packets - before.classes[1].packets,
+            o.ctx.priority
+        ),
+        (1, 0, 3),
+        "the packet took the class of the entry planted under the agent's key"
     );
 }
 

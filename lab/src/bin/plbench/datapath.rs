@@ -713,34 +713,25 @@ pub(super) fn bench_object(programs: &[&str], mark: u64, bps: u64) -> Result<aya
 /// Fills `dp`'s flow table with `n` flows no benchmark packet belongs to (UDP from
 /// 198.51.100.1 to 203.0.113.x), as a busy host's table holds its established flows.
 fn fill_flow_table(dp: &mut Datapath, n: u32) -> Result<()> {
-    use aya::maps::{HashMap, Map, MapData, MapInfo};
-    let ids = dp.tc_program()?.info()?.map_ids()?.unwrap_or_default();
-    for id in ids {
-        if MapInfo::from_id(id)?.name_as_str() != Some(names::FLOWS) {
-            continue;
-        }
-        let mut flows: HashMap<MapData, FlowTableKey, FlowState> =
-            HashMap::try_from(Map::LruHashMap(MapData::from_id(id)?))?;
-        let v4 = |a: [u8; 4]| [0, 0, 0xffff_0000u32.to_be(), u32::from_ne_bytes(a)];
-        for i in 0..n {
-            let key = FlowKey {
-                src: v4([198, 51, 100, 1]),
-                dst: v4([203, 0, 113, (i >> 16) as u8]),
-                sport: i as u16,
-                dport: 53,
-                proto: 17,
-                _pad: [0; 3],
-            };
-            let state = FlowState {
-                src: key.src,
-                dst: key.dst,
-                ..FlowState::default()
-            };
-            flows.insert(FlowTableKey::of(&key, false), state, 0)?;
-        }
-        return Ok(());
+    let mut flows = paceline_tests::tables::flow_table(dp)?;
+    let v4 = |a: [u8; 4]| [0, 0, 0xffff_0000u32.to_be(), u32::from_ne_bytes(a)];
+    for i in 0..n {
+        let key = FlowKey {
+            src: v4([198, 51, 100, 1]),
+            dst: v4([203, 0, 113, (i >> 16) as u8]),
+            sport: i as u16,
+            dport: 53,
+            proto: 17,
+            _pad: [0; 3],
+        };
+        let state = FlowState {
+            src: key.src,
+            dst: key.dst,
+            ..FlowState::default()
+        };
+        flows.insert(FlowTableKey::of(&key, false), state, 0)?;
     }
-    anyhow::bail!("map {} missing from the loaded program", names::FLOWS)
+    Ok(())
 }
 
 fn arp() -> Vec<u8> {
