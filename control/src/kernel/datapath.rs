@@ -61,6 +61,10 @@ pub struct LoadOptions {
     /// branch and record store pruned by the verifier), to measure what tracing costs while
     /// off.
     pub bench_no_trace: bool,
+    /// Benchmark only: 0, or a mark whose packets the egress program takes as unstamped
+    /// whatever `skb->tstamp` holds (BPF_PROG_TEST_RUN's skb keeps the departure its previous
+    /// run wrote, which a real UDP or forwarded packet does not carry).
+    pub bench_unstamped_mark: u32,
     /// Benchmark only: the trace ring buffer's size in bytes (a power of two pages), for runs
     /// that record more packets than the default ring holds between two reads.
     pub trace_ring_bytes: Option<u32>,
@@ -77,6 +81,7 @@ impl Default for LoadOptions {
             bench_any_socket: false,
             bench_flow_miss: 0,
             bench_no_trace: false,
+            bench_unstamped_mark: 0,
             trace_ring_bytes: None,
             pins: None,
         }
@@ -163,6 +168,7 @@ impl Datapath {
         let any_sock: u32 = opts.bench_any_socket.into();
         let flow_miss: u32 = opts.bench_flow_miss;
         let no_trace: u32 = opts.bench_no_trace.into();
+        let unstamped: u32 = opts.bench_unstamped_mark;
         let netns = own_netns_cookie().context("reading this process's network namespace cookie")?;
         let mut loader = EbpfLoader::new();
         loader
@@ -171,6 +177,7 @@ impl Datapath {
             .override_global("PL_ANY_SOCK", &any_sock, true)
             .override_global("PL_BENCH_FLOW_MISS", &flow_miss, true)
             .override_global("PL_BENCH_NO_TRACE", &no_trace, true)
+            .override_global("PL_BENCH_UNSTAMPED_MARK", &unstamped, true)
             .override_global("PL_NETNS_COOKIE", &netns, true);
         if let Some(n) = opts.trace_ring_bytes {
             loader.map_max_entries(names::TRACE_RING, n);

@@ -43,6 +43,14 @@ static PL_COUNT_ONLY: u32 = 0;
 #[unsafe(no_mangle)]
 static PL_BENCH_FLOW_MISS: u32 = 0;
 
+/// Read-only at load: in the benchmark's builds, a mark (nonzero) whose packets are taken as
+/// unstamped whatever `skb->tstamp` holds. BPF_PROG_TEST_RUN runs one skb again and again, and
+/// it keeps the departure the previous run wrote, which a real unstamped packet (UDP,
+/// forwarded traffic) never carries: without this, such rows would skip the clock read a real
+/// one pays. The agent leaves it 0.
+#[unsafe(no_mangle)]
+static PL_BENCH_UNSTAMPED_MARK: u32 = 0;
+
 /// tc egress: classify, pace, tag, count. Returns TC_ACT_UNSPEC (continue to the next tcx
 /// program or filter) for every packet it does not drop.
 #[classifier]
@@ -284,8 +292,16 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     }
     // Only packets that some clock applies to pay for reading the time.
     if flow_rate | class.class_rate | level.rate != 0 {
-        // SAFETY: reading __sk_buff fields allowed for tc programs.
-        let raw_ts = unsafe { (*skb).tstamp };
+        // SAFETY: reading __sk_buff fields allowed for tc programs; volatile read of a
+        // load-time constant.
+        let raw_ts = unsafe {
+            let unstamped = core::ptr::read_volatile(&PL_BENCH_UNSTAMPED_MARK);
+            if unstamped != 0 && pkt.mark == unstamped {
+                0
+            } else {
+                (*skb).tstamp
+            }
+        };
         let (now, stack_ts) = time_base(raw_ts);
         if stack_ts != raw_ts {
             cpu.global.foreign_tstamp += 1;

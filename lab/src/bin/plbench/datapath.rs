@@ -59,8 +59,9 @@ struct Report {
     rows: Vec<Row>,
 }
 
-/// Mean ns per run over `repeat` runs in the kernel. `stack_ts`: the EDT timestamp TCP would
-/// have set (0 for UDP or forwarded traffic); `mark`: the packet's mark.
+/// Mean ns per run over `repeat` runs in the kernel. `stack_ts`: nonzero for a packet with the
+/// EDT timestamp TCP sets (stamped at the call), 0 for UDP or forwarded traffic; `mark`: the
+/// packet's mark.
 fn measure(
     prog: &aya::programs::SchedClassifier,
     frame: &[u8],
@@ -68,6 +69,14 @@ fn measure(
     mark: u32,
     repeat: u32,
 ) -> Result<f64> {
+    // A stamped packet is stamped now, as TCP stamps its segments microseconds before tc sees
+    // them: the datapath trusts a stamp only within 10 s of the clock, and a stamp taken when
+    // the benchmark started would send the rows measured later to read the clock instead.
+    let stack_ts = if stack_ts != 0 {
+        paceline_tests::skb::mono_now_ns()
+    } else {
+        0
+    };
     let ctx = SkBuff {
         tstamp: stack_ts,
         mark,
@@ -82,6 +91,73 @@ fn measure(
         })
         .context("BPF_PROG_TEST_RUN")?;
     Ok(r.duration.as_nanos() as f64)
+}
+
+/// The mark of the benchmark's unstamped packets (UDP, forwarded traffic): every run of such a
+/// packet is taken as unstamped (`LoadOptions::bench_unstamped_mark`), as a real one is, though
+/// the test run's skb keeps the departure its previous run wrote.
+const UNSTAMPED_MARK: u32 = 0x5eed;
+
+/// The datapath's load options in this benchmark.
+fn bench_options() -> LoadOptions {
+    LoadOptions {
+        bench_unstamped_mark: UNSTAMPED_MARK,
+        ..LoadOptions::default()
+    }
+}
+
+/// [`measure`] of two frames at once, each on its own CPU (threads pinned to CPUs 0 and 1,
+/// started together): the mean of the two ns per packet.
+fn measure_pair(
+    prog: &aya::programs::SchedClassifier,
+    frames: [&[u8]; 2],
+    stack_ts: u64,
+    mark: u32,
+    repeat: u32,
+) -> Result<f64> {
+    let start = std::sync::Barrier::new(2);
+    let each: Vec<Result<f64>> = std::thread::scope(|s| {
+        let threads: Vec<_> = frames
+            .into_iter()
+            .enumerate()
+            .map(|(cpu, frame)| {
+                let start = &start;
+                s.spawn(move || {
+                    pin_to_cpu(cpu)?;
+                    start.wait();
+                    measure(prog, frame, stack_ts, mark, repeat)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a measuring thread panicked")))
+            })
+            .collect()
+    });
+    let mut sum = 0.0;
+    for ns in each {
+        sum += ns?;
+    }
+    Ok(sum / 2.0)
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set)
+    };
+    anyhow::ensure!(
+        rc == 0,
+        "pinning a thread to CPU {cpu}: {} (the two-CPU rows need two CPUs)",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
 }
 
 /// A policy table, its rules (first match wins) and their compiled classifier.
@@ -236,6 +312,10 @@ struct Case {
     frame: Vec<u8>,
     ts: u64,
     mark: u32,
+    /// Another frame sent through the same program on the other CPU at the same time (the row
+    /// reads the mean of the two CPUs' ns per packet): what sharing the clocks' cache lines
+    /// across CPUs costs.
+    pair: Option<Vec<u8>>,
 }
 
 pub(super) fn datapath(
@@ -273,7 +353,8 @@ pub(super) fn datapath(
         policy,
         frame: frame.to_vec(),
         ts,
-        mark: 0,
+        mark: if ts == 0 { UNSTAMPED_MARK } else { 0 },
+        pair: None,
     };
     let mut cases = vec![
         case(
@@ -449,6 +530,74 @@ pub(super) fn datapath(
             tcp_ts,
         ),
     ];
+    // Two CPUs at once, each sending one TCP flow's later packets through the flow table (no
+    // local socket: forwarded traffic), one class clock each: both flows in one class (one
+    // clock, truly shared: the price of exact aggregates), in two neighbouring classes (1 and
+    // 2) and in two classes apart (1 and 64). TCP packets with a stack timestamp, so that no
+    // clock is read: a virtual machine's clock read may itself be shared by all CPUs (the
+    // pvclock's last value, advanced with an atomic when the TSC is not stable).
+    let pair4 = policies.len();
+    let mut apart = table_one_clock();
+    apart.n_classes = 65;
+    apart.classes[64] = apart.classes[1];
+    policies.push(Policy::new(
+        apart,
+        &[
+            Rule::any(1).with_proto(6).with_dport(11211, 11211),
+            Rule::any(2).with_proto(6).with_dport(11212, 11212),
+            Rule::any(64).with_proto(6).with_dport(11218, 11218),
+        ],
+    ));
+    let tcp_to = |sport: u16, dport: u16| {
+        packet::ipv4(
+            [10, 0, 0, 1],
+            [10, 0, 0, 2],
+            L4::Tcp { sport, dport },
+            0,
+            0,
+            &[],
+            None,
+            64,
+        )
+    };
+    cases.push(Case {
+        pair: Some(tcp_to(40001, 11211)),
+        ..case(
+            "floor: empty classifier, two CPUs at once",
+            Prog::Floor,
+            pair4,
+            &tcp_to(40000, 11211),
+            tcp_ts,
+        )
+    });
+    for (name, other) in [
+        ("one CPU: class 1 alone", None),
+        (
+            "two CPUs at once: two flows of class 1 (one clock)",
+            Some(tcp_to(40001, 11211)),
+        ),
+        (
+            "two CPUs at once: classes 1 and 2 (neighbouring clocks)",
+            Some(tcp_to(40001, 11212)),
+        ),
+        (
+            "two CPUs at once: classes 1 and 64 (clocks 504 bytes apart)",
+            Some(tcp_to(40001, 11218)),
+        ),
+    ] {
+        cases.push(Case {
+            pair: other,
+            ..case(
+                &format!(
+                    "IPv4/TCP one class clock, later packets without a local socket (flow table), {name}"
+                ),
+                Prog::Table,
+                pair4,
+                &tcp_to(40000, 11211),
+                tcp_ts,
+            )
+        });
+    }
     // The scale rows: n rules of `tcp dst <address> dst_port 11211` (IPv4 /32, IPv6 /64), a
     // packet to the last rule's address and one to none. "Classify only" is a policy without
     // pacing or rewrites, on a new flow's first packet: classification's cost against the rule
@@ -531,35 +680,35 @@ pub(super) fn datapath(
                 || only.iter().any(|o| c.name.contains(o.as_str()))
         });
     }
-    let mut dp = Datapath::load(&LoadOptions::default())?;
+    let mut dp = Datapath::load(&bench_options())?;
     let mut first = Datapath::load(&LoadOptions {
         bench_flow_miss: BENCH_FLOW_REPLACE,
-        ..LoadOptions::default()
+        ..bench_options()
     })?;
     let mut fresh = Datapath::load(&LoadOptions {
         bench_flow_miss: BENCH_FLOW_NEW,
-        ..LoadOptions::default()
+        ..bench_options()
     })?;
     let mut crowded = Datapath::load(&LoadOptions {
         bench_flow_miss: BENCH_FLOW_NEW,
-        ..LoadOptions::default()
+        ..bench_options()
     })?;
     fill_flow_table(&mut crowded, DEFAULT_FLOW_TABLE_SIZE)?;
     let mut cached = Datapath::load(&LoadOptions {
         bench_any_socket: true,
-        ..LoadOptions::default()
+        ..bench_options()
     })?;
     let mut count_only = Datapath::load(&LoadOptions {
         count_only: true,
-        ..LoadOptions::default()
+        ..bench_options()
     })?;
     let mut untraced = Datapath::load(&LoadOptions {
         bench_no_trace: true,
-        ..LoadOptions::default()
+        ..bench_options()
     })?;
     let mut traced = Datapath::load(&LoadOptions {
         trace_ring_bytes: Some(TRACE_RING_BYTES),
-        ..LoadOptions::default()
+        ..bench_options()
     })?;
     let trace_cfg = |flags: u32, class: u32, sample: u32| TraceConfig {
         flags: TRACE_ON | flags,
@@ -621,7 +770,10 @@ pub(super) fn datapath(
                     Prog::NoTrace => untraced.tc_program()?,
                     Prog::TraceFiltered | Prog::TraceSampled | Prog::TraceEvery => traced.tc_program()?,
                 };
-                samples[i].push(measure(prog, &c.frame, c.ts, c.mark, runs)?);
+                samples[i].push(match &c.pair {
+                    None => measure(prog, &c.frame, c.ts, c.mark, runs)?,
+                    Some(other) => measure_pair(prog, [&c.frame, other], c.ts, c.mark, runs)?,
+                });
                 if matches!(
                     c.prog,
                     Prog::TraceFiltered | Prog::TraceSampled | Prog::TraceEvery
