@@ -83,7 +83,9 @@ impl CodelParams {
 }
 
 /// One aggregate's CoDel state (value of `PL_CODEL`, shared by all CPUs). All times are on
-/// the aggregate's departure clock (CLOCK_MONOTONIC ns).
+/// the aggregate's departure clock (CLOCK_MONOTONIC ns). Alone in a cache line, as the
+/// aggregates' clocks are (`AggClock`): two aggregates' states written from two CPUs would
+/// otherwise move one line back and forth.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct CodelState {
@@ -99,9 +101,9 @@ pub struct CodelState {
     pub lastcount: u32,
     /// 1 while signalling, else 0.
     pub signalling: u32,
-    pub _pad: u32,
+    pub _pad: [u32; 9],
 }
-const _: () = assert!(size_of::<CodelState>() == 32);
+const _: () = assert!(size_of::<CodelState>() == 64);
 
 /// Entries of [`INV_SQRT_Q16`].
 const TABLE: usize = 256;
