@@ -8,8 +8,8 @@ use paceline_common::{
     classify::Rule,
     edt::tx_time_ns,
     maps::{
-        CLASS_SET_PRIORITY, ClassConfig, FlowState, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig,
-        PolicyTable, level_slot, v4_mapped,
+        CLASS_SET_PRIORITY, ClassConfig, FlowKey, FlowState, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,
+        LevelConfig, PolicyTable, level_slot, v4_mapped,
     },
 };
 use paceline_tests::{
@@ -1057,6 +1057,32 @@ fn priority_table() -> PolicyTable {
     t
 }
 
+/// Sends `f` twice (its flow enters the flow table on its second packet) and returns the entry
+/// of the flow to `dport`, as `paceline flows` reads it.
+fn entered_flow(dp: &mut Datapath, f: &[u8], dport: u16) -> (FlowKey, FlowState) {
+    run(dp, f, SkBuff::default());
+    run(dp, f, SkBuff::default());
+    let (flows, _) = dp.flows(1024).unwrap();
+    *flows
+        .iter()
+        .find(|(k, _)| k.dport == dport)
+        .expect("the flow's entry")
+}
+
+/// Plants `entry` under `key` in the flow table and sends `f` once: the packets it added to
+/// classes 1 and 2, and the priority it left (`priority_table`: class c sets c + 1).
+fn send_over_planted(dp: &mut Datapath, key: FlowTableKey, entry: FlowState, f: &[u8]) -> (u64, u64, u32) {
+    flow_table(dp).unwrap().insert(key, entry, 0).unwrap();
+    let before = dp.snapshot().unwrap();
+    let o = run(dp, f, SkBuff::default());
+    let after = dp.snapshot().unwrap();
+    (
+        after.classes[1].packets - before.classes[1].packets,
+        after.classes[2].packets - before.classes[2].packets,
+        o.ctx.priority,
+    )
+}
+
 /// An IPv6 flow's table key holds a hash of its 5-tuple, not its addresses
 /// (`FlowTableKey`); its entry holds them, and the datapath compares them on every hit. An
 /// entry planted at a flow's key with another flow's addresses and another class (as if the
@@ -1085,14 +1111,7 @@ fn an_ipv6_flow_never_takes_the_entry_of_another_whose_key_it_shares() {
         false,
         16,
     );
-    // Two packets: the flow's entry, with its class.
-    run(&mut dp, &f, SkBuff::default());
-    run(&mut dp, &f, SkBuff::default());
-    let (flows, _) = dp.flows(1024).unwrap();
-    let (key, entry) = *flows
-        .iter()
-        .find(|(k, _)| k.dport == 5300)
-        .expect("the flow's entry");
+    let (key, entry) = entered_flow(&mut dp, &f, 5300);
     assert_eq!(entry.class_under(g), Some(1));
     // Another flow's addresses, cached in class 2, at this flow's key.
     let other = |last: u8| {
@@ -1108,19 +1127,8 @@ fn an_ipv6_flow_never_takes_the_entry_of_another_whose_key_it_shares() {
         dst: other(8),
         ..entry
     };
-    flow_table(&mut dp)
-        .unwrap()
-        .insert(FlowTableKey::of(&key, true), planted, 0)
-        .unwrap();
-    let before = dp.snapshot().unwrap();
-    let o = run(&mut dp, &f, SkBuff::default());
-    let after = dp.snapshot().unwrap();
     assert_eq!(
-        (
-            after.classes[1].packets - before.classes[1].packets,
-            after.classes[2].packets - before.classes[2].packets,
-            o.ctx.priority
-        ),
+        send_over_planted(&mut dp, FlowTableKey::of(&key, true), planted, &f),
         (1, 0, 2),
         "the packet is classified by the policy, not given the planted entry's class"
     );
@@ -1149,32 +1157,13 @@ fn an_ipv4_flow_finds_its_entry_under_the_key_the_agent_computes() {
     let mut dp = load();
     let t = priority_table();
     let g = dp.write_rules(&t, &[port_rule(5301, 1).with_proto(17)]).unwrap();
-    let f = packet::ipv4(
-        [10, 9, 0, 1],
-        [10, 9, 0, 2],
-        L4::Udp {
-            sport: 4001,
-            dport: 5301,
-        },
-        0,
-        0,
-        &[],
-        None,
-        16,
-    );
-    // Two packets: the flow's entry, with its class.
-    run(&mut dp, &f, SkBuff::default());
-    run(&mut dp, &f, SkBuff::default());
-    let (flows, _) = dp.flows(1024).unwrap();
-    let (key, entry) = *flows
-        .iter()
-        .find(|(k, _)| k.dport == 5301)
-        .expect("the flow's entry");
+    let f = udp4(4001, 5301, 0);
+    let (key, entry) = entered_flow(&mut dp, &f, 5301);
     assert_eq!(
         (key.src, key.dst, key.sport, key.proto),
         (
-            v4_mapped(u32::from_ne_bytes([10, 9, 0, 1])),
-            v4_mapped(u32::from_ne_bytes([10, 9, 0, 2])),
+            v4_mapped(u32::from_ne_bytes([10, 0, 0, 1])),
+            v4_mapped(u32::from_ne_bytes([10, 0, 0, 2])),
             4001,
             17
         ),
@@ -1185,20 +1174,9 @@ fn an_ipv4_flow_finds_its_entry_under_the_key_the_agent_computes() {
         class_gen: FlowState::class_gen(g, 2),
         ..entry
     };
-    flow_table(&mut dp)
-        .unwrap()
-        .insert(FlowTableKey::of(&key, false), planted, 0)
-        .unwrap();
-    let before = dp.snapshot().unwrap();
-    let o = run(&mut dp, &f, SkBuff::default());
-    let after = dp.snapshot().unwrap();
     assert_eq!(
-        (
-            after.classes[2].packets - before.classes[2].packets,
-            after.classes[1].packets - before.classes[1].packets,
-            o.ctx.priority
-        ),
-        (1, 0, 3),
+        send_over_planted(&mut dp, FlowTableKey::of(&key, false), planted, &f),
+        (0, 1, 3),
         "the packet took the class of the entry planted under the agent's key"
     );
 }
