@@ -10,6 +10,7 @@
 
 mod apply;
 mod datapath;
+mod testrun;
 mod traffic;
 
 use std::path::PathBuf;
