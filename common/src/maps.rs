@@ -273,8 +273,8 @@ const _: () = assert!(size_of::<SockState>() == 48);
 /// An aggregate's departure clock, shared by all CPUs (updated with a compare-and-swap on
 /// every paced packet), alone in a cache line: packed eight to a line, two classes sent from
 /// two CPUs moved one line back and forth and each packet cost as much as if both classes
-/// shared one clock (`plbench datapath`'s two-CPU rows: 143 ns over the floor against 54 for
-/// one CPU, and 55 with the clocks apart).
+/// shared one clock (`plbench datapath`'s two-CPU rows: 133-143 ns over the floor against
+/// 53-55 for one CPU, and 53 once each clock had a line of its own).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct AggClock {

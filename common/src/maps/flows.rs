@@ -80,10 +80,10 @@ pub fn admit_index(tag: u64) -> u32 {
 /// and, its admission slot holding it since the first run, entered again, replacing the
 /// previous run's entry: a flow's second packet (entry and bucket in cache, nothing evicted).
 pub const BENCH_FLOW_REPLACE: u32 = 1;
-/// Each run a new flow: the flow key's first word is XORed with this CPU's count of first
-/// packets and inserts (one of them counts every such run), so the lookup misses and the
-/// admission slot never holds the flow: every run is a new flow's first packet, as under a
-/// flood of new flows.
+/// Each run a new flow: the source address's first and last words are XORed with this CPU's
+/// count of first packets and inserts (one of them counts every such run), so the lookup
+/// misses and the admission slot never holds the flow: every run is a new flow's first packet,
+/// as under a flood of new flows.
 pub const BENCH_FLOW_NEW: u32 = 2;
 
 /// Key of the per-flow table (defined beside the packet view it is cut from).
@@ -91,7 +91,7 @@ pub use crate::classify::FlowKey;
 
 /// The flow table's key: 16 bytes, where a [`FlowKey`] has 40, because the table's lookup
 /// hashes and compares its whole key. With the key written as four word stores
-/// ([`FlowTableKey::words_of`]) a later packet from the table cost 9-10 ns less over the floor
+/// ([`FlowTableKey::words_for`]) a later packet from the table cost 9-10 ns less over the floor
 /// (58 against 67, alternated builds); the 40-byte key written as words, or this key written
 /// field by field, gained nothing. An IPv4 flow's key holds its addresses
 /// and is exact. An IPv6 flow's holds a 64-bit hash of its 5-tuple instead ([`admit_tag`]'s),

@@ -72,7 +72,8 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let skb = ctx.skb.skb;
     // The parser writes the packet straight into this CPU's scratch value, which is read back
     // below (see `maps::read_back`): no copy through the stack. What it leaves unwritten for
-    // some packets (ports, the unknown fields) is cleared first.
+    // some packets (ports, the unknown fields) or writes only later (the cgroup) is cleared
+    // first.
     let scratch: *mut PacketInfo = &mut cpu.scratch;
     // SAFETY: a field of this CPU's map value; volatile so that LLVM keeps these the stores
     // they are (not a `memset` call, which Linux 6.1's verifier refuses on a map value).
@@ -158,7 +159,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         let bench_miss = unsafe { core::ptr::read_volatile(&PL_BENCH_FLOW_MISS) };
         let src = flow_src(cpu, &pkt);
         let words = FlowTableKey::words_for(&src, &pkt.dst, pkt.sport, pkt.dport, pkt.proto, pkt.is_v6 != 0);
-        // SAFETY: a field of this CPU's map value, 16 bytes like the words (see `words_of`).
+        // SAFETY: a field of this CPU's map value, 16 bytes like the words (see `words_for`).
         unsafe {
             core::ptr::addr_of_mut!(cpu.table_key)
                 .cast::<[u32; 4]>()
