@@ -1218,3 +1218,69 @@ fn a_cached_class_holds_only_for_the_mark_and_dscp_it_was_computed_for() {
         );
     }
 }
+
+/// The benchmark's unstamped mark (`LoadOptions::bench_unstamped_mark`): BPF_PROG_TEST_RUN's
+/// skb keeps the departure its previous run wrote, so the benchmark marks the rows of packets
+/// that carry no stamp in real traffic (UDP, forwarded), and the datapath must take their
+/// packets as unstamped: read the clock, depart now. A packet of another mark keeps honouring
+/// its stamp, and the agent's load (mark 0) honours the stamp whatever the mark. Checked: with
+/// the hook's branch patched out of the datapath (the stamp always read), the marked packet
+/// departed at the stamp and this test failed.
+#[test]
+fn the_benchmarks_unstamped_mark_reads_the_clock_whatever_the_stamp() {
+    if !privileged("the_benchmarks_unstamped_mark_reads_the_clock_whatever_the_stamp") {
+        return;
+    }
+    const MARK: u32 = 0x5eed;
+    let table = paced_table(1_000_000_000, 0, 0, 0);
+    let f = tcp4(1, 2, 100);
+    // A departure 50 ms ahead, as the previous run of a reused skb would have left it.
+    let send = |dp: &mut Datapath, mark: u32| {
+        let stamp = mono_now_ns() + 50_000_000;
+        let before = mono_now_ns();
+        let o = run(
+            dp,
+            &f,
+            SkBuff {
+                tstamp: stamp,
+                mark,
+                ..SkBuff::default()
+            },
+        );
+        let after = mono_now_ns();
+        assert_eq!(o.ret, TC_ACT_UNSPEC);
+        (o.ctx.tstamp, stamp, before, after)
+    };
+    let mut bench = Datapath::load(&LoadOptions {
+        bench_unstamped_mark: MARK,
+        ..LoadOptions::default()
+    })
+    .expect("load the datapath with the benchmark's mark");
+    bench.write_rules(&table, &[]).unwrap();
+    let (depart, _, before, after) = send(&mut bench, MARK);
+    assert!(
+        (before..=after).contains(&depart),
+        "a packet of the mark departs now ({before}..={after}), not at its stamp: {depart}"
+    );
+    // A fresh flow clock for the control: another flow (ports) of another mark.
+    let g = tcp4(3, 4, 100);
+    let stamp = mono_now_ns() + 50_000_000;
+    let o = run(
+        &mut bench,
+        &g,
+        SkBuff {
+            tstamp: stamp,
+            mark: MARK + 1,
+            ..SkBuff::default()
+        },
+    );
+    assert_eq!(o.ctx.tstamp, stamp, "a packet of another mark keeps its stamp");
+    drop(bench);
+    let mut agent = load();
+    agent.write_rules(&table, &[]).unwrap();
+    let (depart, stamp, _, _) = send(&mut agent, MARK);
+    assert_eq!(
+        depart, stamp,
+        "the agent's load honours the stamp whatever the mark"
+    );
+}
