@@ -40,7 +40,7 @@ impl Frame for Skb<'_> {
     }
 }
 
-/// Where [`launder`] passes the layout through for the programs without a `CpuState` (the D3
+/// Where [`round_trip`] passes the layout through for the programs without a `CpuState` (the D3
 /// router, DASR).
 #[map(name = "PL_PARSE_SCRATCH")]
 static SCRATCH: PerCpuArray<[u32; 4]> = PerCpuArray::with_max_entries(1, 0);
@@ -51,9 +51,16 @@ pub fn parse(ctx: &TcContext, pkt: &mut PacketInfo) -> Result<Layout, Unparsed> 
     // The map is looked up after parsing, as before the egress program's `parse_with`: looked
     // up first, LLVM turned the D3 router's zeroing of its packet (in a map value) into a call
     // of a `memset` function, which Linux 6.1's verifier refuses for a map value.
-    paceline_common::parse::parse(&Skb(ctx), pkt).map(|l| match SCRATCH.get_ptr_mut(0) {
-        Some(p) => launder(l, p),
-        None => l,
+    //
+    // The layout is encoded before the lookup: its `Option` offsets carry an undefined payload
+    // when `None`, and a layout kept across the helper call is a register LLVM may copy, which
+    // the verifier refuses to read (DASR's program, once the build allowed misaligned access).
+    paceline_common::parse::parse(&Skb(ctx), pkt).map(|l| {
+        let enc = encode(l);
+        match SCRATCH.get_ptr_mut(0) {
+            Some(p) => decode(round_trip(enc, p)),
+            None => decode(enc),
+        }
     })
 }
 
@@ -61,7 +68,7 @@ pub fn parse(ctx: &TcContext, pkt: &mut PacketInfo) -> Result<Layout, Unparsed> 
 /// state, in the cache line it reads the packet back from).
 #[inline(always)]
 pub fn parse_with(ctx: &TcContext, pkt: &mut PacketInfo, scratch: *mut [u32; 4]) -> Result<Layout, Unparsed> {
-    paceline_common::parse::parse(&Skb(ctx), pkt).map(|l| launder(l, scratch))
+    paceline_common::parse::parse(&Skb(ctx), pkt).map(|l| decode(round_trip(encode(l), scratch)))
 }
 
 /// The layout, passed through a per-CPU map value so that the verifier sees offsets it does
@@ -71,20 +78,32 @@ pub fn parse_with(ctx: &TcContext, pkt: &mut PacketInfo, scratch: *mut [u32; 4])
 /// used with helpers that check them at run time (`bpf_skb_load_bytes`, `bpf_skb_store_bytes`,
 /// `bpf_l3_csum_replace`).
 #[inline(always)]
-fn launder(l: Layout, p: *mut [u32; 4]) -> Layout {
-    const NONE: u32 = u32::MAX;
-    let enc = [
+fn round_trip(enc: [u32; 4], p: *mut [u32; 4]) -> [u32; 4] {
+    // SAFETY: this CPU's slot of an array map (or a field of this CPU's map value); volatile
+    // so LLVM does not forward the stores.
+    unsafe {
+        p.write_volatile(enc);
+        p.read_volatile()
+    }
+}
+
+/// A layout's absent offsets, in [`encode`]'s words.
+const NONE: u32 = u32::MAX;
+
+/// The layout as four words, absent offsets as [`NONE`] (defined values, unlike an `Option`'s
+/// payload).
+#[inline(always)]
+fn encode(l: Layout) -> [u32; 4] {
+    [
         l.l3_off as u32,
         l.l4_off.map_or(NONE, |o| o as u32),
         l.vlan_tci_off.map_or(NONE, |o| o as u32),
         0,
-    ];
-    // SAFETY: this CPU's slot of an array map (or a field of this CPU's map value); volatile
-    // so LLVM does not forward the stores.
-    let d = unsafe {
-        p.write_volatile(enc);
-        p.read_volatile()
-    };
+    ]
+}
+
+#[inline(always)]
+fn decode(d: [u32; 4]) -> Layout {
     Layout {
         l3_off: d[0] as usize,
         l4_off: (d[1] != NONE).then_some(d[1] as usize),
