@@ -8,6 +8,10 @@ use super::fields::{Ports, ports_contain};
 use super::fx::FxMap;
 use super::{CgCond, Norm, Selector};
 
+/// What makes two rules' conditions the same shape for the search: their address prefixes,
+/// selector and family.
+type Shape<'a> = (Option<Prefix>, Option<Prefix>, &'a Selector, Option<bool>);
+
 /// Most containment checks one policy gets; past it the search stops (and says so).
 const BUDGET: usize = 20_000_000;
 
@@ -94,7 +98,7 @@ pub fn search_after(rules: &[Norm], prev: &Covered, changed: &[(usize, Norm)]) -
         // The search's candidates for rule `j`: the rules before it not covered, first of their
         // addresses, selector and family, whose addresses contain `j`'s; looked up by source
         // prefix (shortest first), then destination prefix, then in rule order.
-        let mut seen: FxMap<(Option<Prefix>, Option<Prefix>, &Selector, Option<bool>), ()> = FxMap::default();
+        let mut seen: FxMap<Shape<'_>, ()> = FxMap::default();
         let mut cands: Vec<usize> = Vec::new();
         for (i, ri) in rules[..j].iter().enumerate() {
             if !is_covered[i]

@@ -44,6 +44,11 @@ impl Fanout {
         self.conns.len()
     }
 
+    /// No connection.
+    pub fn is_empty(&self) -> bool {
+        self.conns.is_empty()
+    }
+
     /// Sends `reqs[i]` on connection i (all back to back) and waits for every response.
     /// Errors if a connection fails or `timeout` passes first.
     pub fn round(&mut self, reqs: &[proto::Request], timeout: Duration) -> io::Result<Vec<Timing>> {

@@ -764,7 +764,7 @@ pub(super) fn bench_object(programs: &[&str], mark: u64, bps: u64) -> Result<aya
     )?;
     aggs.insert(
         mark,
-        &BenchEdt {
+        BenchEdt {
             bps,
             t_last: 0,
             horizon_ns: u64::MAX / 2,
