@@ -510,6 +510,54 @@ pub(super) fn datapath(
             )
         });
     }
+    // The same without a stack timestamp (as forwarded traffic or UDP: the clock is read on
+    // every packet, as the reference reads it), alone and with one class on two CPUs.
+    for (name, other) in [
+        ("one CPU: class 1 alone", None),
+        (
+            "two CPUs at once: two flows of class 1 (one clock)",
+            Some(tcp_to(40001, 11211)),
+        ),
+    ] {
+        cases.push(Case {
+            pair: other,
+            ..case(
+                &format!(
+                    "IPv4/TCP one class clock, later packets without a local socket or a stack timestamp (reads the clock), {name}"
+                ),
+                Prog::Table,
+                pair4,
+                &tcp_to(40000, 11211),
+                0,
+            )
+        });
+    }
+    // The reference on two CPUs at once, both packets of one aggregate (its departure clock
+    // written by both, without an atomic): what sharing an aggregate costs Cilium's algorithm,
+    // beside paceline's one shared class clock above. It reads the clock on every packet, and
+    // two CPUs reading it at once may contend (see above): the clock's own row on two CPUs says
+    // how much of the reference's row that is.
+    cases.push(Case {
+        pair: Some(tcp_to(40001, 11211)),
+        ..case(
+            "clock: a classifier that only calls bpf_ktime_get_ns, two CPUs at once",
+            Prog::Clock,
+            pair4,
+            &tcp_to(40000, 11211),
+            tcp_ts,
+        )
+    });
+    cases.push(Case {
+        mark: 1,
+        pair: Some(tcp_to(40001, 11211)),
+        ..case(
+            "reference, two CPUs at once: two flows of one aggregate (one departure clock)",
+            Prog::Reference,
+            pair4,
+            &tcp_to(40000, 11211),
+            tcp_ts,
+        )
+    });
     // The scale rows: n rules of `tcp dst <address> dst_port 11211` (IPv4 /32, IPv6 /64), a
     // packet to the last rule's address and one to none. "Classify only" is a policy without
     // pacing or rewrites, on a new flow's first packet: classification's cost against the rule
