@@ -482,7 +482,9 @@ pub(super) fn datapath(
             tcp_ts,
         )
     });
-    for (name, other) in [
+    // Then the same without a stack timestamp (as forwarded traffic or UDP: the clock is read
+    // on every packet, as the reference reads it), alone and with one class on two CPUs.
+    let rows = [
         ("one CPU: class 1 alone", None),
         (
             "two CPUs at once: two flows of class 1 (one clock)",
@@ -496,39 +498,22 @@ pub(super) fn datapath(
             "two CPUs at once: classes 1 and 64 (clocks 504 bytes apart)",
             Some(tcp_to(40001, 11218)),
         ),
-    ] {
+    ];
+    let stamped = rows.iter().map(|r| (r, "", tcp_ts));
+    let unstamped = rows[..2]
+        .iter()
+        .map(|r| (r, " or a stack timestamp (reads the clock)", 0));
+    for ((name, other), how, ts) in stamped.chain(unstamped) {
         cases.push(Case {
-            pair: other,
+            pair: other.clone(),
             ..case(
                 &format!(
-                    "IPv4/TCP one class clock, later packets without a local socket (flow table), {name}"
+                    "IPv4/TCP one class clock, later packets without a local socket{how} (flow table), {name}"
                 ),
                 Prog::Table,
                 pair4,
                 &tcp_to(40000, 11211),
-                tcp_ts,
-            )
-        });
-    }
-    // The same without a stack timestamp (as forwarded traffic or UDP: the clock is read on
-    // every packet, as the reference reads it), alone and with one class on two CPUs.
-    for (name, other) in [
-        ("one CPU: class 1 alone", None),
-        (
-            "two CPUs at once: two flows of class 1 (one clock)",
-            Some(tcp_to(40001, 11211)),
-        ),
-    ] {
-        cases.push(Case {
-            pair: other,
-            ..case(
-                &format!(
-                    "IPv4/TCP one class clock, later packets without a local socket or a stack timestamp (reads the clock), {name}"
-                ),
-                Prog::Table,
-                pair4,
-                &tcp_to(40000, 11211),
-                0,
+                ts,
             )
         });
     }
