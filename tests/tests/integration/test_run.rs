@@ -1233,14 +1233,13 @@ fn the_benchmarks_unstamped_mark_reads_the_clock_whatever_the_stamp() {
     }
     const MARK: u32 = 0x5eed;
     let table = paced_table(1_000_000_000, 0, 0, 0);
-    let f = tcp4(1, 2, 100);
     // A departure 50 ms ahead, as the previous run of a reused skb would have left it.
-    let send = |dp: &mut Datapath, mark: u32| {
+    let send = |dp: &mut Datapath, frame: &[u8], mark: u32| {
         let stamp = mono_now_ns() + 50_000_000;
         let before = mono_now_ns();
         let o = run(
             dp,
-            &f,
+            frame,
             SkBuff {
                 tstamp: stamp,
                 mark,
@@ -1251,34 +1250,25 @@ fn the_benchmarks_unstamped_mark_reads_the_clock_whatever_the_stamp() {
         assert_eq!(o.ret, TC_ACT_UNSPEC);
         (o.ctx.tstamp, stamp, before, after)
     };
+    let f = tcp4(1, 2, 100);
     let mut bench = Datapath::load(&LoadOptions {
         bench_unstamped_mark: MARK,
         ..LoadOptions::default()
     })
     .expect("load the datapath with the benchmark's mark");
     bench.write_rules(&table, &[]).unwrap();
-    let (depart, _, before, after) = send(&mut bench, MARK);
+    let (depart, _, before, after) = send(&mut bench, &f, MARK);
     assert!(
         (before..=after).contains(&depart),
         "a packet of the mark departs now ({before}..={after}), not at its stamp: {depart}"
     );
     // A fresh flow clock for the control: another flow (ports) of another mark.
-    let g = tcp4(3, 4, 100);
-    let stamp = mono_now_ns() + 50_000_000;
-    let o = run(
-        &mut bench,
-        &g,
-        SkBuff {
-            tstamp: stamp,
-            mark: MARK + 1,
-            ..SkBuff::default()
-        },
-    );
-    assert_eq!(o.ctx.tstamp, stamp, "a packet of another mark keeps its stamp");
+    let (depart, stamp, _, _) = send(&mut bench, &tcp4(3, 4, 100), MARK + 1);
+    assert_eq!(depart, stamp, "a packet of another mark keeps its stamp");
     drop(bench);
     let mut agent = load();
     agent.write_rules(&table, &[]).unwrap();
-    let (depart, stamp, _, _) = send(&mut agent, MARK);
+    let (depart, stamp, _, _) = send(&mut agent, &f, MARK);
     assert_eq!(
         depart, stamp,
         "the agent's load honours the stamp whatever the mark"

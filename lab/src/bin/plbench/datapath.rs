@@ -482,8 +482,6 @@ pub(super) fn datapath(
             tcp_ts,
         )
     });
-    // Then the same without a stack timestamp (as forwarded traffic or UDP: the clock is read
-    // on every packet, as the reference reads it), alone and with one class on two CPUs.
     let rows = [
         ("one CPU: class 1 alone", None),
         (
@@ -500,6 +498,8 @@ pub(super) fn datapath(
         ),
     ];
     let stamped = rows.iter().map(|r| (r, "", tcp_ts));
+    // Then the first two without a stack timestamp (as forwarded traffic or UDP: the clock is
+    // read on every packet, as the reference reads it): alone, and one class on two CPUs.
     let unstamped = rows[..2]
         .iter()
         .map(|r| (r, " or a stack timestamp (reads the clock)", 0));
