@@ -47,7 +47,7 @@ pub struct FlowRow {
     /// whose storage the agent could not read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<String>,
-    /// `table` (PL_FLOWS) or `socket` (a local TCP connection).
+    /// `table` (PL_FLOWS) or `socket` (a local TCP connection or connected UDP socket).
     pub source: String,
 }
 
@@ -56,7 +56,8 @@ pub struct FlowRow {
 pub struct Flows {
     /// Entries in the flow table.
     pub total: usize,
-    /// Local established TCP connections (rows of their own).
+    /// Local established TCP connections and connected UDP sockets the datapath has seen (rows
+    /// of their own).
     #[serde(default)]
     pub sockets: usize,
     /// The table's capacity.
@@ -106,14 +107,15 @@ pub fn class_of<'a>(c: &'a Compiled, k: &FlowKey) -> Option<&'a paceline_policy:
     c.classes.iter().find(|k| k.index == class_index)
 }
 
-/// The flow key of a TCP 5-tuple (addresses as the datapath keeps them).
-pub fn tcp_key(src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> FlowKey {
+/// The flow key of a socket's 5-tuple of protocol `proto` (addresses as the datapath keeps
+/// them).
+pub fn socket_key(proto: u8, src: IpAddr, sport: u16, dst: IpAddr, dport: u16) -> FlowKey {
     FlowKey {
         src: crate::classify::words(src),
         dst: crate::classify::words(dst),
         sport,
         dport,
-        proto: 6,
+        proto,
         _pad: [0; 3],
     }
 }

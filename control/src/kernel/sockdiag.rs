@@ -1,8 +1,10 @@
-//! This host's TCP sockets, from the kernel's socket table (NETLINK_SOCK_DIAG, `inet_diag` with
-//! `tcp_info`, what `ss -ti` reads): a local TCP flow keeps its clock in socket storage, not in
+//! This host's TCP and connected UDP sockets, from the kernel's socket table
+//! (NETLINK_SOCK_DIAG, `inet_diag` with `tcp_info` for TCP, what `ss -ti` and `ss -u` read): a
+//! local socket that is one flow (TCP, connected UDP) keeps its clock in socket storage, not in
 //! the flow table, and nothing in the datapath counts a flow's bytes, so `paceline flows` shows
-//! local TCP connections from here, with their bytes and the kernel's pacing rate. The requests and replies are a
-//! few fixed-layout kernel structs (`linux/inet_diag.h`), written and read here by offset.
+//! such sockets from here, TCP's with their bytes and the kernel's pacing rate. The requests
+//! and replies are a few fixed-layout kernel structs (`linux/inet_diag.h`), written and read
+//! here by offset.
 
 use std::{
     collections::HashMap,
@@ -39,10 +41,11 @@ const TCPI_BYTES_SENT: usize = 200;
 /// `inet_diag_msg.idiag_state` of an established connection.
 const TCP_ESTABLISHED: u8 = 1;
 
-/// What the kernel says of one TCP socket.
+/// What the kernel says of one TCP or UDP socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SockInfo {
-    pub bytes_sent: u64,
+    /// Bytes sent (TCP's `tcp_info`; UDP reports none).
+    pub bytes_sent: Option<u64>,
     /// The socket's pacing rate (bytes/s; `u64::MAX`: not paced).
     pub pacing_rate: u64,
     pub established: bool,
@@ -72,13 +75,27 @@ pub fn tcp_sockets() -> std::io::Result<HashMap<Tuple, SockInfo>> {
 /// dumps it only to a caller with CAP_BPF or CAP_SYS_ADMIN; without, the sockets come without
 /// it).
 pub fn tcp_sockets_with(storage: Option<BorrowedFd<'_>>) -> std::io::Result<HashMap<Tuple, SockInfo>> {
-    match (storage, dump(storage)) {
-        (Some(_), Err(e)) if e.raw_os_error() == Some(libc::EPERM) => dump(None),
+    match (storage, dump(Proto::Tcp, storage)) {
+        (Some(_), Err(e)) if e.raw_os_error() == Some(libc::EPERM) => dump(Proto::Tcp, None),
         (_, r) => r,
     }
 }
 
-fn dump(storage: Option<BorrowedFd<'_>>) -> std::io::Result<HashMap<Tuple, SockInfo>> {
+/// Every connected UDP socket of this network namespace (the kernel answers for UDP with
+/// `udp_diag`, built in or loaded on demand). Without their socket storage: the kernel dumps
+/// it with TCP sockets only (`inet_sk_diag_fill` adds it after the connection-socket part).
+pub fn udp_sockets() -> std::io::Result<HashMap<Tuple, SockInfo>> {
+    dump(Proto::Udp, None)
+}
+
+/// Which socket table a dump reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Proto {
+    Tcp,
+    Udp,
+}
+
+fn dump(proto: Proto, storage: Option<BorrowedFd<'_>>) -> std::io::Result<HashMap<Tuple, SockInfo>> {
     let mut sock = Socket::new(NETLINK_SOCK_DIAG)?;
     sock.bind_auto()?;
     sock.connect(&SocketAddr::new(0, 0))?;
@@ -99,9 +116,18 @@ fn dump(storage: Option<BorrowedFd<'_>>) -> std::io::Result<HashMap<Tuple, SockI
         req[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
         req[8..12].copy_from_slice(&1u32.to_ne_bytes());
         req[16] = family;
-        req[17] = libc::IPPROTO_TCP as u8;
-        req[18] = 1 << (INET_DIAG_INFO - 1);
-        req[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+        match proto {
+            Proto::Tcp => {
+                req[17] = libc::IPPROTO_TCP as u8;
+                req[18] = 1 << (INET_DIAG_INFO - 1);
+                req[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+            }
+            Proto::Udp => {
+                // Connected sockets only: an unconnected one is no flow.
+                req[17] = libc::IPPROTO_UDP as u8;
+                req[20..24].copy_from_slice(&(1u32 << TCP_ESTABLISHED).to_ne_bytes());
+            }
+        }
         sock.send(&req, 0)?;
         let mut buf = vec![0u8; 64 * 1024];
         'recv: loop {
@@ -127,7 +153,7 @@ fn dump(storage: Option<BorrowedFd<'_>>) -> std::io::Result<HashMap<Tuple, SockI
                     NLMSG_DONE => break 'recv,
                     SOCK_DIAG_BY_FAMILY => {
                         let m = &buf[off + 16..off + mlen];
-                        if let Some((t, bytes)) = parse(m) {
+                        if let Some((t, bytes)) = parse(m, proto) {
                             out.insert(t, bytes);
                         }
                     }
@@ -143,8 +169,8 @@ fn dump(storage: Option<BorrowedFd<'_>>) -> std::io::Result<HashMap<Tuple, SockI
     Ok(out)
 }
 
-/// One `inet_diag_msg` and its attributes.
-fn parse(m: &[u8]) -> Option<(Tuple, SockInfo)> {
+/// One `inet_diag_msg` and its attributes (a TCP socket's must hold its `tcp_info`).
+fn parse(m: &[u8], proto: Proto) -> Option<(Tuple, SockInfo)> {
     if m.len() < 72 {
         return None;
     }
@@ -171,7 +197,11 @@ fn parse(m: &[u8]) -> Option<(Tuple, SockInfo)> {
             _ => {}
         }
     }
-    let (bytes_sent, pacing_rate) = info?;
+    let (bytes_sent, pacing_rate) = match (proto, info) {
+        (Proto::Tcp, None) => return None,
+        (_, Some((b, r))) => (Some(b), r),
+        (Proto::Udp, None) => (None, u64::MAX),
+    };
     Some((
         (src, sport, dst, dport),
         SockInfo {
@@ -207,39 +237,54 @@ fn sock_state(stgs: &[u8]) -> Option<SockState> {
     Some(unsafe { std::ptr::read_unaligned(v.as_ptr().cast::<SockState>()) })
 }
 
-/// The local TCP sockets as flows: the flow table has no entry for them (the tc program keeps
-/// a local TCP socket's class and clock in socket storage), so each established socket is a row
-/// of its own, with its bytes, the pacing rate the kernel applies and, from its value in the
-/// socket storage map `storage`, the limit that held its last paced packet. `class_of` names
-/// the socket's class: the one its storage caches under the policy in force, else what the
-/// 5-tuple selects.
+/// The local sockets that are flows (established TCP, connected UDP) as rows: the flow table
+/// has no entry for them (the tc program keeps such a socket's class and clock in socket
+/// storage), so each is a row of its own: TCP's with its bytes and the pacing rate the kernel
+/// applies, and from its value in the socket storage map `storage`, the limit that held its
+/// last paced packet (the kernel dumps socket storage with TCP sockets only, so a UDP row
+/// has no binding and its class is what its 5-tuple selects). `class_of` names the socket's class from its protocol, 5-tuple and value:
+/// the class its storage caches under the policy in force, else what the 5-tuple selects.
 pub fn socket_rows(
     storage: Option<BorrowedFd<'_>>,
-    class_of: impl Fn(&Tuple, Option<&SockState>) -> String,
+    class_of: impl Fn(u8, &Tuple, Option<&SockState>) -> String,
 ) -> Vec<FlowRow> {
-    let Ok(table) = tcp_sockets_with(storage) else {
-        return Vec::new();
-    };
     let ep = |ip: IpAddr, port: u16| match ip {
         IpAddr::V6(v) => format!("[{v}]:{port}"),
         ip => format!("{ip}:{port}"),
     };
-    table
-        .iter()
-        .filter(|(t, i)| i.established && !t.0.is_loopback())
-        .map(|(t, i)| FlowRow {
-            proto: "tcp".into(),
-            src: ep(t.0, t.1),
-            dst: ep(t.2, t.3),
-            class: class_of(t, i.storage.as_ref()),
-            rate_bytes_per_second: (i.pacing_rate != u64::MAX && i.pacing_rate != 0).then_some(i.pacing_rate),
-            d3_grant: false,
-            next_departure_seconds: None,
-            bytes: Some(i.bytes_sent),
-            binding: i.storage.and_then(|s| crate::flows::binding_of(s.binding)),
-            source: "socket".into(),
-        })
-        .collect()
+    let row = |proto: u8, t: &Tuple, i: &SockInfo| FlowRow {
+        proto: if proto == libc::IPPROTO_UDP as u8 {
+            "udp"
+        } else {
+            "tcp"
+        }
+        .into(),
+        src: ep(t.0, t.1),
+        dst: ep(t.2, t.3),
+        class: class_of(proto, t, i.storage.as_ref()),
+        rate_bytes_per_second: (i.pacing_rate != u64::MAX && i.pacing_rate != 0).then_some(i.pacing_rate),
+        d3_grant: false,
+        next_departure_seconds: None,
+        bytes: i.bytes_sent,
+        binding: i.storage.and_then(|s| crate::flows::binding_of(s.binding)),
+        source: "socket".into(),
+    };
+    let mut rows = Vec::new();
+    if let Ok(tcp) = tcp_sockets_with(storage) {
+        rows.extend(
+            tcp.iter()
+                .filter(|(t, i)| i.established && !t.0.is_loopback())
+                .map(|(t, i)| row(libc::IPPROTO_TCP as u8, t, i)),
+        );
+    }
+    if let Ok(udp) = udp_sockets() {
+        rows.extend(
+            udp.iter()
+                .filter(|(t, i)| i.established && !t.0.is_loopback())
+                .map(|(t, i)| row(libc::IPPROTO_UDP as u8, t, i)),
+        );
+    }
+    rows
 }
 
 #[cfg(test)]
@@ -260,7 +305,31 @@ mod tests {
             c.peer_addr().unwrap().port(),
         );
         let info = t.get(&key).copied().unwrap_or_else(|| panic!("{key:?} in {t:?}"));
-        assert_eq!(info.bytes_sent, 5000);
+        assert_eq!(info.bytes_sent, Some(5000));
         assert!(info.established);
+    }
+
+    #[test]
+    fn finds_a_connected_udp_socket_and_not_an_unconnected_one() {
+        let c = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        c.connect("127.0.0.1:9").unwrap();
+        let u = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let t = super::udp_sockets().unwrap();
+        let key = |s: &std::net::UdpSocket, peer: std::net::SocketAddr| {
+            (
+                s.local_addr().unwrap().ip(),
+                s.local_addr().unwrap().port(),
+                peer.ip(),
+                peer.port(),
+            )
+        };
+        let info = t
+            .get(&key(&c, c.peer_addr().unwrap()))
+            .copied()
+            .unwrap_or_else(|| panic!("the connected socket is not in {t:?}"));
+        assert!(info.established);
+        assert_eq!(info.bytes_sent, None);
+        let port = u.local_addr().unwrap().port();
+        assert!(!t.keys().any(|k| k.1 == port), "{t:?}");
     }
 }

@@ -180,12 +180,12 @@ impl Shared {
         let mut rows: Vec<flows::FlowRow> =
             entries.iter().map(|(k, s)| flows::row(view, k, s, now)).collect();
         let generation = dp.generation();
-        let sockets = crate::kernel::sockdiag::socket_rows(Some(dp.sock_storage_fd()), |t, st| {
+        let sockets = crate::kernel::sockdiag::socket_rows(Some(dp.sock_storage_fd()), |proto, t, st| {
             let cached = st
                 .filter(|s| s.generation == generation && generation != 0)
                 .and_then(|s| g.compiled.classes.iter().find(|k| k.index == s.class));
             cached
-                .or_else(|| flows::class_of(&g.compiled, &flows::tcp_key(t.0, t.1, t.2, t.3)))
+                .or_else(|| flows::class_of(&g.compiled, &flows::socket_key(proto, t.0, t.1, t.2, t.3)))
                 .map(|c| c.name.clone())
                 .unwrap_or_else(|| "?".into())
         });

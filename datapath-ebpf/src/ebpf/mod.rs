@@ -124,16 +124,16 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         }
     }
     let pkt = maps::read_back(cpu);
-    // A local TCP socket keeps its class (and its flow clock) in socket storage: a packet whose
+    // A local socket that is one flow with the packet (TCP, or connected UDP to its peer: see
+    // `sock::flow_sock`) keeps its class (and its flow clock) in socket storage: a packet whose
     // socket holds a class computed under this policy, for this mark and DSCP, skips
     // classification. Every other flow keeps them in the flow table, keyed by its 5-tuple and
     // checked against the policy generation, mark, DSCP, cgroup and unknown fields the same
     // way. (Neither the socket nor the table entry stays live across `classify`: the verifier
     // walks the classifier once, not once per case.)
-    let is_tcp = pkt.proto == 6;
     let mut has_sock = false;
     let mut sock_state = None;
-    if is_tcp && let Some(s) = sock::tcp_sock(ctx) {
+    if let Some(s) = sock::flow_sock(ctx, &pkt) {
         has_sock = true;
         if let Some(st) = sock::state(s, false)
             && st.generation == table.generation
@@ -202,7 +202,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 cpu.trace.pending.rule = rule;
             }
             if has_sock {
-                if let Some(st) = sock::tcp_sock(ctx).and_then(|s| sock::state(s, true)) {
+                if let Some(st) = sock::flow_sock(ctx, &pkt).and_then(|s| sock::state(s, true)) {
                     st.generation = table.generation;
                     st.mark = pkt.mark;
                     st.dscp = pkt.dscp;

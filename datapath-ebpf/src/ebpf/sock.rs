@@ -1,6 +1,8 @@
-//! The tc program's per-socket fast path: a local TCP socket's class (cached with the policy
+//! The tc program's per-socket fast path: a local socket's class (cached with the policy
 //! generation, mark and DSCP it was computed for) and its flow clock, in socket storage, so its
-//! packets skip classification and the flow table's hash lookup.
+//! packets skip classification and the flow table's hash lookup. A TCP socket is one flow; a
+//! UDP socket is one only while it is connected and the packet goes to its peer (a connected
+//! UDP socket may still `sendto` another address: such a packet takes the flow table).
 
 use core::ffi::c_void;
 
@@ -10,8 +12,7 @@ use aya_ebpf::{
     macros::btf_map,
     programs::TcContext,
 };
-use paceline_common::abi::BPF_SK_STORAGE_GET_F_CREATE;
-use paceline_common::maps::SockState;
+use paceline_common::{abi::BPF_SK_STORAGE_GET_F_CREATE, classify::PacketInfo, maps::SockState};
 
 #[btf_map]
 static PL_SOCK: SkStorage<SockState> = SkStorage::new();
@@ -22,6 +23,9 @@ static PL_SOCK: SkStorage<SockState> = SkStorage::new();
 static PL_ANY_SOCK: u32 = 0;
 
 const IPPROTO_TCP: u32 = 6;
+const IPPROTO_UDP: u32 = 17;
+/// `sk_state` of a connected UDP socket (it borrows TCP's state names).
+const TCP_ESTABLISHED: u32 = 1;
 
 /// The packet's full TCP socket, if it has one (locally sent TCP; not forwarded traffic, not a
 /// request socket).
@@ -41,6 +45,55 @@ pub fn tcp_sock(ctx: &TcContext) -> Option<*mut c_void> {
             return None;
         }
         Some(full.cast())
+    }
+}
+
+/// The packet's local socket when it is one flow with the packet: a full TCP socket, or a
+/// connected UDP socket whose 5-tuple is the packet's (`p`, as the parser read it: addresses in
+/// network order, IPv4 as an IPv4-mapped address; ports in host order). Forwarded traffic has
+/// no socket here, nor a container's once it crossed into this namespace.
+#[inline(always)]
+pub fn flow_sock(ctx: &TcContext, p: &PacketInfo) -> Option<*mut c_void> {
+    if u32::from(p.proto) == IPPROTO_TCP {
+        return tcp_sock(ctx);
+    }
+    if u32::from(p.proto) != IPPROTO_UDP {
+        return None;
+    }
+    // SAFETY: reading __sk_buff.sk; the helper checks the pointer it is given; the fields read
+    // are `struct bpf_sock`'s, which a full socket's pointer may read.
+    unsafe {
+        let sk = (*ctx.skb.skb).__bindgen_anon_2.sk;
+        if sk.is_null() {
+            return None;
+        }
+        let full = bpf_sk_fullsock(sk);
+        if full.is_null() {
+            return None;
+        }
+        let s = &*full;
+        if s.protocol != IPPROTO_UDP
+            || s.state != TCP_ESTABLISHED
+            || u16::from_be(s.dst_port) != p.dport
+            || s.src_port != u32::from(p.sport)
+        {
+            return None;
+        }
+        let same = if p.is_v6 == 0 {
+            // A dual-stack socket connected to an IPv4 peer has its IPv4 addresses here too.
+            s.dst_ip4 == p.dst[3] && s.src_ip4 == p.src[3]
+        } else {
+            (s.dst_ip6[0] ^ p.dst[0])
+                | (s.dst_ip6[1] ^ p.dst[1])
+                | (s.dst_ip6[2] ^ p.dst[2])
+                | (s.dst_ip6[3] ^ p.dst[3])
+                | (s.src_ip6[0] ^ p.src[0])
+                | (s.src_ip6[1] ^ p.src[1])
+                | (s.src_ip6[2] ^ p.src[2])
+                | (s.src_ip6[3] ^ p.src[3])
+                == 0
+        };
+        same.then_some(full.cast())
     }
 }
 

@@ -728,6 +728,121 @@ fn classify_flows_and_cleanup_check() {
     assert!(String::from_utf8_lossy(&c.stdout).contains("clean"));
 }
 
+/// A connected UDP socket is one flow: its class and clock live in socket storage (a `socket`
+/// row of `flows`, none in the flow table), while a datagram the same socket sends elsewhere
+/// with `sendto` takes the flow table and gets its own destination's class, never the
+/// socket's; a reload reclassifies the socket on its next datagram.
+///
+/// Checked (2026-12-06, host 6.18): with the egress program's UDP case of `sock::flow_sock`
+/// patched to return None, the connected flow was a `table` row and the test failed there;
+/// with its check of the packet's destination patched out, the datagrams sent elsewhere took
+/// the socket's cache and had no table row of their own, and it failed at that row.
+#[test]
+fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinations_are_not() {
+    let test = "a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinations_are_not";
+    if !privileged(test) {
+        return;
+    }
+    let (_tb, a, b) = two_hosts("ops_udpsock");
+    let ib = a.iface_to(&b).unwrap().ifname;
+    let scratch = Scratch::local("udpsock");
+    let p = scratch.path("p.yaml");
+    let classes = "    - name: stream\n      level: low\n      flow_rate: 20Mbit\n    - name: bulk\n      level: low\n      flow_rate: 50Mbit\n";
+    let to_stream = "    - class: stream\n      protocol: udp\n      dst_port: 5502\n";
+    write(&p, &policy(&ib, "auto", classes, to_stream));
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let (peer, other) = ((b.ipv4(), 5502), (b.ipv4(), 7001));
+    let sock = a
+        .in_netns(move || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.connect(peer).unwrap();
+            for _ in 0..20 {
+                let _ = s.send(&[0u8; 500]);
+                // Same socket, another destination: the rules give it `probe`.
+                let _ = s.send_to(&[0u8; 500], other);
+            }
+            s
+        })
+        .unwrap();
+    let rows = || -> Vec<Value> {
+        let f = cli(&a, &["flows", "--json", "--top", "100"]);
+        assert_eq!(f.status.code(), Some(0), "{}", text(&f));
+        let v: Value = serde_json::from_slice(&f.stdout).expect("flows JSON");
+        v["flows"].as_array().unwrap().clone()
+    };
+    let find = |rows: &[Value], dst: (std::net::Ipv4Addr, u16)| {
+        let d = format!("{}:{}", dst.0, dst.1);
+        rows.iter()
+            .filter(|r| r["dst"] == d.as_str())
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let r = rows();
+    // The datagram to the other destination: a table row of its own class.
+    let o = find(&r, other);
+    assert_eq!(o.len(), 1, "{r:#?}");
+    assert_eq!(
+        (o[0]["source"].as_str(), o[0]["class"].as_str()),
+        (Some("table"), Some("probe")),
+        "{o:#?}"
+    );
+    // The connected flow: never in the table.
+    let c = find(&r, peer);
+    assert!(
+        c.iter().all(|x| x["source"] != "table"),
+        "the connected flow is in the flow table: {c:#?}"
+    );
+    // The socket's value in the datapath's socket storage, looked up by the socket itself in
+    // the agent's pinned map (sock_diag dumps socket storage for TCP only).
+    let pin = Agent::bpffs_dir(&scratch.path("state")).join("maps/PL_SOCK");
+    let storage = || -> Option<paceline_common::maps::SockState> {
+        let map = aya::maps::MapData::from_pin(&pin).expect("the pinned socket storage map");
+        let map = aya::maps::SkStorage::<_, paceline_common::maps::SockState>::try_from(
+            aya::maps::Map::SkStorage(map),
+        )
+        .expect("a socket storage map");
+        map.get(&sock, 0).ok()
+    };
+    let st = storage().expect("the connected socket has a value in socket storage");
+    assert_eq!(usize::from(st.class), agent.class_index("stream"), "{st:?}");
+    assert!(st.generation != 0, "{st:?}");
+    if a.in_netns(|| paceline::kernel::sockdiag::udp_sockets().is_ok())
+        .unwrap()
+    {
+        assert_eq!(c.len(), 1, "{r:#?}");
+        assert_eq!(
+            (
+                c[0]["proto"].as_str(),
+                c[0]["source"].as_str(),
+                c[0]["class"].as_str()
+            ),
+            (Some("udp"), Some("socket"), Some("stream")),
+            "{c:#?}"
+        );
+    } else {
+        eprintln!("{test}: no udp_diag in this kernel: `flows` lists no UDP socket (that part skipped)");
+    }
+    // A reload that moves the flow to `bulk`: the socket's next datagram is classified under
+    // the new policy (the cached class was computed under the old generation).
+    let to_bulk = "    - class: bulk\n      protocol: udp\n      dst_port: 5502\n";
+    agent
+        .apply_policy(&policy(&ib, "auto", classes, to_bulk), Duration::from_secs(2))
+        .expect("reload");
+    assert_eq!(storage(), Some(st), "nothing sent yet: the cache is as it was");
+    a.in_netns({
+        let sock = sock.try_clone().unwrap();
+        move || {
+            let _ = sock.send(&[0u8; 500]);
+        }
+    })
+    .unwrap();
+    let after = storage().expect("socket storage after the reload");
+    assert!(after.generation > st.generation, "{st:?} -> {after:?}");
+    assert_eq!(usize::from(after.class), agent.class_index("bulk"), "{after:?}");
+    drop(sock);
+    agent.stop();
+}
+
 /// Does this kernel answer sock_diag for TCP (tcp_diag built in or loadable)? A connection on
 /// loopback in `host`'s namespace must show up.
 fn sock_diag_works(host: &Host) -> bool {
