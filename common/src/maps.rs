@@ -241,9 +241,11 @@ impl PolicyTable {
     }
 }
 
-/// What the tc program keeps per local TCP socket (socket storage, `names::SOCK`): the socket's
-/// flow clock, and its class with the inputs it was computed from. A TCP socket is one flow for
-/// its whole life (one 5-tuple, one cgroup), so its packets skip classification while the
+/// What the tc program keeps per local TCP or connected UDP socket (socket storage,
+/// `names::SOCK`): the socket's flow clock, and its class with the inputs it was computed
+/// from. A TCP socket is one flow for its whole life (one 5-tuple, one cgroup), a UDP socket
+/// for the datagrams it sends to its peer while connected (the tc program checks the packet's
+/// 5-tuple against the socket's), so its packets skip classification while the
 /// policy generation, mark and DSCP are those of the cached answer, and its flow clock needs no
 /// hash lookup.
 #[repr(C)]
@@ -380,13 +382,13 @@ pub struct GlobalCounters {
     /// an IPv4 header length below 20 bytes or beyond the total length, a TCP data offset
     /// below 5: passed untouched.
     pub malformed: u64,
-    /// Flows entered in the flow table ([`names::FLOWS`]): every flow without a local TCP
-    /// socket, for its class and its clock, on its second packet (see [`AdmitSlot`]). The
+    /// Flows entered in the flow table ([`names::FLOWS`]): every flow without a local TCP or
+    /// connected UDP socket, for its class and its clock, on its second packet (see [`AdmitSlot`]). The
     /// table is an LRU map: once it is full, each insert evicts the least recently seen flow,
     /// so evictions are inserts minus the entries present (the agent counts them).
     pub flow_inserts: u64,
-    /// First packets of flows without a local TCP socket: each left its clock in an
-    /// [`AdmitSlot`] instead of entering the flow table. Much above `flow_inserts`: many flows
+    /// First packets of flows without a local TCP or connected UDP socket: each left its
+    /// clock in an [`AdmitSlot`] instead of entering the flow table. Much above `flow_inserts`: many flows
     /// of a single packet (a scan, a flood, DNS) that the table was spared.
     pub flow_first_packets: u64,
 }

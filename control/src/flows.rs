@@ -1,15 +1,17 @@
 //! `paceline flows`: the flows the agent paces, as rows, from two places:
 //!
 //! - the per-flow table (`PL_FLOWS`, an LRU hash of `FlowKey -> FlowState`): every flow without
-//!   a local TCP socket from its second packet on (UDP, forwarded traffic; a flow of a single
+//!   a local TCP or connected UDP socket from its second packet on (unconnected UDP, forwarded
+//!   traffic; a flow of a single
 //!   packet is not listed; its class cached for its later packets, its
 //!   clock kept only with fq): the 5-tuple, the class (see below), the rate the flow's clock
 //!   runs at (a D3 grant overrides the class's `flow_rate`), its next departure relative to now
 //!   (positive: the clock runs ahead, packets wait; negative: idle that long); the table keeps
 //!   no byte count;
-//! - this host's established TCP connections ([`crate::kernel::sockdiag`]): a local TCP socket
-//!   keeps its class and clock in socket storage, not in the table; their rows carry the bytes sent
-//!   and the pacing rate the kernel applies, and no departure.
+//! - this host's established TCP connections and connected UDP sockets
+//!   ([`crate::kernel::sockdiag`]): such a socket keeps its class and clock in socket storage,
+//!   not in the table; TCP rows carry the bytes sent and the pacing rate the kernel applies, and
+//!   no row a departure.
 //!
 //! Served by the agent at `/flows?top=N&class=C`.
 //!

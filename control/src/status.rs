@@ -438,8 +438,8 @@ pub struct FlowTableCounters {
     pub entries: u64,
     /// Flows the datapath entered in the table (on their second packet) since it was created.
     pub inserts: u64,
-    /// First packets of flows without a local TCP socket, which left their clock in an
-    /// admission slot instead of entering the table (absent from agents before admission).
+    /// First packets of flows without a local TCP or connected UDP socket, which left their
+    /// clock in an admission slot instead of entering the table (absent from agents before admission).
     #[serde(default)]
     pub first_packets: u64,
     /// Flows evicted by newer ones because the table was full.

@@ -64,7 +64,7 @@ pub struct Spec {
     /// enough for a 64 KiB TSO burst at 10 Mbit/s, short enough to bound queueing.
     #[serde(default = "default_horizon")]
     pub horizon: DurationText,
-    /// Entries of the per-flow LRU table (one per flow without a local TCP socket). Default 65536.
+    /// Entries of the per-flow LRU table (a flow with no local TCP or connected UDP socket). Default 65536.
     #[serde(default = "default_flow_table_size")]
     #[schemars(range(min = 1024, max = 16777216))]
     pub flow_table_size: i64,

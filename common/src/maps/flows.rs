@@ -10,8 +10,8 @@ use super::MAX_CLASSES;
 pub const ADMIT_SLOTS: u32 = 16_384;
 const _: () = assert!(ADMIT_SLOTS.is_power_of_two());
 
-/// A flow without a local TCP socket enters the flow table on its second packet, not its
-/// first. Its first packet leaves its flow clock here, in the slot its key hashes to
+/// A flow without a local TCP or connected UDP socket enters the flow table on its second
+/// packet, not its first. Its first packet leaves its flow clock here, in the slot its key hashes to
 /// ([`admit_index`]), tagged with the key's hash ([`admit_tag`]); the second (on any CPU)
 /// finds it, continues from that clock and enters the table. A flood of one-packet flows (a
 /// scan, a SYN or DNS flood, a burst of new connections through a router) then costs no insert
@@ -182,8 +182,8 @@ impl FlowTableKey {
     }
 }
 
-/// Per-flow state of traffic without a local TCP socket (UDP, forwarded traffic, a
-/// container's packets at the host's device): the flow clock, and the flow's class with the
+/// Per-flow state of traffic without a local TCP or connected UDP socket (unconnected UDP,
+/// forwarded traffic, a container's packets at the host's device): the flow clock, and the flow's class with the
 /// inputs it was computed from, so that the flow's later packets skip classification
 /// ([`FlowState::class_for`]). The class is keyed like [`SockState`](super::SockState)'s, and also on the cgroup
 /// and on the fields the packet did not show: the 5-tuple alone does not fix them.

@@ -64,8 +64,8 @@ pub enum Outcome {
 }
 
 /// Decides the departure of a `len`-byte packet, advancing the clocks that apply. The flow
-/// clock is `flow_clock`: a local TCP socket's (socket storage), the flow table's entry, or the
-/// per-CPU value the caller inserts into the table afterwards (a new flow); null: none. A raw
+/// clock is `flow_clock`: a local TCP or connected UDP socket's (socket storage), the flow
+/// table's entry, or the per-CPU value the caller inserts into the table afterwards (a new flow); null: none. A raw
 /// pointer rather than an enum: an enum's unused payload is undefined, and LLVM may spill such
 /// a register, which the verifier refuses to read.
 ///

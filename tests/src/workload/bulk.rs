@@ -31,6 +31,11 @@ pub struct BulkOpts {
     /// UDP instead of TCP (needs --rate-bps).
     #[arg(long)]
     pub udp: bool,
+    /// UDP from an unconnected socket, each datagram addressed with sendto() (a server's way),
+    /// instead of a socket connected to the receiver.
+    #[arg(long, requires = "udp")]
+    #[serde(default)]
+    pub unconnected: bool,
     /// UDP send rate per flow in bits per second (datagram payload, headers excluded).
     #[arg(long)]
     pub rate_bps: Option<u64>,
@@ -55,6 +60,7 @@ impl BulkOpts {
             duration: Some(duration_s),
             bytes: None,
             udp: false,
+            unconnected: false,
             rate_bps: None,
             msg_size: None,
             first_flow_id: 0,
@@ -257,7 +263,18 @@ fn tcp_flow(o: &BulkOpts, id: u32, duration: Option<f64>) -> io::Result<BulkFlow
 
 fn udp_flow(o: &BulkOpts, id: u32, duration: Option<f64>) -> io::Result<BulkFlowReport> {
     super::precise_timers();
-    let s = sockopt::connect_udp(o.to, &o.sock)?;
+    let s = if o.unconnected {
+        sockopt::unconnected_udp(o.to, &o.sock)?
+    } else {
+        sockopt::connect_udp(o.to, &o.sock)?
+    };
+    let send = |b: &[u8]| {
+        if o.unconnected {
+            s.send_to(b, o.to)
+        } else {
+            s.send(b)
+        }
+    };
     let local = s.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let size = o.msg_size.unwrap_or(1400).max(proto::UDP_HDR);
     let rate = o.rate_bps.unwrap_or(1) as f64;
@@ -283,7 +300,7 @@ fn udp_flow(o: &BulkOpts, id: u32, duration: Option<f64>) -> io::Result<BulkFlow
                 break 'outer;
             }
             proto::encode_udp_data(&mut buf, id, seq, mono_ns());
-            match s.send(&buf) {
+            match send(&buf) {
                 Ok(n) => sent += n as u64,
                 Err(_) => errors += 1,
             }
@@ -293,7 +310,7 @@ fn udp_flow(o: &BulkOpts, id: u32, duration: Option<f64>) -> io::Result<BulkFlow
     let t_end = mono_ns();
     // End markers: three times, a little apart, in case one is dropped.
     for _ in 0..3 {
-        let _ = s.send(&proto::encode_udp_fin(id, seq - errors, sent));
+        let _ = send(&proto::encode_udp_fin(id, seq - errors, sent));
         std::thread::sleep(Duration::from_millis(5));
     }
     let dur = (t_end - t0) as f64 / 1e9;

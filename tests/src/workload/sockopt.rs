@@ -124,6 +124,15 @@ pub fn connect_tcp(to: SocketAddr, opts: &SockOpts, connect_timeout: Duration) -
 
 /// Opens a UDP socket connected to `to` with `opts` applied.
 pub fn connect_udp(to: SocketAddr, opts: &SockOpts) -> io::Result<UdpSocket> {
+    let s = unconnected_udp(to, opts)?;
+    s.connect(to)
+        .map_err(|e| io::Error::new(e.kind(), format!("connect {to}: {e}")))?;
+    Ok(s)
+}
+
+/// Opens a UDP socket of `to`'s family with `opts` applied, bound to any address and not
+/// connected (its datagrams go out with `send_to`).
+pub fn unconnected_udp(to: SocketAddr, opts: &SockOpts) -> io::Result<UdpSocket> {
     let s = Socket::new(Domain::for_address(to), Type::DGRAM, Some(Protocol::UDP))?;
     opts.apply(&s, to.is_ipv6(), false)?;
     let any: SocketAddr = if to.is_ipv6() {
@@ -132,8 +141,6 @@ pub fn connect_udp(to: SocketAddr, opts: &SockOpts) -> io::Result<UdpSocket> {
         "0.0.0.0:0".parse().unwrap()
     };
     s.bind(&SockAddr::from(any))?;
-    s.connect(&SockAddr::from(to))
-        .map_err(|e| io::Error::new(e.kind(), format!("connect {to}: {e}")))?;
     Ok(s.into())
 }
 

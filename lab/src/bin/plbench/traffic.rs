@@ -3,14 +3,16 @@
 //! reads), not BPF_PROG_TEST_RUN's.
 //!
 //! Two namespaces joined by a veth pair; each program in turn is attached at the sender's
-//! egress (tcx) while TCP or UDP flows (one, or 64) run through it for a few seconds: the
+//! egress (tcx) while TCP or UDP flows (one, or 64 of each kind) run through it for a few seconds: the
 //! benchmark's empty program (the floor: the statistics' own cost and a program call), the
 //! reference (what Cilium's bandwidth manager does per packet), and paceline's egress program
 //! under each of the caller's policies. Every program runs once per trial in turn, so machine
 //! noise spreads over all of them alike; the figure is the median over the trials.
 //!
-//! TCP flows have their socket in the sender's namespace (paceline's socket-storage path); UDP
-//! flows have none that paceline reads (its flow-table path).
+//! TCP flows and UDP flows from connected sockets have their socket in the sender's namespace
+//! (paceline's socket-storage path); UDP datagrams sent with `sendto` from unconnected sockets
+//! take the flow table (the path of forwarded traffic and of a container's, whose socket stays
+//! behind in its namespace).
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd as _, AsRawFd as _};
@@ -35,28 +37,59 @@ use serde::Serialize;
 use super::datapath::{Policy, TC_FLOOR, TC_REF_EDT, bench_object, port_rules, table, table_one_clock};
 use super::{cpu_model, read_trim, write_report};
 
-/// One kind of traffic: TCP or UDP, and how many flows.
+/// One kind of traffic: TCP, UDP from connected sockets or UDP sent with `sendto` from
+/// unconnected ones, and how many flows.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Tcp,
+    Udp,
+    UdpUnconnected,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Traffic {
-    udp: bool,
+    kind: Kind,
     flows: u32,
 }
 
 impl Traffic {
     fn name(&self) -> String {
-        format!("{} x {}", if self.udp { "UDP" } else { "TCP" }, self.flows)
+        let k = match self.kind {
+            Kind::Tcp => "TCP",
+            Kind::Udp => "UDP",
+            Kind::UdpUnconnected => "UDP sendto",
+        };
+        format!("{k} x {}", self.flows)
     }
 }
 
-/// The traffic rows: TCP and UDP, one flow and 64.
-const TRAFFIC: [Traffic; 4] = [
-    Traffic { udp: false, flows: 1 },
+/// The traffic rows: TCP, UDP from connected sockets (the socket-storage path, as TCP) and UDP
+/// from unconnected ones (the flow table's path), one flow and 64 each.
+const TRAFFIC: [Traffic; 6] = [
     Traffic {
-        udp: false,
+        kind: Kind::Tcp,
+        flows: 1,
+    },
+    Traffic {
+        kind: Kind::Tcp,
         flows: 64,
     },
-    Traffic { udp: true, flows: 1 },
-    Traffic { udp: true, flows: 64 },
+    Traffic {
+        kind: Kind::Udp,
+        flows: 1,
+    },
+    Traffic {
+        kind: Kind::Udp,
+        flows: 64,
+    },
+    Traffic {
+        kind: Kind::UdpUnconnected,
+        flows: 1,
+    },
+    Traffic {
+        kind: Kind::UdpUnconnected,
+        flows: 64,
+    },
 ];
 
 /// UDP's offered payload rate, all flows together (bit/s): well below what the veth pair
@@ -133,7 +166,7 @@ fn run(
                 anyhow::ensure!(runs > 0, "{name}: no packet ran through it ({})", t.name());
                 samples[pi][ti].push((ns as f64 / runs as f64, runs));
                 eprintln!(
-                    "traffic: trial {trial} {:<10} {:<60} {:>7.1} ns/pkt over {runs} packets",
+                    "traffic: trial {trial} {:<15} {:<60} {:>7.1} ns/pkt over {runs} packets",
                     t.name(),
                     name,
                     ns as f64 / runs as f64
@@ -189,8 +222,9 @@ fn drive(tx: &Host, rx: &Host, dst: IpAddr, t: Traffic, seconds: f64, port: u16)
         })
     })??;
     let mut o = BulkOpts::tcp(SocketAddr::new(dst, port), t.flows, seconds);
-    if t.udp {
+    if matches!(t.kind, Kind::Udp | Kind::UdpUnconnected) {
         o.udp = true;
+        o.unconnected = matches!(t.kind, Kind::UdpUnconnected);
         o.rate_bps = Some(UDP_BPS / u64::from(t.flows));
         o.msg_size = Some(1400);
     }
@@ -252,12 +286,12 @@ pub(super) fn traffic(trials: usize, seconds: f64, out: Option<std::path::PathBu
     ];
     let rows = run(&mut programs, trials, seconds)?;
     println!(
-        "{:<10} {:<76} {:>8} {:>11} {:>9}",
+        "{:<15} {:<76} {:>8} {:>11} {:>9}",
         "traffic", "program", "ns/pkt", "over floor", "x ref"
     );
     for r in &rows {
         println!(
-            "{:<10} {:<76} {:>8.1} {:>11.1} {:>9.2}",
+            "{:<15} {:<76} {:>8.1} {:>11.1} {:>9.2}",
             r.traffic, r.program, r.ns_per_packet, r.over_floor, r.vs_reference
         );
     }
