@@ -48,7 +48,8 @@ pub enum Command {
     /// Live view of the running agent: rates, delays, drops and tags per level and class,
     /// refreshed each second.
     Top(top::Args),
-    /// The running agent's flow table: 5-tuple, class, rate, next departure, bytes.
+    /// The running agent's flows (its flow table, local TCP connections and connected UDP
+    /// sockets): 5-tuple, class, rate, next departure, bytes.
     Flows(flows::Args),
     /// Why packets were late or dropped: per-packet verdicts from the running agent's datapath
     /// (class, the clock that held each packet and for how long, drops, marks), as text, JSON

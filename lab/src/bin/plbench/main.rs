@@ -52,6 +52,9 @@ enum Bench {
         /// Seconds of traffic per program, traffic kind and trial.
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
+        /// Only the kinds of traffic whose name contains one of these (e.g. "sendto x 64").
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -89,7 +92,12 @@ fn main() -> Result<()> {
             only,
             out,
         } => datapath::datapath(repeat, trials, max_rules, only, out),
-        Bench::Traffic { trials, seconds, out } => traffic::traffic(trials, seconds, out),
+        Bench::Traffic {
+            trials,
+            seconds,
+            only,
+            out,
+        } => traffic::traffic(trials, seconds, &only, out),
         Bench::Apply { rules, trials, out } => apply::apply(rules, trials, out),
     }
 }

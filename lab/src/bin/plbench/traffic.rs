@@ -130,6 +130,7 @@ struct TrafficRow {
 /// loaded and with its maps filled.
 fn run(
     programs: &mut [(String, &mut SchedClassifier)],
+    kinds: &[Traffic],
     trials: usize,
     seconds: f64,
 ) -> Result<Vec<TrafficRow>> {
@@ -142,9 +143,9 @@ fn run(
     let ifname = link.a.ifname.clone();
     let dst = IpAddr::V4(link.b.ipv4);
     // samples[program][traffic] = (ns per run, runs) per trial
-    let mut samples = vec![vec![Vec::<(f64, u64)>::new(); TRAFFIC.len()]; programs.len()];
+    let mut samples = vec![vec![Vec::<(f64, u64)>::new(); kinds.len()]; programs.len()];
     for trial in 0..trials {
-        for (ti, t) in TRAFFIC.iter().enumerate() {
+        for (ti, t) in kinds.iter().enumerate() {
             for (pi, (name, prog)) in programs.iter_mut().enumerate() {
                 let link_id = attach(&tx, prog, &ifname)?;
                 let r = (|| -> Result<(u64, u64)> {
@@ -181,7 +182,7 @@ fn run(
         (m.0, s[0].0, s[s.len() - 1].0, m.1)
     };
     let mut rows = Vec::new();
-    for (ti, t) in TRAFFIC.iter().enumerate() {
+    for (ti, t) in kinds.iter().enumerate() {
         let floor = med(&samples[0][ti]).0;
         let reference = med(&samples[1][ti]).0 - floor;
         for (pi, (name, _)) in programs.iter().enumerate() {
@@ -247,7 +248,12 @@ struct TrafficReport {
 }
 
 /// `plbench traffic`.
-pub(super) fn traffic(trials: usize, seconds: f64, out: Option<std::path::PathBuf>) -> Result<()> {
+pub(super) fn traffic(
+    trials: usize,
+    seconds: f64,
+    only: &[String],
+    out: Option<std::path::PathBuf>,
+) -> Result<()> {
     // The reference's aggregate for unmarked packets, at the rate of the class it is compared
     // with.
     let mut refs = bench_object(&[TC_FLOOR, TC_REF_EDT], 0, 10_000_000_000)?;
@@ -284,7 +290,12 @@ pub(super) fn traffic(trials: usize, seconds: f64, out: Option<std::path::PathBu
             full.tc_program()?,
         ),
     ];
-    let rows = run(&mut programs, trials, seconds)?;
+    let kinds: Vec<Traffic> = TRAFFIC
+        .into_iter()
+        .filter(|t| only.is_empty() || only.iter().any(|o| t.name().contains(o.as_str())))
+        .collect();
+    anyhow::ensure!(!kinds.is_empty(), "no kind of traffic matches {only:?}");
+    let rows = run(&mut programs, &kinds, trials, seconds)?;
     println!(
         "{:<15} {:<76} {:>8} {:>11} {:>9}",
         "traffic", "program", "ns/pkt", "over floor", "x ref"
