@@ -731,19 +731,28 @@ fn classify_flows_and_cleanup_check() {
 /// A connected UDP socket is one flow: its class and clock live in socket storage (a `socket`
 /// row of `flows`, none in the flow table), while a datagram the same socket sends elsewhere
 /// with `sendto` takes the flow table and gets its own destination's class, never the
-/// socket's; a reload reclassifies the socket on its next datagram.
+/// socket's; the same over IPv6 and from a dual-stack socket connected to an IPv4 peer; a
+/// reload reclassifies the socket on its next datagram.
 ///
 /// Checked (2026-12-06, host 6.18): with the egress program's UDP case of `sock::flow_sock`
 /// patched to return None, the connected flow was a `table` row and the test failed there;
 /// with its check of the packet's destination patched out, the datagrams sent elsewhere took
-/// the socket's cache and had no table row of their own, and it failed at that row.
+/// the socket's cache and had no table row of their own, and it failed at that row; with the
+/// IPv6 address comparison made to fail, the IPv6 flow was a table row and it failed there.
 #[test]
 fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinations_are_not() {
     let test = "a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinations_are_not";
     if !privileged(test) {
         return;
     }
-    let (_tb, a, b) = two_hosts("ops_udpsock");
+    let tb = Testbed::new("ops_udpsock").expect("testbed");
+    let a = tb.add_host("a").expect("a");
+    let b = tb.add_host("b").expect("b");
+    let opts = paceline_tests::testbed::LinkOpts {
+        ipv6: true,
+        ..Default::default()
+    };
+    tb.link_with(&a, &b, &opts).expect("a-b");
     let ib = a.iface_to(&b).unwrap().ifname;
     let scratch = Scratch::local("udpsock");
     let p = scratch.path("p.yaml");
@@ -795,14 +804,15 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
     // The socket's value in the datapath's socket storage, looked up by the socket itself in
     // the agent's pinned map (sock_diag dumps socket storage for TCP only).
     let pin = Agent::bpffs_dir(&scratch.path("state")).join("maps/PL_SOCK");
-    let storage = || -> Option<paceline_common::maps::SockState> {
+    let storage_of = |sock: &std::net::UdpSocket| -> Option<paceline_common::maps::SockState> {
         let map = aya::maps::MapData::from_pin(&pin).expect("the pinned socket storage map");
         let map = aya::maps::SkStorage::<_, paceline_common::maps::SockState>::try_from(
             aya::maps::Map::SkStorage(map),
         )
         .expect("a socket storage map");
-        map.get(&sock, 0).ok()
+        map.get(sock, 0).ok()
     };
+    let storage = || storage_of(&sock);
     let st = storage().expect("the connected socket has a value in socket storage");
     assert_eq!(usize::from(st.class), agent.class_index("stream"), "{st:?}");
     assert!(st.generation != 0, "{st:?}");
@@ -822,6 +832,52 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
     } else {
         eprintln!("{test}: no udp_diag in this kernel: `flows` lists no UDP socket (that part skipped)");
     }
+    // The same over IPv6, and from a dual-stack IPv6 socket connected to the peer's IPv4
+    // address (its datagrams are IPv4; the socket keeps the peer as an IPv4-mapped address).
+    let b6 = b.ipv6().expect("b has an IPv6 address");
+    // Neighbour discovery first: datagrams sent before it completes may wait or be lost.
+    a.ping_ok(std::net::IpAddr::V6(b6), 3)
+        .expect("b answers over IPv6");
+    let v6 = a
+        .in_netns(move || {
+            let s = std::net::UdpSocket::bind("[::]:0").unwrap();
+            s.connect((b6, 5502)).unwrap();
+            s
+        })
+        .unwrap();
+    let b4 = b.ipv4();
+    let dual = a
+        .in_netns(move || {
+            let s = std::net::UdpSocket::bind("[::]:0").unwrap();
+            s.connect((b4.to_ipv6_mapped(), 5503)).unwrap();
+            s
+        })
+        .unwrap();
+    let others = [(&v6, format!("[{b6}]:5502")), (&dual, format!("{b4}:5503"))];
+    for _ in 0..3 {
+        for (s, _) in &others {
+            let s = s.try_clone().unwrap();
+            a.in_netns(move || {
+                for _ in 0..5 {
+                    let _ = s.send(&[0u8; 500]);
+                }
+            })
+            .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = rows();
+    for (s, dst) in &others {
+        assert!(
+            r.iter()
+                .all(|x| x["dst"] != dst.as_str() || x["source"] != "table"),
+            "the connected flow to {dst} is in the flow table: {r:#?}"
+        );
+        assert!(
+            storage_of(s).is_some(),
+            "the socket connected to {dst} has no socket storage: {r:#?}"
+        );
+    }
     // A reload that moves the flow to `bulk`: the socket's next datagram is classified under
     // the new policy (the cached class was computed under the old generation).
     let to_bulk = "    - class: bulk\n      protocol: udp\n      dst_port: 5502\n";
@@ -839,7 +895,7 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
     let after = storage().expect("socket storage after the reload");
     assert!(after.generation > st.generation, "{st:?} -> {after:?}");
     assert_eq!(usize::from(after.class), agent.class_index("bulk"), "{after:?}");
-    drop(sock);
+    drop((sock, v6, dual));
     agent.stop();
 }
 
