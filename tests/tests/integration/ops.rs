@@ -732,13 +732,16 @@ fn classify_flows_and_cleanup_check() {
 /// row of `flows`, none in the flow table), while a datagram the same socket sends elsewhere
 /// with `sendto` takes the flow table and gets its own destination's class, never the
 /// socket's; the same over IPv6 and from a dual-stack socket connected to an IPv4 peer; a
-/// reload reclassifies the socket on its next datagram.
+/// reload reclassifies the socket on its next datagram, and so does connecting it again to
+/// another peer.
 ///
 /// Checked (2026-12-06, host 6.18): with the egress program's UDP case of `sock::flow_sock`
 /// patched to return None, the connected flow was a `table` row and the test failed there;
 /// with its check of the packet's destination patched out, the datagrams sent elsewhere took
 /// the socket's cache and had no table row of their own, and it failed at that row; with the
-/// IPv6 address comparison made to fail, the IPv6 flow was a table row and it failed there.
+/// IPv6 address comparison made to fail, the IPv6 flow was a table row and it failed there;
+/// without the cached 5-tuple's check (`SockState::same_flow` in the egress program's test of
+/// the cache), the socket connected again kept `bulk` and it failed at the last assertion.
 #[test]
 fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinations_are_not() {
     let test = "a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinations_are_not";
@@ -887,16 +890,44 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
     assert_eq!(storage(), Some(st), "nothing sent yet: the cache is as it was");
     a.in_netns({
         let sock = sock.try_clone().unwrap();
-        move || {
-            let _ = sock.send(&[0u8; 500]);
-        }
+        move || send_one(&sock)
     })
     .unwrap();
     let after = storage().expect("socket storage after the reload");
     assert!(after.generation > st.generation, "{st:?} -> {after:?}");
     assert_eq!(usize::from(after.class), agent.class_index("bulk"), "{after:?}");
+    // The same socket connected again, to the peer the rules give `probe`: another flow, its
+    // next datagram classified again under the same policy.
+    a.in_netns({
+        let sock = sock.try_clone().unwrap();
+        move || {
+            sock.connect(other).unwrap();
+            send_one(&sock);
+        }
+    })
+    .unwrap();
+    let again = storage().expect("socket storage after connecting again");
+    assert_eq!(
+        (again.generation, usize::from(again.class), again.dport),
+        (after.generation, agent.class_index("probe"), other.1),
+        "{after:?} -> {again:?}"
+    );
     drop((sock, v6, dual));
     agent.stop();
+}
+
+/// Sends one datagram on a connected UDP socket. Nothing listens at the peer, so its ICMP
+/// port unreachable makes the socket's next send fail with ECONNREFUSED, unsent: the error is
+/// cleared by that failure and the send tried again.
+fn send_one(sock: &std::net::UdpSocket) {
+    for _ in 0..5 {
+        match sock.send(&[0u8; 500]) {
+            Ok(_) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => continue,
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    panic!("five sends refused");
 }
 
 /// Does this kernel answer sock_diag for TCP (tcp_diag built in or loadable)? A connection on
