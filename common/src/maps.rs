@@ -269,51 +269,38 @@ pub struct SockState {
     /// Since when the receiver has advertised a share higher than `dasr_rate` (0: it has not;
     /// see `crate::dasr::follow`).
     pub dasr_raise_ns: u64,
-    /// The 5-tuple `class` was computed for (addresses as the parser reads them, IPv4 as an
-    /// IPv4-mapped address; ports in host order): a UDP socket connected again to another
-    /// peer, or a TCP socket disconnected (`AF_UNSPEC`) and connected again, is another flow
-    /// and is classified again ([`SockState::same_flow`]).
-    pub src: [u32; 4],
-    pub dst: [u32; 4],
-    pub sport: u16,
-    pub dport: u16,
+    /// The socket's transmit hash when `class` was computed (`skb->hash` of its packets, which
+    /// the kernel sets from `sk_txhash`): connecting a socket draws a new one, so a UDP socket
+    /// connected again to another peer, or a TCP socket disconnected (`AF_UNSPEC`) and
+    /// connected again, is classified again. TCP also draws a new one after a retransmission
+    /// timeout, which costs one classification more. Two draws alike: 1 in 2^32.
+    pub txhash: u32,
     pub _pad: u32,
 }
-const _: () = assert!(size_of::<SockState>() == 88);
+// 56 bytes: with the 8-byte header of socket storage's (cache-line aligned) data, one line.
+const _: () = assert!(size_of::<SockState>() == 56);
 
 impl SockState {
-    /// Whether `pkt` is the flow the cached class was computed for (see [`SockState::src`]).
-    /// Word by word, without branches: an array's `==` may become a call of `bcmp`, which
-    /// BPF has not.
+    /// Caches `class`, computed under policy `generation` for `pkt`, sent while the socket's
+    /// transmit hash was `txhash`; the clock and the DASR share are kept.
     #[inline(always)]
-    pub fn same_flow(&self, pkt: &crate::classify::PacketInfo) -> bool {
-        let (s, d) = (&self.src, &self.dst);
-        let (ps, pd) = (&pkt.src, &pkt.dst);
-        (s[0] ^ ps[0])
-            | (s[1] ^ ps[1])
-            | (s[2] ^ ps[2])
-            | (s[3] ^ ps[3])
-            | (d[0] ^ pd[0])
-            | (d[1] ^ pd[1])
-            | (d[2] ^ pd[2])
-            | (d[3] ^ pd[3])
-            | ((u32::from(self.sport) << 16 | u32::from(self.dport))
-                ^ (u32::from(pkt.sport) << 16 | u32::from(pkt.dport)))
-            == 0
-    }
-
-    /// Caches `class`, computed under policy `generation` for `pkt`; the clock and the DASR
-    /// share are kept.
-    #[inline(always)]
-    pub fn set_class(&mut self, generation: u64, pkt: &crate::classify::PacketInfo, class: u32) {
+    pub fn set_class(&mut self, generation: u64, pkt: &crate::classify::PacketInfo, class: u32, txhash: u32) {
         self.generation = generation;
         self.mark = pkt.mark;
         self.dscp = pkt.dscp;
         self.class = class as u16;
-        self.src = pkt.src;
-        self.dst = pkt.dst;
-        self.sport = pkt.sport;
-        self.dport = pkt.dport;
+        self.txhash = txhash;
+    }
+
+    /// The cached class, if it was computed under policy `generation` for a packet with this
+    /// mark and DSCP, sent while the socket's transmit hash was `txhash`.
+    #[inline(always)]
+    pub fn class_for(&self, generation: u64, pkt: &crate::classify::PacketInfo, txhash: u32) -> Option<u16> {
+        (self.generation == generation
+            && self.mark == pkt.mark
+            && self.dscp == pkt.dscp
+            && self.txhash == txhash)
+            .then_some(self.class)
     }
 }
 
@@ -535,39 +522,22 @@ mod sock_state_tests {
     use super::*;
     use crate::classify::PacketInfo;
 
-    /// The cached class holds for its own 5-tuple only: a socket connected again elsewhere (any
-    /// address word or port changed) is classified again. Checked (2026-12-06): with
-    /// `same_flow` returning true, every variant below passed it and this failed.
+    /// The cached class holds for the generation, mark, DSCP and transmit hash it was computed
+    /// for, and for nothing else (a socket connected again has a new hash).
     #[test]
-    fn a_socket_state_holds_for_the_5_tuple_it_was_computed_for() {
+    fn a_socket_state_holds_for_what_it_was_computed_for() {
         let p = PacketInfo {
-            src: [1, 2, 3, 4],
-            dst: [5, 6, 7, 8],
-            sport: 40000,
-            dport: 53,
-            proto: 17,
+            mark: 9,
+            dscp: 10,
             ..PacketInfo::default()
         };
         let mut st = SockState::default();
-        assert!(!st.same_flow(&p), "an empty state is no flow");
-        st.set_class(7, &p, 3);
-        assert_eq!((st.generation, st.class), (7, 3));
-        assert!(st.same_flow(&p));
-        for w in 0..4 {
-            let mut q = p;
-            q.src[w] ^= 1 << (w * 8);
-            assert!(!st.same_flow(&q), "src word {w}");
-            let mut q = p;
-            q.dst[w] ^= 0x8000_0000 >> w;
-            assert!(!st.same_flow(&q), "dst word {w}");
-        }
-        assert!(!st.same_flow(&PacketInfo { sport: 40001, ..p }));
-        assert!(!st.same_flow(&PacketInfo { dport: 54, ..p }));
-        // Ports swapped are another flow too.
-        assert!(!st.same_flow(&PacketInfo {
-            sport: 53,
-            dport: 40000,
-            ..p
-        }));
+        assert_eq!(st.class_for(7, &p, 0x1234), None, "an empty state holds nothing");
+        st.set_class(7, &p, 3, 0x1234);
+        assert_eq!(st.class_for(7, &p, 0x1234), Some(3));
+        assert_eq!(st.class_for(8, &p, 0x1234), None, "another policy");
+        assert_eq!(st.class_for(7, &p, 0x1235), None, "connected again");
+        assert_eq!(st.class_for(7, &PacketInfo { mark: 8, ..p }, 0x1234), None);
+        assert_eq!(st.class_for(7, &PacketInfo { dscp: 0, ..p }, 0x1234), None);
     }
 }

@@ -126,20 +126,20 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let pkt = maps::read_back(cpu);
     // A local socket that is one flow with the packet (TCP, or connected UDP to its peer: see
     // `sock::flow_sock`) keeps its class (and its flow clock) in socket storage: a packet whose
-    // socket holds a class computed under this policy, for this mark, DSCP and 5-tuple, skips
-    // classification. Every other flow keeps them in the flow table, keyed by its 5-tuple and
-    // checked against the policy generation, mark, DSCP, cgroup and unknown fields the same
-    // way. (Neither the socket nor the table entry stays live across `classify`: the verifier
+    // socket holds a class computed under this policy, for this mark and DSCP, since the socket
+    // last connected, skips classification. Every other flow keeps them in the flow table,
+    // keyed by its 5-tuple and checked against the policy generation, mark, DSCP, cgroup and
+    // unknown fields the same way. (Neither the socket nor the table entry stays live across `classify`: the verifier
     // walks the classifier once, not once per case.)
     let mut has_sock = false;
     let mut sock_state = None;
+    // SAFETY: reading an __sk_buff field allowed for tc programs. A local socket's packets
+    // carry its transmit hash (see `SockState::txhash`).
+    let txhash = unsafe { (*skb).hash };
     if let Some(s) = sock::flow_sock(ctx, &pkt) {
         has_sock = true;
         if let Some(st) = sock::state(s, false)
-            && st.generation == table.generation
-            && st.mark == pkt.mark
-            && st.dscp == pkt.dscp
-            && st.same_flow(&pkt)
+            && st.class_for(table.generation, &pkt, txhash).is_some()
         {
             sock_state = Some(st);
         }
@@ -204,7 +204,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             }
             if has_sock {
                 if let Some(st) = sock::flow_sock(ctx, &pkt).and_then(|s| sock::state(s, true)) {
-                    st.set_class(table.generation, &pkt, c);
+                    st.set_class(table.generation, &pkt, c, txhash);
                     sock_state = Some(st);
                 }
             } else if in_table && let Some(f) = FLOWS.get_ptr_mut(&cpu.table_key) {
