@@ -1,12 +1,14 @@
 //! The tc program's per-socket fast path: a local socket's class (cached with the policy
-//! generation, mark and DSCP it was computed for) and its flow clock, in socket storage, so its
-//! packets skip classification and the flow table's hash lookup. A TCP socket is one flow; a
-//! UDP socket is one only while it is connected and the packet goes to its peer (a connected
-//! UDP socket may still `sendto` another address: such a packet takes the flow table).
+//! generation, mark, DSCP and socket transmit hash it was computed for: `SockState`) and its
+//! flow clock, in socket storage, so its packets skip classification and the flow table's hash
+//! lookup. A TCP socket is one flow; a UDP socket is one only while it is connected and the
+//! packet goes to its peer (a connected UDP socket may still `sendto` another address: such a
+//! packet takes the flow table).
 
 use core::ffi::c_void;
 
 use aya_ebpf::{
+    bindings::bpf_sock,
     btf_maps::SkStorage,
     helpers::{bpf_sk_fullsock, bpf_sk_storage_get},
     macros::btf_map,
@@ -27,10 +29,10 @@ const IPPROTO_UDP: u32 = 17;
 /// `sk_state` of a connected UDP socket (it borrows TCP's state names).
 const TCP_ESTABLISHED: u32 = 1;
 
-/// The packet's full TCP socket, if it has one (locally sent TCP; not forwarded traffic, not a
-/// request socket).
+/// The packet's full socket, if it has one (locally sent; not forwarded traffic, not a request
+/// or time-wait socket).
 #[inline(always)]
-pub fn tcp_sock(ctx: &TcContext) -> Option<*mut c_void> {
+fn full_sock(ctx: &TcContext) -> Option<*mut bpf_sock> {
     // SAFETY: reading __sk_buff.sk; the helper checks the pointer it is given.
     unsafe {
         let sk = (*ctx.skb.skb).__bindgen_anon_2.sk;
@@ -38,14 +40,22 @@ pub fn tcp_sock(ctx: &TcContext) -> Option<*mut c_void> {
             return None;
         }
         let full = bpf_sk_fullsock(sk);
-        if full.is_null() {
-            return None;
-        }
+        (!full.is_null()).then_some(full)
+    }
+}
+
+/// The packet's full TCP socket, if it has one (locally sent TCP).
+#[inline(always)]
+pub fn tcp_sock(ctx: &TcContext) -> Option<*mut c_void> {
+    let full = full_sock(ctx)?;
+    // SAFETY: a full socket's `struct bpf_sock` fields may be read; volatile read of a
+    // load-time constant.
+    unsafe {
         if (*full).protocol != IPPROTO_TCP && core::ptr::read_volatile(&PL_ANY_SOCK) == 0 {
             return None;
         }
-        Some(full.cast())
     }
+    Some(full.cast())
 }
 
 /// The packet's local socket when it is one flow with the packet: a full TCP socket, or a
@@ -60,17 +70,9 @@ pub fn flow_sock(ctx: &TcContext, p: &PacketInfo) -> Option<*mut c_void> {
     if u32::from(p.proto) != IPPROTO_UDP {
         return None;
     }
-    // SAFETY: reading __sk_buff.sk; the helper checks the pointer it is given; the fields read
-    // are `struct bpf_sock`'s, which a full socket's pointer may read.
+    let full = full_sock(ctx)?;
+    // SAFETY: a full socket's `struct bpf_sock` fields may be read.
     unsafe {
-        let sk = (*ctx.skb.skb).__bindgen_anon_2.sk;
-        if sk.is_null() {
-            return None;
-        }
-        let full = bpf_sk_fullsock(sk);
-        if full.is_null() {
-            return None;
-        }
         let s = &*full;
         if s.protocol != IPPROTO_UDP
             || s.state != TCP_ESTABLISHED
