@@ -242,8 +242,9 @@ fn sock_state(stgs: &[u8]) -> Option<SockState> {
 /// storage), so each is a row of its own: TCP's with its bytes and the pacing rate the kernel
 /// applies, and from its value in the socket storage map `storage`, the limit that held its
 /// last paced packet (the kernel dumps socket storage with TCP sockets only, so a UDP row
-/// has no binding and its class is what its 5-tuple selects). `class_of` names the socket's class from its protocol, 5-tuple and value:
-/// the class its storage caches under the policy in force, else what the 5-tuple selects.
+/// has no binding and its class is what its 5-tuple selects). `class_of` names the socket's
+/// class from its protocol, 5-tuple and value: the class its storage caches under the policy
+/// in force, else what the 5-tuple selects.
 pub fn socket_rows(
     storage: Option<BorrowedFd<'_>>,
     class_of: impl Fn(u8, &Tuple, Option<&SockState>) -> String,
