@@ -246,8 +246,8 @@ impl PolicyTable {
 /// from. A TCP socket is one flow while connected (one 5-tuple, one cgroup), a UDP socket for
 /// the datagrams it sends to its peer while connected (the tc program checks the packet's
 /// 5-tuple against the socket's), so its packets skip classification while the policy
-/// generation, mark, DSCP and 5-tuple are those of the cached answer, and its flow clock needs
-/// no hash lookup.
+/// generation, mark, DSCP and the socket's transmit hash are those of the cached answer, and
+/// its flow clock needs no hash lookup.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SockState {
@@ -415,13 +415,15 @@ pub struct GlobalCounters {
     /// below 5: passed untouched.
     pub malformed: u64,
     /// Flows entered in the flow table ([`names::FLOWS`]): every flow without a local TCP or
-    /// connected UDP socket, for its class and its clock, on its second packet (see [`AdmitSlot`]). The
-    /// table is an LRU map: once it is full, each insert evicts the least recently seen flow,
-    /// so evictions are inserts minus the entries present (the agent counts them).
+    /// connected UDP socket, for its class and its clock, on its second packet (see
+    /// [`AdmitSlot`]). The table is an LRU map: once it is full, each insert evicts the least
+    /// recently seen flow, so evictions are inserts minus the entries present (the agent
+    /// counts them).
     pub flow_inserts: u64,
     /// First packets of flows without a local TCP or connected UDP socket: each left its
-    /// clock in an [`AdmitSlot`] instead of entering the flow table. Much above `flow_inserts`: many flows
-    /// of a single packet (a scan, a flood, DNS) that the table was spared.
+    /// clock in an [`AdmitSlot`] instead of entering the flow table. Much above
+    /// `flow_inserts`: many flows of a single packet (a scan, a flood, DNS) that the table was
+    /// spared.
     pub flow_first_packets: u64,
 }
 const _: () = assert!(size_of::<GlobalCounters>() == 72);

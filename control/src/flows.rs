@@ -58,8 +58,7 @@ pub struct FlowRow {
 pub struct Flows {
     /// Entries in the flow table.
     pub total: usize,
-    /// Local established TCP connections and connected UDP sockets the datapath has seen (rows
-    /// of their own).
+    /// Local established TCP connections and connected UDP sockets (rows of their own).
     #[serde(default)]
     pub sockets: usize,
     /// The table's capacity.

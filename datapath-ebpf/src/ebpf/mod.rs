@@ -129,8 +129,8 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // socket holds a class computed under this policy, for this mark and DSCP, since the socket
     // last connected, skips classification. Every other flow keeps them in the flow table,
     // keyed by its 5-tuple and checked against the policy generation, mark, DSCP, cgroup and
-    // unknown fields the same way. (Neither the socket nor the table entry stays live across `classify`: the verifier
-    // walks the classifier once, not once per case.)
+    // unknown fields the same way. (Neither the socket nor the table entry stays live across
+    // `classify`: the verifier walks the classifier once, not once per case.)
     let mut has_sock = false;
     let mut sock_state = None;
     // SAFETY: reading an __sk_buff field allowed for tc programs. A local socket's packets

@@ -65,9 +65,9 @@ pub enum Outcome {
 
 /// Decides the departure of a `len`-byte packet, advancing the clocks that apply. The flow
 /// clock is `flow_clock`: a local TCP or connected UDP socket's (socket storage), the flow
-/// table's entry, or the per-CPU value the caller inserts into the table afterwards (a new flow); null: none. A raw
-/// pointer rather than an enum: an enum's unused payload is undefined, and LLVM may spill such
-/// a register, which the verifier refuses to read.
+/// table's entry, or the per-CPU value the caller inserts into the table afterwards (a new
+/// flow); null: none. A raw pointer rather than an enum: an enum's unused payload is
+/// undefined, and LLVM may spill such a register, which the verifier refuses to read.
 ///
 /// `trace` receives each clock's slot and the departure (for a horizon drop, the departure the
 /// packet would have had), for `paceline trace`: five stores into the CPU's state and no

@@ -12,7 +12,7 @@ use std::{
 
 use paceline_tests::{
     agent::{Agent, Scratch},
-    testbed::{Host, Testbed},
+    testbed::{Host, LinkOpts, Testbed},
 };
 use serde_json::Value;
 
@@ -101,10 +101,15 @@ fn sch_fq() -> bool {
 
 /// A host `a` linked to `b` only (every route of `a` leaves through the managed interface).
 fn two_hosts(name: &str) -> (Testbed, Host, Host) {
+    two_hosts_with(name, &LinkOpts::default())
+}
+
+/// [`two_hosts`], the link made with `opts`.
+fn two_hosts_with(name: &str, opts: &LinkOpts) -> (Testbed, Host, Host) {
     let tb = Testbed::new(name).expect("testbed");
     let a = tb.add_host("a").expect("a");
     let b = tb.add_host("b").expect("b");
-    tb.link(&a, &b).expect("a-b");
+    tb.link_with(&a, &b, opts).expect("a-b");
     (tb, a, b)
 }
 
@@ -748,14 +753,11 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
     if !privileged(test) {
         return;
     }
-    let tb = Testbed::new("ops_udpsock").expect("testbed");
-    let a = tb.add_host("a").expect("a");
-    let b = tb.add_host("b").expect("b");
-    let opts = paceline_tests::testbed::LinkOpts {
+    let opts = LinkOpts {
         ipv6: true,
         ..Default::default()
     };
-    tb.link_with(&a, &b, &opts).expect("a-b");
+    let (_tb, a, b) = two_hosts_with("ops_udpsock", &opts);
     let ib = a.iface_to(&b).unwrap().ifname;
     let scratch = Scratch::local("udpsock");
     let p = scratch.path("p.yaml");

@@ -3,7 +3,8 @@
 //! reads), not BPF_PROG_TEST_RUN's.
 //!
 //! Two namespaces joined by a veth pair; each program in turn is attached at the sender's
-//! egress (tcx) while TCP or UDP flows (one, or 64 of each kind) run through it for a few seconds: the
+//! egress (tcx) while TCP or UDP flows (one, or 64 of each kind) run through it for a few
+//! seconds: the
 //! benchmark's empty program (the floor: the statistics' own cost and a program call), the
 //! reference (what Cilium's bandwidth manager does per packet), and paceline's egress program
 //! under each of the caller's policies. Every program runs once per trial in turn, so machine
