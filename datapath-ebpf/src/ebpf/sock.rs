@@ -26,6 +26,8 @@ static PL_ANY_SOCK: u32 = 0;
 
 const IPPROTO_TCP: u32 = 6;
 const IPPROTO_UDP: u32 = 17;
+const SOCK_STREAM: u32 = 1;
+const SOCK_DGRAM: u32 = 2;
 /// `sk_state` of a connected UDP socket (it borrows TCP's state names).
 const TCP_ESTABLISHED: u32 = 1;
 
@@ -44,44 +46,44 @@ fn full_sock(ctx: &TcContext) -> Option<*mut bpf_sock> {
     }
 }
 
+/// Whether a full socket is a TCP socket. A raw socket of protocol TCP (a packet generator's,
+/// which writes any header) is not one: its packets take the flow table, each flow with its
+/// own class.
+#[inline(always)]
+fn is_tcp(full: *mut bpf_sock) -> bool {
+    // SAFETY: a full socket's `struct bpf_sock` fields may be read; volatile read of a
+    // load-time constant.
+    unsafe {
+        ((*full).protocol == IPPROTO_TCP && (*full).type_ == SOCK_STREAM)
+            || core::ptr::read_volatile(&PL_ANY_SOCK) != 0
+    }
+}
+
 /// The packet's full TCP socket, if it has one (locally sent TCP).
 #[inline(always)]
 pub fn tcp_sock(ctx: &TcContext) -> Option<*mut c_void> {
     let full = full_sock(ctx)?;
-    // SAFETY: a full socket's `struct bpf_sock` fields may be read; volatile read of a
-    // load-time constant.
-    unsafe {
-        if (*full).protocol != IPPROTO_TCP && core::ptr::read_volatile(&PL_ANY_SOCK) == 0 {
-            return None;
-        }
-    }
-    Some(full.cast())
+    is_tcp(full).then_some(full.cast())
 }
 
-/// The packet's local socket when it is one flow with the packet: a full TCP socket, or a
-/// connected UDP socket whose 5-tuple is the packet's (`p`, as the parser read it: addresses in
-/// network order, IPv4 as an IPv4-mapped address; ports in host order). Forwarded traffic has
-/// no socket here, nor a container's once it crossed into this namespace.
+/// Whether a full socket is a connected UDP socket whose 5-tuple is the packet's (`p`, as the
+/// parser read it: addresses in network order, IPv4 as an IPv4-mapped address; ports in host
+/// order). A connected UDP socket may still `sendto` another address: such a packet is not
+/// the socket's flow.
 #[inline(always)]
-pub fn flow_sock(ctx: &TcContext, p: &PacketInfo) -> Option<*mut c_void> {
-    if u32::from(p.proto) == IPPROTO_TCP {
-        return tcp_sock(ctx);
-    }
-    if u32::from(p.proto) != IPPROTO_UDP {
-        return None;
-    }
-    let full = full_sock(ctx)?;
+fn is_udp_flow(full: *mut bpf_sock, p: &PacketInfo) -> bool {
     // SAFETY: a full socket's `struct bpf_sock` fields may be read.
     unsafe {
         let s = &*full;
         if s.protocol != IPPROTO_UDP
+            || s.type_ != SOCK_DGRAM
             || s.state != TCP_ESTABLISHED
             || u16::from_be(s.dst_port) != p.dport
             || s.src_port != u32::from(p.sport)
         {
-            return None;
+            return false;
         }
-        let same = if p.is_v6 == 0 {
+        if p.is_v6 == 0 {
             // A dual-stack socket connected to an IPv4 peer has its IPv4 addresses here too.
             s.dst_ip4 == p.dst[3] && s.src_ip4 == p.src[3]
         } else {
@@ -94,8 +96,22 @@ pub fn flow_sock(ctx: &TcContext, p: &PacketInfo) -> Option<*mut c_void> {
                 | (s.src_ip6[2] ^ p.src[2])
                 | (s.src_ip6[3] ^ p.src[3])
                 == 0
-        };
-        same.then_some(full.cast())
+        }
+    }
+}
+
+/// The packet's local socket when it is one flow with the packet: a full TCP socket, or a
+/// connected UDP socket to the packet's peer (see [`is_udp_flow`]). Forwarded traffic has no
+/// socket here, nor a container's once it crossed into this namespace.
+#[inline(always)]
+pub fn flow_sock(ctx: &TcContext, p: &PacketInfo) -> Option<*mut c_void> {
+    match u32::from(p.proto) {
+        IPPROTO_TCP => tcp_sock(ctx),
+        IPPROTO_UDP => {
+            let full = full_sock(ctx)?;
+            is_udp_flow(full, p).then_some(full.cast())
+        }
+        _ => None,
     }
 }
 

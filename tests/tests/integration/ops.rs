@@ -918,6 +918,82 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
     agent.stop();
 }
 
+/// A raw socket of protocol TCP (a packet generator's) writes whatever TCP header it likes: its
+/// segments are not one flow, so each 5-tuple takes the flow table with its own class, never a
+/// class cached in the raw socket's storage.
+///
+/// Checked (2026-12-06, host 6.18): with the egress program's socket-type check
+/// (`sock::tcp_sock` taking any full socket of protocol TCP, as before it) patched out, the
+/// segments had no table rows and the test failed at the first one.
+#[test]
+fn a_raw_tcp_socket_is_not_one_flow() {
+    let test = "a_raw_tcp_socket_is_not_one_flow";
+    if !privileged(test) {
+        return;
+    }
+    let (_tb, a, b) = two_hosts_with("ops_rawtcp", &LinkOpts::default());
+    let ib = a.iface_to(&b).unwrap().ifname;
+    let scratch = Scratch::local("rawtcp");
+    let p = scratch.path("p.yaml");
+    let classes = "    - name: stream\n      level: low\n    - name: bulk\n      level: low\n";
+    let rules = "    - class: stream\n      protocol: tcp\n      dst_port: 5502\n    - class: bulk\n      protocol: tcp\n      dst_port: 5503\n";
+    write(&p, &policy(&ib, "auto", classes, rules));
+    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let dst = b.ipv4();
+    a.in_netns(move || {
+        // SAFETY: plain socket calls on a descriptor this closure owns and closes.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP);
+            assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+            let to = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: 0,
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(dst.octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            for _ in 0..3 {
+                for dport in [5502u16, 5503] {
+                    // A bare ACK from port 40000 (the kernel writes the IP header).
+                    let mut seg = [0u8; 20];
+                    seg[0..2].copy_from_slice(&40000u16.to_be_bytes());
+                    seg[2..4].copy_from_slice(&dport.to_be_bytes());
+                    seg[12] = 5 << 4;
+                    seg[13] = 0x10;
+                    seg[14..16].copy_from_slice(&1024u16.to_be_bytes());
+                    let n = libc::sendto(
+                        fd,
+                        seg.as_ptr().cast(),
+                        seg.len(),
+                        0,
+                        (&raw const to).cast(),
+                        size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                    );
+                    assert_eq!(n, 20, "sendto: {}", std::io::Error::last_os_error());
+                }
+            }
+            libc::close(fd);
+        }
+    })
+    .unwrap();
+    let f = cli(&a, &["flows", "--json", "--top", "100"]);
+    assert_eq!(f.status.code(), Some(0), "{}", text(&f));
+    let v: Value = serde_json::from_slice(&f.stdout).expect("flows JSON");
+    let rows = v["flows"].as_array().unwrap();
+    for (port, class) in [(5502, "stream"), (5503, "bulk")] {
+        let d = format!("{dst}:{port}");
+        let r: Vec<_> = rows.iter().filter(|r| r["dst"] == d.as_str()).collect();
+        assert_eq!(r.len(), 1, "one row for {d}: {rows:#?}");
+        assert_eq!(
+            (r[0]["source"].as_str(), r[0]["class"].as_str()),
+            (Some("table"), Some(class)),
+            "{r:#?}"
+        );
+    }
+    agent.stop();
+}
+
 /// Sends one datagram on a connected UDP socket. Nothing listens at the peer, so its ICMP
 /// port unreachable makes the socket's next send fail with ECONNREFUSED, unsent: the error is
 /// cleared by that failure and the send tried again.
