@@ -113,6 +113,16 @@ fn two_hosts_with(name: &str, opts: &LinkOpts) -> (Testbed, Host, Host) {
     (tb, a, b)
 }
 
+/// An agent on `a` under `policy`, its file and state in the scratch directory `tag` (dropped
+/// in that order: the agent first).
+fn agent_on<'a>(a: &'a Host, tag: &str, policy: &str) -> (Scratch, Agent<'a>) {
+    let scratch = Scratch::local(tag);
+    let p = scratch.path("p.yaml");
+    write(&p, policy);
+    let agent = Agent::start(a, &p, &scratch.path("state"));
+    (scratch, agent)
+}
+
 /// A host `a` linked to `b` and to `c`.
 fn three_hosts(name: &str) -> (Testbed, Host, Host, Host) {
     let tb = Testbed::new(name).expect("testbed");
@@ -759,12 +769,9 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
     };
     let (_tb, a, b) = two_hosts_with("ops_udpsock", &opts);
     let ib = a.iface_to(&b).unwrap().ifname;
-    let scratch = Scratch::local("udpsock");
-    let p = scratch.path("p.yaml");
     let classes = "    - name: stream\n      level: low\n      flow_rate: 20Mbit\n    - name: bulk\n      level: low\n      flow_rate: 50Mbit\n";
     let to_stream = "    - class: stream\n      protocol: udp\n      dst_port: 5502\n";
-    write(&p, &policy(&ib, "auto", classes, to_stream));
-    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let (scratch, agent) = agent_on(&a, "udpsock", &policy(&ib, "auto", classes, to_stream));
     let (peer, other) = ((b.ipv4(), 5502), (b.ipv4(), 7001));
     let sock = a
         .in_netns(move || {
@@ -933,12 +940,9 @@ fn a_raw_tcp_socket_is_not_one_flow() {
     }
     let (_tb, a, b) = two_hosts_with("ops_rawtcp", &LinkOpts::default());
     let ib = a.iface_to(&b).unwrap().ifname;
-    let scratch = Scratch::local("rawtcp");
-    let p = scratch.path("p.yaml");
     let classes = "    - name: stream\n      level: low\n    - name: bulk\n      level: low\n";
     let rules = "    - class: stream\n      protocol: tcp\n      dst_port: 5502\n    - class: bulk\n      protocol: tcp\n      dst_port: 5503\n";
-    write(&p, &policy(&ib, "auto", classes, rules));
-    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let (_scratch, agent) = agent_on(&a, "rawtcp", &policy(&ib, "auto", classes, rules));
     let dst = b.ipv4();
     a.in_netns(move || {
         // SAFETY: plain socket calls on a descriptor this closure owns and closes.
@@ -1037,10 +1041,7 @@ fn top_shows_live_rates_through_a_terminal_and_sorts() {
     use portable_pty::{CommandBuilder, PtySize, native_pty_system};
     let (_tb, a, b, _c) = three_hosts("ops_top");
     let ib = a.iface_to(&b).unwrap().ifname;
-    let scratch = Scratch::local("top");
-    let p = scratch.path("p.yaml");
-    write(&p, &policy(&ib, "none", "", ""));
-    let agent = Agent::start(&a, &p, &scratch.path("state"));
+    let (_scratch, agent) = agent_on(&a, "top", &policy(&ib, "none", "", ""));
     // UDP to the probe class, 200 datagrams a second, while top runs.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();

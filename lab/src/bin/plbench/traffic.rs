@@ -4,10 +4,9 @@
 //!
 //! Two namespaces joined by a veth pair; each program in turn is attached at the sender's
 //! egress (tcx) while TCP or UDP flows (one, or 64 of each kind) run through it for a few
-//! seconds: the
-//! benchmark's empty program (the floor: the statistics' own cost and a program call), the
-//! reference (what Cilium's bandwidth manager does per packet), and paceline's egress program
-//! under each of the caller's policies. Every program runs once per trial in turn, so machine
+//! seconds: the benchmark's empty program (the floor: the statistics' own cost and a program
+//! call), the reference (what Cilium's bandwidth manager does per packet), and paceline's
+//! egress program under each of the caller's policies. Every program runs once per trial in turn, so machine
 //! noise spreads over all of them alike; the figure is the median over the trials.
 //!
 //! TCP flows and UDP flows from connected sockets have their socket in the sender's namespace
