@@ -304,6 +304,107 @@ impl SockState {
     }
 }
 
+/// The class of the last socket a CPU sent a packet of, when that class keeps nothing in the
+/// socket's storage per packet (no flow clock, no DASR share): the socket's next packet on this
+/// CPU takes it from here, beside the parsed packet, without touching the socket or its
+/// storage (a helper call and three dependent loads through the socket, which the stack has
+/// usually evicted from the cache since the socket's last packet: about 13 ns a packet under
+/// real traffic, `plbench traffic`).
+///
+/// The socket is told by its address in the kernel (`skb->sk`, compared, never dereferenced)
+/// and its transmit hash (a socket freed and another made at the same address draws a new
+/// one); the packet must be the socket's flow as the packet that filled the memo was (the same
+/// protocol, ports and addresses: a connected UDP socket may `sendto` elsewhere), and the
+/// class must hold for it as [`SockState::class_for`] checks (policy generation, mark, DSCP).
+/// 32 bytes: a memo of 64 (the addresses whole) cost 5-10 ns more a packet under real traffic.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockMemo {
+    /// The socket's address (an identity only; 0: empty).
+    pub sk: u64,
+    /// The low 32 bits of the policy generation `class` was computed under.
+    pub generation: u32,
+    pub txhash: u32,
+    pub mark: u32,
+    /// `sport << 16 | dport`.
+    pub ports: u32,
+    /// [`addr_fold`] of the packet's addresses.
+    pub addrs: u32,
+    pub class: u16,
+    pub dscp: u8,
+    pub proto: u8,
+}
+const _: () = assert!(size_of::<SockMemo>() == 32);
+
+/// A packet's source and destination addresses folded into 32 bits, as a sum of their words
+/// times distinct odd constants (mod 2^32): two address pairs that differ in one word never
+/// fold alike (an odd multiplier is invertible), and pairs that differ in more do with odds of
+/// 1 in 2^32.
+#[inline(always)]
+pub const fn addr_fold(src: &[u32; 4], dst: &[u32; 4]) -> u32 {
+    src[0]
+        .wrapping_mul(0x9e37_79b1)
+        .wrapping_add(src[1].wrapping_mul(0x85eb_ca77))
+        .wrapping_add(src[2].wrapping_mul(0xc2b2_ae3d))
+        .wrapping_add(src[3].wrapping_mul(0x27d4_eb2f))
+        .wrapping_add(dst[0].wrapping_mul(0x1656_67b1))
+        .wrapping_add(dst[1].wrapping_mul(0xd3a2_646d))
+        .wrapping_add(dst[2].wrapping_mul(0xfd70_46c5))
+        .wrapping_add(dst[3].wrapping_mul(0xb55a_4f09))
+}
+
+impl SockMemo {
+    #[inline(always)]
+    fn ports_of(pkt: &crate::classify::PacketInfo) -> u32 {
+        (u32::from(pkt.sport) << 16) | u32::from(pkt.dport)
+    }
+
+    /// Remembers `class`, computed under policy `generation`, for the packets like `pkt` of the
+    /// socket at `sk` while its transmit hash is `txhash`.
+    #[inline(always)]
+    pub fn set(
+        &mut self,
+        generation: u64,
+        pkt: &crate::classify::PacketInfo,
+        class: u32,
+        sk: u64,
+        txhash: u32,
+    ) {
+        self.sk = sk;
+        self.generation = generation as u32;
+        self.txhash = txhash;
+        self.mark = pkt.mark;
+        self.ports = Self::ports_of(pkt);
+        self.addrs = addr_fold(&pkt.src, &pkt.dst);
+        self.class = class as u16;
+        self.dscp = pkt.dscp;
+        self.proto = pkt.proto;
+    }
+
+    /// The remembered class, if `pkt`, sent by the socket at `sk` (nonzero) with transmit hash
+    /// `txhash`, is another packet of the remembered socket's flow, under the same policy, mark
+    /// and DSCP.
+    #[inline(always)]
+    pub fn class_for(
+        &self,
+        generation: u64,
+        pkt: &crate::classify::PacketInfo,
+        sk: u64,
+        txhash: u32,
+    ) -> Option<u16> {
+        (sk != 0
+            && self.sk == sk
+            && self.txhash == txhash
+            && self.generation == generation as u32
+            && self.ports == Self::ports_of(pkt)
+            && self.proto == pkt.proto
+            && self.mark == pkt.mark
+            && self.dscp == pkt.dscp
+            && self.addrs == addr_fold(&pkt.src, &pkt.dst))
+        .then_some(self.class)
+    }
+}
+
 /// An aggregate's departure clock, shared by all CPUs (updated with a compare-and-swap on
 /// every paced packet), alone in a cache line: packed eight to a line, two classes sent from
 /// two CPUs moved one line back and forth and each packet cost as much as if both classes
@@ -448,27 +549,36 @@ impl GlobalCounters {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct CpuState {
-    pub global: GlobalCounters,
+    // What every packet touches comes first, together (a per-CPU value is only 8-byte aligned,
+    // so the fewer bytes it spans, the fewer cache lines): the packet, its layout, the socket
+    // memo, the trace's clocks and pending record (written whether a trace runs or not), the
+    // laundering words.
     /// The parser writes the packet here and the program reads it back (see the datapath's
     /// `maps::read_back`).
     pub scratch: crate::classify::PacketInfo,
     /// The parsed packet's layout passes through here (see the datapath's `parse::launder`),
     /// beside the packet: one cache line fewer per packet than a map of its own.
     pub layout: [u32; 4],
-    /// Words the classifier's lookups pass through so that LLVM cannot fold them into the
-    /// verifier's blind spots (see the datapath's `opaque`); never read as data.
+    /// Words the classifier's lookups and the delay histogram's bucket pass through so that
+    /// LLVM cannot fold them into the verifier's blind spots (see the datapath's `opaque`);
+    /// never read as data.
     pub opaque: [u32; 2],
+    /// The last socket this CPU sent a packet of whose class keeps nothing in socket storage
+    /// (see [`SockMemo`]).
+    pub sock_memo: SockMemo,
+    /// `paceline trace`: the clocks of the packet being decided, its pending record, the cap's
+    /// window, counters.
+    pub trace: crate::trace::TraceCpu,
     /// The flow table's key and new value are built here, not on the stack: Linux 6.1 allows
     /// the tc program and the CoDel function it calls 512 bytes of stack together.
     pub table_key: FlowTableKey,
+    pub global: GlobalCounters,
     pub flow_state: FlowState,
     /// The [`admit_tag`] of a new flow's key while its packet is decided (in memory, not a
     /// register: the verifier would walk pacing once for each outcome of the admission).
     pub admit_tag: u64,
-    /// `paceline trace`: the cap's window, the clocks of the packet being decided, counters.
-    pub trace: crate::trace::TraceCpu,
 }
-const _: () = assert!(size_of::<CpuState>() == 72 + 56 + 16 + 8 + 16 + 72 + 8 + 112);
+const _: () = assert!(size_of::<CpuState>() == 56 + 16 + 8 + 32 + 112 + 16 + 72 + 72 + 8);
 
 pub use crate::d3::maps::*;
 
@@ -541,5 +651,93 @@ mod sock_state_tests {
         assert_eq!(st.class_for(7, &p, 0x1235), None, "connected again");
         assert_eq!(st.class_for(7, &PacketInfo { mark: 8, ..p }, 0x1234), None);
         assert_eq!(st.class_for(7, &PacketInfo { dscp: 0, ..p }, 0x1234), None);
+    }
+
+    /// The socket memo holds for the socket, flow, policy, mark and DSCP it was filled for, and
+    /// for nothing else: another socket (address or transmit hash), another destination or
+    /// source of the same socket (a connected UDP socket's `sendto`), other ports or protocol.
+    #[test]
+    fn a_socket_memo_holds_for_that_socket_and_flow_only() {
+        let p = PacketInfo {
+            src: v4_mapped(u32::from_ne_bytes([10, 0, 0, 1])),
+            dst: v4_mapped(u32::from_ne_bytes([10, 0, 0, 2])),
+            mark: 9,
+            dscp: 10,
+            proto: 17,
+            sport: 4000,
+            dport: 5000,
+            ..PacketInfo::default()
+        };
+        let (sk, hash) = (0xffff_8880_1234_5600, 0xabcd);
+        let mut m = SockMemo::default();
+        assert_eq!(m.class_for(7, &p, sk, hash), None, "an empty memo holds nothing");
+        assert_eq!(
+            m.class_for(7, &p, 0, 0),
+            None,
+            "nor for a packet without a socket"
+        );
+        m.set(7, &p, 3, sk, hash);
+        assert_eq!(m.class_for(7, &p, sk, hash), Some(3));
+        assert_eq!(m.class_for(8, &p, sk, hash), None, "another policy");
+        assert_eq!(m.class_for(7, &p, sk + 64, hash), None, "another socket");
+        assert_eq!(
+            m.class_for(7, &p, sk, hash + 1),
+            None,
+            "a socket made again at that address"
+        );
+        assert_eq!(m.class_for(7, &p, 0, hash), None, "no socket");
+        for (what, q) in [
+            ("mark", PacketInfo { mark: 8, ..p }),
+            ("DSCP", PacketInfo { dscp: 0, ..p }),
+            ("protocol", PacketInfo { proto: 6, ..p }),
+            ("source port", PacketInfo { sport: 4001, ..p }),
+            ("destination port", PacketInfo { dport: 5001, ..p }),
+            (
+                "destination",
+                PacketInfo {
+                    dst: v4_mapped(u32::from_ne_bytes([10, 0, 0, 3])),
+                    ..p
+                },
+            ),
+            (
+                "source",
+                PacketInfo {
+                    src: v4_mapped(u32::from_ne_bytes([10, 0, 0, 9])),
+                    ..p
+                },
+            ),
+        ] {
+            assert_eq!(m.class_for(7, &q, sk, hash), None, "another {what}");
+        }
+        // IPv6 destinations that differ only in a high word (same low word, same ports).
+        let v6 = |w1: u32| PacketInfo {
+            src: [0x2001_0db8u32.to_be(), 0, 0, 1u32.to_be()],
+            dst: [0x2001_0db8u32.to_be(), w1.to_be(), 0, 5u32.to_be()],
+            is_v6: 1,
+            ..p
+        };
+        m.set(7, &v6(1), 4, sk, hash);
+        assert_eq!(m.class_for(7, &v6(1), sk, hash), Some(4));
+        assert_eq!(m.class_for(7, &v6(2), sk, hash), None, "another IPv6 destination");
+    }
+
+    /// Address pairs that differ in one word never fold alike (each word's multiplier is odd).
+    #[test]
+    fn address_pairs_one_word_apart_fold_apart() {
+        let base = ([1u32, 2, 3, 4], [5u32, 6, 7, 8]);
+        let f0 = addr_fold(&base.0, &base.1);
+        for word in 0..8 {
+            for delta in [1u32, 2, 0x8000_0000, 0xffff_ffff, 0x1234_5678] {
+                let (mut s, mut d) = base;
+                if word < 4 {
+                    s[word] = s[word].wrapping_add(delta);
+                } else {
+                    d[word - 4] = d[word - 4].wrapping_add(delta);
+                }
+                assert_ne!(addr_fold(&s, &d), f0, "word {word} moved by {delta:#x}");
+            }
+        }
+        // Source and destination swapped fold apart too.
+        assert_ne!(addr_fold(&base.1, &base.0), f0);
     }
 }

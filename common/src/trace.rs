@@ -151,9 +151,11 @@ pub const TP_PACED: u8 = 1 << 7;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct TraceCpu {
-    pub gate: TraceGate,
+    /// Written on every paced packet, traced or not, and `pending` on every packet: first, so
+    /// that they sit beside the rest of what a packet touches in `CpuState`.
     pub clocks: TraceClocks,
     pub pending: TracePending,
+    pub gate: TraceGate,
     /// Records written into the ring buffer.
     pub emitted: u64,
     /// Packets that passed the filters and the sampling but not the per-second cap.
@@ -161,7 +163,7 @@ pub struct TraceCpu {
     /// Records the ring buffer had no room for (the reader fell behind).
     pub lost: u64,
 }
-const _: () = assert!(size_of::<TraceCpu>() == 16 + 40 + 32 + 24);
+const _: () = assert!(size_of::<TraceCpu>() == 40 + 32 + 16 + 24);
 
 impl TraceCpu {
     pub fn add(&mut self, o: &TraceCpu) {

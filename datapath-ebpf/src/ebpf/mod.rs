@@ -26,7 +26,8 @@ use paceline_common::{
     edt::delay_bucket,
     maps::{
         BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,
-        MAX_CLASSES, MAX_LEVELS, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag_of, level_slot,
+        MAX_CLASSES, MAX_LEVELS, TABLE_DASR_SENDER, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag_of,
+        level_slot,
     },
     trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action, held_binding},
 };
@@ -136,7 +137,18 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // SAFETY: reading an __sk_buff field allowed for tc programs. A local socket's packets
     // carry its transmit hash (see `SockState::txhash`).
     let txhash = unsafe { (*skb).hash };
-    if let Some(s) = sock::flow_sock(ctx, &pkt) {
+    // The class cached for the packet's flow: by this CPU's socket memo (a later packet of the
+    // socket this CPU sent the last packet of, when its class keeps nothing in the socket's
+    // storage: see `SockMemo`), or below by the flow table's entry. `NOT_CACHED` when none (a
+    // plain integer, not an `Option`: LLVM may copy an `Option`'s undefined payload, a
+    // register the verifier refuses to read).
+    let mut cached = NOT_CACHED;
+    // SAFETY: reading __sk_buff.sk, as an identity only (see `SockMemo::sk`).
+    let sk = unsafe { (*skb).__bindgen_anon_2.sk } as u64;
+    if let Some(c) = cpu.sock_memo.class_for(table.generation, &pkt, sk, txhash) {
+        has_sock = true;
+        cached = u32::from(c);
+    } else if let Some(s) = sock::flow_sock(ctx, &pkt) {
         has_sock = true;
         if let Some(st) = sock::state(s, false)
             && st.class_for(table.generation, &pkt, txhash).is_some()
@@ -151,10 +163,6 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let mut bind: *mut u8 = core::ptr::null_mut();
     let mut insert = false;
     let mut in_table = false;
-    // The class the table's entry holds; `NOT_CACHED` when none (a plain integer, not an
-    // `Option`: LLVM may copy an `Option`'s undefined payload, a register the verifier refuses
-    // to read).
-    let mut cached = NOT_CACHED;
     if !has_sock {
         // SAFETY: volatile read of a load-time constant.
         let bench_miss = unsafe { core::ptr::read_volatile(&PL_BENCH_FLOW_MISS) };
@@ -276,6 +284,16 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     } else {
         paceline_common::dasr::cap(class.flow_rate, dasr_rate)
     };
+    // A socket whose class keeps nothing in its storage per packet (no flow clock, no DASR
+    // share) is remembered for its next packet on this CPU, and keeps no binding either (the
+    // memo's packets could not write it): `paceline flows` shows a socket's HELD BY only where
+    // a flow clock applies; the class's own (`paceline top`) counts every packet.
+    if has_sock && flow_rate == 0 && table.flags & TABLE_DASR_SENDER == 0 {
+        bind = core::ptr::null_mut();
+        if cached == NOT_CACHED {
+            cpu.sock_memo.set(table.generation, &pkt, class_idx, sk, txhash);
+        }
+    }
     // What a trace record says of this packet, in this CPU's state (not on the stack: see
     // `CpuState::table_key`); written only while a trace runs, but for the bits the exits
     // below set.

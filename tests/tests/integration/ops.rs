@@ -925,6 +925,110 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
     agent.stop();
 }
 
+/// A socket whose class keeps nothing in socket storage per packet (no flow clock) is served by
+/// the CPU's socket memo: its later packets on one CPU take the class the memo holds, without a
+/// look at the socket's storage, until another socket's packet, or a reload, takes the memo's
+/// place. Seen here by rewriting the socket's class in its storage behind the datapath's back:
+/// the packets the memo serves keep the class it holds; the others read the rewritten one.
+///
+/// Checked (2026-12-06, host 6.18): with the memo's lookup patched out of the egress program
+/// (`SockMemo::class_for` never answering), the 20 datagrams after the rewrite went to `spare`
+/// and the test failed at the first count; with the memo's generation check patched out, the
+/// datagram after the reload stayed in `spare` and it failed at the last.
+#[test]
+fn a_socket_memo_serves_its_sockets_later_packets_until_another_socket_or_a_reload() {
+    let test = "a_socket_memo_serves_its_sockets_later_packets_until_another_socket_or_a_reload";
+    if !privileged(test) {
+        return;
+    }
+    let (_tb, a, b) = two_hosts("ops_memo");
+    let ib = a.iface_to(&b).unwrap().ifname;
+    let classes = "    - name: stream\n      level: low\n      class_rate: 500Mbit\n    - name: bulk\n      level: low\n      class_rate: 500Mbit\n    - name: spare\n      level: low\n      class_rate: 500Mbit\n";
+    let rules = |a_class: &str| {
+        format!(
+            "    - class: {a_class}\n      protocol: udp\n      dst_port: 5602\n    - class: bulk\n      protocol: udp\n      dst_port: 5603\n"
+        )
+    };
+    let (scratch, agent) = agent_on(&a, "memo", &policy(&ib, "auto", classes, &rules("stream")));
+    // Listeners, so that no ICMP error makes a send fail.
+    let bip = b.ipv4();
+    let _listeners = b
+        .in_netns(move || [5602, 5603].map(|p| std::net::UdpSocket::bind((bip, p)).expect("listen")))
+        .unwrap();
+    let (s1, s2) = a
+        .in_netns(move || {
+            let c = |p| {
+                let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                s.connect((bip, p)).unwrap();
+                s
+            };
+            (c(5602), c(5603))
+        })
+        .unwrap();
+    // Datagrams from one CPU (the memo is per CPU), in the order given.
+    let send = |order: &[&std::net::UdpSocket]| {
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let mut cpus = nix::sched::CpuSet::new();
+                cpus.set(0).unwrap();
+                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpus).expect("pin to CPU 0");
+                for s in order {
+                    send_one(s);
+                }
+            });
+        })
+    };
+    let packets = |class: &str| {
+        metric(
+            &agent,
+            &format!("paceline_class_packets_total{{class=\"{class}\""),
+        )
+    };
+    send(&[&s1; 5]);
+    assert_eq!(packets("stream"), 5.0);
+    // Rewrite the socket's class in its storage (the generation, mark, DSCP and transmit hash
+    // left as they are, so the storage's answer holds).
+    let pin = Agent::bpffs_dir(&scratch.path("state")).join("maps/PL_SOCK");
+    let mut map = aya::maps::SkStorage::<_, paceline_common::maps::SockState>::try_from(
+        aya::maps::Map::SkStorage(aya::maps::MapData::from_pin(&pin).expect("the pinned socket storage map")),
+    )
+    .expect("a socket storage map");
+    let mut st = map.get(&s1, 0).expect("the socket's storage");
+    assert_eq!(usize::from(st.class), agent.class_index("stream"), "{st:?}");
+    st.class = agent.class_index("spare") as u16;
+    map.insert(&s1, st, 0).expect("rewriting the socket's storage");
+    // The memo serves the socket's next packets: they stay in `stream`.
+    send(&[&s1; 20]);
+    assert_eq!(
+        (packets("stream"), packets("spare")),
+        (25.0, 0.0),
+        "the socket's later packets were not served by the memo"
+    );
+    // Another socket's packet takes the memo; the first socket's next one reads its storage.
+    send(&[&s2, &s1]);
+    assert_eq!(
+        (packets("stream"), packets("bulk"), packets("spare")),
+        (25.0, 1.0, 1.0),
+        "after another socket's packet"
+    );
+    // A reload: the memo's class (`spare`, from the rewritten storage) was computed under the
+    // old policy, so the socket's next packet is classified again, under the new one.
+    agent
+        .apply_policy(
+            &policy(&ib, "auto", classes, &rules("bulk")),
+            Duration::from_secs(2),
+        )
+        .expect("reload");
+    send(&[&s1]);
+    assert_eq!(
+        (packets("bulk"), packets("spare")),
+        (2.0, 1.0),
+        "the socket's packet after the reload"
+    );
+    drop((s1, s2));
+    agent.stop();
+}
+
 /// A raw socket of protocol TCP (a packet generator's) writes whatever TCP header it likes: its
 /// segments are not one flow, so each 5-tuple takes the flow table with its own class, never a
 /// class cached in the raw socket's storage.
