@@ -26,14 +26,9 @@ pub mod names {
     /// `PerCpuArray<CpuState>` with one entry: the counters that belong to no class, and the
     /// scratch slot.
     pub const CPU: &str = "PL_CPU";
-    /// `PerCpuArray<Counters>`: per class at `[0, MAX_CLASSES)`. The level slots after them
-    /// (see [`super::level_slot`]) are no longer written (a level's counters are its classes'
-    /// summed, see [`LEVEL_BASE`]); they stay so that an upgrade keeps the class counters.
+    /// `PerCpuArray<Counters>`: per class at `[0, MAX_CLASSES)`, per level after them (see
+    /// [`super::level_slot`]).
     pub const STATS: &str = "PL_STATS";
-    /// `Array<Counters>` with [`super::MAX_LEVELS`] entries, the agent's alone: what each
-    /// level's counters hold beyond the sum of the counters of the classes the live policy puts
-    /// in it (what classes that left it took along), pinned so that it outlives the agent.
-    pub const LEVEL_BASE: &str = "PL_LEVEL_BASE";
     /// `HashMap<u64, BenchEdt>`: the benchmark's reference program's aggregates.
     pub const BENCH_EDT: &str = "PL_BENCH_EDT";
     /// `ArrayOfMaps` with one inner `Array<u32>` per bank: the compiled classifier's words
@@ -492,36 +487,6 @@ impl Counters {
         for (a, b) in self.held_by.iter_mut().zip(other.held_by.iter()) {
             *a = a.wrapping_add(*b);
         }
-    }
-}
-
-impl Counters {
-    /// Takes `other` out of `self` (wrapping: a level's base may lie below zero, its totals
-    /// never do).
-    pub fn sub(&mut self, other: &Counters) {
-        let mut neg = *other;
-        for v in neg.words_mut() {
-            *v = v.wrapping_neg();
-        }
-        self.add(&neg);
-    }
-
-    fn words_mut(&mut self) -> impl Iterator<Item = &mut u64> {
-        [
-            &mut self.packets,
-            &mut self.bytes,
-            &mut self.delayed_packets,
-            &mut self.delay_ns,
-            &mut self.drops_horizon,
-            &mut self.tagged_packets,
-            &mut self.tcp_sockets,
-            &mut self.sockopt_errors,
-            &mut self.drops_codel,
-            &mut self.marks_codel,
-        ]
-        .into_iter()
-        .chain(self.delay_hist.iter_mut())
-        .chain(self.held_by.iter_mut())
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result, anyhow};
 use paceline_common::{
     classify::Rule,
-    maps::{CodelState, Counters, MAX_LEVELS, PolicyTable},
+    maps::{CodelState, PolicyTable},
 };
 
 use crate::kernel::bpfsys;
@@ -90,26 +90,6 @@ impl Datapath {
                 }
             }
         }
-        // Each level's totals carry on across the switch (a class that leaves a level leaves
-        // its history there): the bases are written before the flip, from the counters read
-        // just before it; packets counted between the read and the flip (microseconds) are
-        // the only ones a moved class's level may miscount.
-        let old_table = self.tables.get(&live, 0).ok().filter(|t| t.generation != 0);
-        let bases = crate::kernel::levels::carry(
-            old_table.as_ref(),
-            table,
-            &self.class_counters()?,
-            &self.level_bases()?,
-            &self.moved_out,
-            self.levels_reset,
-        );
-        for (l, b) in bases.into_iter().enumerate() {
-            self.level_base
-                .set(l as u32, b, 0)
-                .context("writing PL_LEVEL_BASE")?;
-        }
-        self.moved_out = vec![Counters::default(); MAX_LEVELS];
-        self.levels_reset = 0;
         self.generation += 1;
         let mut t = *table;
         t.ctab = image.header;

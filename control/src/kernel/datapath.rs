@@ -134,13 +134,6 @@ pub struct Datapath {
     pub(super) grace: Option<std::thread::JoinHandle<bool>>,
     clocks: Array<MapData, AggClock>,
     pub(super) codel: Array<MapData, CodelState>,
-    /// Each level's counters beyond its classes' ([`crate::kernel::levels`]).
-    pub(super) level_base: Array<MapData, Counters>,
-    /// Counters of class slots zeroed since the last policy write ([`Datapath::reset_slot`]),
-    /// by the level their class was in, and the level slots reset: the next write's
-    /// [`crate::kernel::levels::carry`] takes them into account.
-    pub(super) moved_out: Vec<Counters>,
-    pub(super) levels_reset: u32,
     flow_table_memlock: Option<u64>,
     /// The last count of the flow table's entries and when it was taken.
     flow_count: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
@@ -225,7 +218,6 @@ impl Datapath {
         let ctab_rules = ArrayOfMaps::try_from(take(&mut ebpf, names::CTAB_RULES)?)?;
         let clocks = Array::try_from(take(&mut ebpf, names::AGG_CLOCKS)?)?;
         let codel = Array::try_from(take(&mut ebpf, names::CODEL)?)?;
-        let level_base = Array::try_from(take(&mut ebpf, names::LEVEL_BASE)?)?;
         // The flow table stays in the object: only the datapath reads and writes it.
         let flow_table_memlock = match ebpf.map(names::FLOWS) {
             Some(aya::maps::Map::LruHashMap(m)) => memlock_of(m.fd().as_fd()),
@@ -291,9 +283,6 @@ impl Datapath {
             grace: None,
             clocks,
             codel,
-            level_base,
-            moved_out: vec![Counters::default(); MAX_LEVELS],
-            levels_reset: 0,
             flow_table_memlock,
             flow_count: std::sync::Mutex::new(None),
             ingress_error,
@@ -416,14 +405,6 @@ impl Datapath {
             bpfsys::clear(fd.as_fd(), &shape)
                 .with_context(|| format!("clearing map {}", info.name_as_str().unwrap_or("?")))?;
         }
-        // The levels' bases: no program uses their map.
-        for l in 0..MAX_LEVELS as u32 {
-            self.level_base
-                .set(l, Counters::default(), 0)
-                .context("clearing PL_LEVEL_BASE")?;
-        }
-        self.moved_out = vec![Counters::default(); MAX_LEVELS];
-        self.levels_reset = 0;
         self.generation = 0;
         *self.flow_count.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
@@ -584,15 +565,11 @@ impl Datapath {
         Ok(self.tables.get(&live, 0)?)
     }
 
-    /// Counters of every class and level, summed over CPUs (a level's are its classes' under
-    /// the live policy, plus its base: [`crate::kernel::levels`]).
+    /// Counters of every class and level, summed over CPUs.
     pub fn snapshot(&self) -> Result<Snapshot> {
-        let classes = self.class_counters()?;
-        let live = self.live_policy().ok().filter(|t| t.generation != 0);
-        let levels = crate::kernel::levels::totals(live.as_ref(), &classes, &self.level_bases()?);
         let mut s = Snapshot {
-            classes,
-            levels,
+            classes: vec![Counters::default(); MAX_CLASSES],
+            levels: vec![Counters::default(); MAX_LEVELS],
             global: GlobalCounters::default(),
             trace: TraceCpu::default(),
             tracing: self.trace_config().map(|c| c.flags != 0).unwrap_or(false),
@@ -602,47 +579,24 @@ impl Datapath {
             s.global.add(&cpu.global);
             s.trace.add(&cpu.trace);
         }
+        for slot in 0..(MAX_CLASSES + MAX_LEVELS) as u32 {
+            let sum = if (slot as usize) < MAX_CLASSES {
+                &mut s.classes[slot as usize]
+            } else {
+                &mut s.levels[slot as usize - MAX_CLASSES]
+            };
+            for c in self.stats.get(&slot, 0).context("reading PL_STATS")?.iter() {
+                sum.add(c);
+            }
+        }
         Ok(s)
     }
 
-    /// Every class slot's counters, summed over CPUs.
-    pub(super) fn class_counters(&self) -> Result<Vec<Counters>> {
-        (0..MAX_CLASSES as u32)
-            .map(|slot| {
-                let mut sum = Counters::default();
-                for c in self.stats.get(&slot, 0).context("reading PL_STATS")?.iter() {
-                    sum.add(c);
-                }
-                Ok(sum)
-            })
-            .collect()
-    }
-
-    /// Each level's base ([`crate::kernel::levels`]).
-    pub(super) fn level_bases(&self) -> Result<Vec<Counters>> {
-        (0..MAX_LEVELS as u32)
-            .map(|l| self.level_base.get(&l, 0).context("reading PL_LEVEL_BASE"))
-            .collect()
-    }
-
     /// Zeroes a class or level slot's counters, aggregate clock and CoDel state (the slot now
-    /// names another class or level). A class's counters leave its level's totals only at the
-    /// next policy write, which starts a reset level from zero ([`crate::kernel::levels`]).
+    /// names another class or level).
     pub fn reset_slot(&mut self, slot: u32) -> Result<()> {
         // Racy against packets counting on other CPUs at this instant; only used when a slot
         // changes hands at a reload, when its new class has not seen traffic yet.
-        if (slot as usize) < MAX_CLASSES {
-            let live = self.live_policy().ok().filter(|t| t.generation != 0);
-            if let Some(l) = live.and_then(|t| crate::kernel::levels::class_level(&t, slot as usize)) {
-                let mut sum = Counters::default();
-                for c in self.stats.get(&slot, 0).context("reading PL_STATS")?.iter() {
-                    sum.add(c);
-                }
-                self.moved_out[l].add(&sum);
-            }
-        } else {
-            self.levels_reset |= 1 << ((slot as usize - MAX_CLASSES) & (MAX_LEVELS - 1));
-        }
         let n = aya::util::nr_cpus().map_err(|(p, e)| anyhow!("reading {p}: {e}"))?;
         let values = aya::maps::PerCpuValues::try_from(vec![Counters::default(); n])?;
         self.stats
