@@ -308,8 +308,8 @@ impl SockState {
 /// socket's storage per packet (no flow clock, no DASR share): the socket's next packet on this
 /// CPU takes it from here, beside the parsed packet, without touching the socket or its
 /// storage (a helper call and three dependent loads through the socket, which the stack has
-/// usually evicted from the cache since the socket's last packet: about 13 ns a packet under
-/// real traffic, `plbench traffic`).
+/// usually evicted from the cache since the socket's last packet: 5-10 ns a packet under real
+/// traffic, `plbench traffic`).
 ///
 /// The socket is told by its address in the kernel (`skb->sk`, compared, never dereferenced)
 /// and its transmit hash (a socket freed and another made at the same address draws a new
