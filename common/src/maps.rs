@@ -656,6 +656,8 @@ mod sock_state_tests {
     /// The socket memo holds for the socket, flow, policy, mark and DSCP it was filled for, and
     /// for nothing else: another socket (address or transmit hash), another destination or
     /// source of the same socket (a connected UDP socket's `sendto`), other ports or protocol.
+    /// Checked (2026-12-06): with the address fold's check patched out, "another destination"
+    /// failed.
     #[test]
     fn a_socket_memo_holds_for_that_socket_and_flow_only() {
         let p = PacketInfo {
