@@ -26,9 +26,16 @@ pub mod names {
     /// `PerCpuArray<CpuState>` with one entry: the counters that belong to no class, and the
     /// scratch slot.
     pub const CPU: &str = "PL_CPU";
-    /// `PerCpuArray<Counters>`: per class at `[0, MAX_CLASSES)`, per level after them (see
-    /// [`super::level_slot`]).
+    /// `PerCpuArray<Counters>`: per class slot at `[0, MAX_CLASSES)`. The level slots after
+    /// them (see [`super::level_slot`]) are no longer written (a level's counters are its class
+    /// slots' summed, see [`LEDGER`]); they stay so that an upgrade keeps the class counters
+    /// (and the ledger's first write takes the levels' totals over from them).
     pub const STATS: &str = "PL_STATS";
+    /// `Array<Ledger>` with one entry, the agent's alone (no program reads it): which level
+    /// each class slot's counters count in, what each slot held when its class took it, and
+    /// what each level holds beyond its slots (see [`super::Ledger`]). Pinned, so that it
+    /// outlives the agent; one value, written with one update, so that it never tears.
+    pub const LEDGER: &str = "PL_LEDGER";
     /// `HashMap<u64, BenchEdt>`: the benchmark's reference program's aggregates.
     pub const BENCH_EDT: &str = "PL_BENCH_EDT";
     /// `ArrayOfMaps` with one inner `Array<u32>` per bank: the compiled classifier's words
@@ -490,6 +497,63 @@ impl Counters {
     }
 }
 
+impl Counters {
+    /// Takes `other` out of `self` (wrapping: a level's base may lie below zero, its totals
+    /// never do).
+    pub fn sub(&mut self, other: &Counters) {
+        let mut neg = *other;
+        for v in neg.words_mut() {
+            *v = v.wrapping_neg();
+        }
+        self.add(&neg);
+    }
+
+    fn words_mut(&mut self) -> impl Iterator<Item = &mut u64> {
+        [
+            &mut self.packets,
+            &mut self.bytes,
+            &mut self.delayed_packets,
+            &mut self.delay_ns,
+            &mut self.drops_horizon,
+            &mut self.tagged_packets,
+            &mut self.tcp_sockets,
+            &mut self.sockopt_errors,
+            &mut self.drops_codel,
+            &mut self.marks_codel,
+        ]
+        .into_iter()
+        .chain(self.delay_hist.iter_mut())
+        .chain(self.held_by.iter_mut())
+    }
+}
+
+/// How the class slots' counters (`PL_STATS`) make up each class's and each level's: the
+/// datapath counts a packet in its class slot only, and a level's counters are the sum of the
+/// slots this ledger puts in it, beyond their marks, plus its base.
+///
+/// A slot counts in one level from the policy write that gives it a class until the write
+/// that gives it another class or another level, whether or not the live policy still uses
+/// it: packets classified by a policy just replaced (in flight at the flip, until the grace
+/// period after it) count where that policy put them. The agent reassigns a slot only where
+/// no program can still count in it under its old owner (the policy compiler gives a new class,
+/// and a class that changes level, a slot the live policy does not use), so a level's totals
+/// are exact across reloads. The arithmetic is `control/src/kernel/levels.rs`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Ledger {
+    /// Nonzero once the agent has written it.
+    pub written: u32,
+    pub _pad: u32,
+    /// Per class slot, the level its counters count in, plus one (0: none).
+    pub slot_level: [u8; MAX_CLASSES],
+    /// Per class slot, what its counters held when its class took it: the class's own
+    /// counters are the slot's beyond this (wrapping).
+    pub marks: [Counters; MAX_CLASSES],
+    /// Per level, what it holds beyond its slots (wrapping: a base may lie below zero, a
+    /// level's totals never do).
+    pub bases: [Counters; MAX_LEVELS],
+}
+
 /// Per-CPU counters that belong to no class.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -612,6 +676,7 @@ mod pod {
     unsafe impl aya::Pod for AggClock {}
     unsafe impl aya::Pod for SockState {}
     unsafe impl aya::Pod for Counters {}
+    unsafe impl aya::Pod for Ledger {}
     unsafe impl aya::Pod for GlobalCounters {}
     unsafe impl aya::Pod for CpuState {}
     unsafe impl aya::Pod for BenchEdt {}

@@ -219,6 +219,10 @@ pub struct Slots {
     pub class_names: Vec<Option<String>>,
     /// By level index.
     pub level_names: Vec<String>,
+    /// By table index, like `class_names`: the level index of each class (empty in the
+    /// records of agents that did not keep it).
+    #[serde(default)]
+    pub class_levels: Vec<Option<u32>>,
 }
 
 impl Compiled {
@@ -227,13 +231,23 @@ impl Compiled {
         Slots {
             class_names: self.class_names.clone(),
             level_names: self.level_names.clone(),
+            class_levels: self
+                .class_names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| n.as_ref().map(|_| self.table.classes[i].level))
+                .collect(),
         }
     }
 }
 
-/// Assigns table indices: classes of `previous` keep theirs; new classes take the lowest
-/// index used neither now nor by `previous` (so a removed class's counters are not inherited),
-/// else the lowest free one.
+/// Assigns table indices: classes of `previous` keep theirs, at the same level index; new
+/// classes, and classes that change level, take the lowest index used neither now nor by
+/// `previous`, else the lowest free one. A slot the running policy does not use is one no
+/// packet can still count in under its old owner once the policy is written, so a removed
+/// class's counters are not inherited and each level's counters stay exact across the reload
+/// (the agent's ledger, `control/src/kernel/levels.rs`); only a policy that needs every slot
+/// reuses one the running policy uses.
 fn class_indices(v: &Validated, previous: Option<&Slots>) -> Vec<u16> {
     let prev: HashMap<&str, usize> = previous
         .map(|p| {
@@ -244,6 +258,11 @@ fn class_indices(v: &Validated, previous: Option<&Slots>) -> Vec<u16> {
                 .collect()
         })
         .unwrap_or_default();
+    let same_level = |p: usize, level: usize| {
+        previous
+            .and_then(|s| s.class_levels.get(p).copied().flatten())
+            .is_none_or(|l| l as usize == level)
+    };
     let prev_used: HashSet<usize> = prev.values().copied().collect();
     let mut used = [false; MAX_CLASSES];
     let mut idx: Vec<Option<u16>> = vec![None; v.classes.len()];
@@ -251,6 +270,7 @@ fn class_indices(v: &Validated, previous: Option<&Slots>) -> Vec<u16> {
         if let Some(&p) = prev.get(c.name.as_str())
             && p < MAX_CLASSES
             && !used[p]
+            && same_level(p, c.level)
         {
             used[p] = true;
             idx[i] = Some(p as u16);

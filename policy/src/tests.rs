@@ -997,6 +997,39 @@ fn class_indices_are_stable_across_reloads() {
     assert_eq!(c.class_names[1023].as_deref(), Some("c1023"));
 }
 
+/// A class that changes level takes a slot the running policy does not use (and starts from
+/// zero there), so that no packet in flight at the reload counts its old class's slot into the
+/// new level: what keeps the agent's level counters exact (`control/src/kernel/levels.rs`).
+/// A class that keeps its level keeps its slot, as do classes in records without levels.
+#[test]
+fn a_class_that_changes_level_takes_a_fresh_slot() {
+    let two_levels = |kv_level: &str| {
+        format!(
+            "apiVersion: paceline/v1\nkind: Policy\nspec:\n  interfaces: [eth0]\n  levels: [{{name: hi, priority: 1}}, {{name: lo, priority: 0}}]\n  classes:\n    - {{name: web, level: lo}}\n    - {{name: kv, level: {kv_level}}}\n  rules:\n    - {{class: kv, dscp: 1}}\n  default_class: web\n"
+        )
+    };
+    let c1 = fq(&ok(&two_levels("lo"), &fake_host()));
+    let after = |prev: &Slots| {
+        compile(
+            &ok(&two_levels("hi"), &fake_host()),
+            &CompileContext {
+                mode: EnforcementMode::Fq,
+                previous: Some(prev),
+                all_routes_managed: false,
+            },
+        )
+        .unwrap()
+    };
+    let c2 = after(&c1.slots());
+    assert_eq!(c2.class_names, [Some("web".into()), None, Some("kv".into())]);
+    assert_eq!(c2.slots().class_levels, [Some(1), None, Some(0)]);
+    assert_eq!(c2.slots_to_reset(Some(&c1.slots())), vec![2]);
+    // A record from an agent that kept no levels: kv keeps its slot.
+    let mut old = c1.slots();
+    old.class_levels.clear();
+    assert_eq!(after(&old).class_names[1].as_deref(), Some("kv"));
+}
+
 // ---- QJump ----
 
 const SEED_LEVELS: &str = r#"

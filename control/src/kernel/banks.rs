@@ -90,6 +90,16 @@ impl Datapath {
                 }
             }
         }
+        // From the flip on, each slot of this policy counts in the level it gives it
+        // (`levels::write`). Written before the flip, after the grace period of the last one
+        // (`settle` above): a slot that changes hands here is one no program can still count
+        // in under its old owner, so no level gains or loses a packet at the switch.
+        let slots = self.class_counters()?;
+        let mut ledger = self.ledger_now(&slots)?;
+        crate::kernel::levels::write(&mut ledger, table, &slots, &self.reassigned, self.levels_reset);
+        self.write_ledger(&ledger)?;
+        self.reassigned.fill(false);
+        self.levels_reset = 0;
         self.generation += 1;
         let mut t = *table;
         t.ctab = image.header;

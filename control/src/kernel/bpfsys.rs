@@ -15,6 +15,7 @@ const BPF_MAP_TYPE_LRU_PERCPU_HASH: u32 = 10;
 pub use paceline_common::abi::{BPF_F_INNER_MAP, BPF_F_MMAPABLE, BPF_F_RDONLY_PROG};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
@@ -157,6 +158,25 @@ pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()>
     let mut a = Attr::new();
     a.u32(0, link.as_raw_fd() as u32).u32(4, prog.as_raw_fd() as u32);
     bpf(BPF_LINK_UPDATE, &mut a).map(|_| ())
+}
+
+/// Reads entry `key` of an array map whose values are `V` into `out` (for values too large
+/// to pass by value on a thread's stack, which aya's typed maps do).
+pub fn lookup_into<V: Copy>(fd: BorrowedFd<'_>, key: u32, out: &mut V) -> io::Result<()> {
+    let mut a = Attr::new();
+    a.u32(0, fd.as_raw_fd() as u32)
+        .u64(8, &key as *const u32 as u64)
+        .u64(16, out as *mut V as u64);
+    bpf(BPF_MAP_LOOKUP_ELEM, &mut a).map(|_| ())
+}
+
+/// Writes `value` into entry `key` of an array map whose values are `V`, in one update.
+pub fn update_from<V: Copy>(fd: BorrowedFd<'_>, key: u32, value: &V) -> io::Result<()> {
+    let mut a = Attr::new();
+    a.u32(0, fd.as_raw_fd() as u32)
+        .u64(8, &key as *const u32 as u64)
+        .u64(16, value as *const V as u64);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut a).map(|_| ())
 }
 
 /// Entries per BPF_MAP_UPDATE_BATCH call (bounds the time spent in one syscall).

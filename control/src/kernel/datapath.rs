@@ -14,8 +14,8 @@ use paceline_common::{
     dasr::{self, DasrAddr, DasrIface, DasrStats},
     maps::{
         AggClock, CodelState, Counters, CpuState, D3_SEEN_ENTRIES, D3ClassStats, D3LinkCounters, D3LinkCtl,
-        D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, FlowTableKey, GlobalCounters, MAX_CLASSES,
-        MAX_LEVELS, PolicyTable, SockState, names,
+        D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, FlowTableKey, GlobalCounters, Ledger,
+        MAX_CLASSES, MAX_LEVELS, PolicyTable, SockState, level_slot, names,
     },
     trace::{TraceConfig, TraceCpu},
 };
@@ -134,6 +134,13 @@ pub struct Datapath {
     pub(super) grace: Option<std::thread::JoinHandle<bool>>,
     clocks: Array<MapData, AggClock>,
     pub(super) codel: Array<MapData, CodelState>,
+    /// Which level each class slot counts in (`PL_LEDGER`: [`crate::kernel::levels`]).
+    ledger: MapData,
+    /// The class slots given to another class, and the level slots (bit `l`) given to another
+    /// level, since the last policy write ([`Datapath::reset_slot`]): the next write's
+    /// [`crate::kernel::levels::write`] starts them from zero.
+    pub(super) reassigned: Vec<bool>,
+    pub(super) levels_reset: u32,
     flow_table_memlock: Option<u64>,
     /// The last count of the flow table's entries and when it was taken.
     flow_count: std::sync::Mutex<Option<(std::time::Instant, u64)>>,
@@ -218,6 +225,10 @@ impl Datapath {
         let ctab_rules = ArrayOfMaps::try_from(take(&mut ebpf, names::CTAB_RULES)?)?;
         let clocks = Array::try_from(take(&mut ebpf, names::AGG_CLOCKS)?)?;
         let codel = Array::try_from(take(&mut ebpf, names::CODEL)?)?;
+        let ledger = match take(&mut ebpf, names::LEDGER)? {
+            aya::maps::Map::Array(m) => m,
+            _ => anyhow::bail!("{} is not an array map", names::LEDGER),
+        };
         // The flow table stays in the object: only the datapath reads and writes it.
         let flow_table_memlock = match ebpf.map(names::FLOWS) {
             Some(aya::maps::Map::LruHashMap(m)) => memlock_of(m.fd().as_fd()),
@@ -283,6 +294,9 @@ impl Datapath {
             grace: None,
             clocks,
             codel,
+            ledger,
+            reassigned: vec![false; MAX_CLASSES],
+            levels_reset: 0,
             flow_table_memlock,
             flow_count: std::sync::Mutex::new(None),
             ingress_error,
@@ -405,6 +419,10 @@ impl Datapath {
             bpfsys::clear(fd.as_fd(), &shape)
                 .with_context(|| format!("clearing map {}", info.name_as_str().unwrap_or("?")))?;
         }
+        // The ledger: no program uses its map.
+        self.write_ledger(&crate::kernel::levels::empty())?;
+        self.reassigned = vec![false; MAX_CLASSES];
+        self.levels_reset = 0;
         self.generation = 0;
         *self.flow_count.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
@@ -565,11 +583,16 @@ impl Datapath {
         Ok(self.tables.get(&live, 0)?)
     }
 
-    /// Counters of every class and level, summed over CPUs.
+    /// Counters of every class slot and level, summed over CPUs (a class's are its slot's
+    /// beyond what the slot held when the class took it, a level's are its slots': see
+    /// [`crate::kernel::levels`]).
     pub fn snapshot(&self) -> Result<Snapshot> {
+        let slots = self.class_counters()?;
+        let ledger = self.ledger_now(&slots)?;
+        let (classes, levels) = crate::kernel::levels::view(&ledger, &slots);
         let mut s = Snapshot {
-            classes: vec![Counters::default(); MAX_CLASSES],
-            levels: vec![Counters::default(); MAX_LEVELS],
+            classes,
+            levels,
             global: GlobalCounters::default(),
             trace: TraceCpu::default(),
             tracing: self.trace_config().map(|c| c.flags != 0).unwrap_or(false),
@@ -579,29 +602,55 @@ impl Datapath {
             s.global.add(&cpu.global);
             s.trace.add(&cpu.trace);
         }
-        for slot in 0..(MAX_CLASSES + MAX_LEVELS) as u32 {
-            let sum = if (slot as usize) < MAX_CLASSES {
-                &mut s.classes[slot as usize]
-            } else {
-                &mut s.levels[slot as usize - MAX_CLASSES]
-            };
-            for c in self.stats.get(&slot, 0).context("reading PL_STATS")?.iter() {
-                sum.add(c);
-            }
-        }
         Ok(s)
     }
 
-    /// Zeroes a class or level slot's counters, aggregate clock and CoDel state (the slot now
-    /// names another class or level).
+    /// Every class slot's counters, summed over CPUs.
+    pub(super) fn class_counters(&self) -> Result<Vec<Counters>> {
+        (0..MAX_CLASSES as u32).map(|slot| self.slot_counters(slot)).collect()
+    }
+
+    fn slot_counters(&self, slot: u32) -> Result<Counters> {
+        let mut sum = Counters::default();
+        for c in self.stats.get(&slot, 0).context("reading PL_STATS")?.iter() {
+            sum.add(c);
+        }
+        Ok(sum)
+    }
+
+    /// The ledger as the next policy write starts from: the pinned one, or, where none was
+    /// written yet (a fresh start, or the first start after an agent whose datapath counted
+    /// levels per packet), one that puts the live policy's slots in their levels and carries
+    /// on each level's totals from `PL_STATS`'s level slots.
+    pub(super) fn ledger_now(&self, slots: &[Counters]) -> Result<Box<Ledger>> {
+        let mut ledger = crate::kernel::levels::empty();
+        bpfsys::lookup_into(self.ledger.fd().as_fd(), 0, &mut *ledger).context("reading PL_LEDGER")?;
+        if ledger.written == 0 {
+            let live = self.live_policy().ok().filter(|t| t.generation != 0);
+            let legacy = (0..MAX_LEVELS as u32)
+                .map(|l| self.slot_counters(level_slot(l)))
+                .collect::<Result<Vec<_>>>()?;
+            crate::kernel::levels::adopt(&mut ledger, live.as_ref(), slots, &legacy);
+        }
+        Ok(ledger)
+    }
+
+    pub(super) fn write_ledger(&self, ledger: &Ledger) -> Result<()> {
+        bpfsys::update_from(self.ledger.fd().as_fd(), 0, ledger).context("writing PL_LEDGER")
+    }
+
+    /// Starts a class or level slot over (the slot now names another class or level): zeroes
+    /// its aggregate clock and CoDel state now, and its counters from the next policy write
+    /// on ([`crate::kernel::levels::write`]), which leaves what a class slot counted so far in
+    /// its old level and starts a level slot from zero.
     pub fn reset_slot(&mut self, slot: u32) -> Result<()> {
-        // Racy against packets counting on other CPUs at this instant; only used when a slot
-        // changes hands at a reload, when its new class has not seen traffic yet.
-        let n = aya::util::nr_cpus().map_err(|(p, e)| anyhow!("reading {p}: {e}"))?;
-        let values = aya::maps::PerCpuValues::try_from(vec![Counters::default(); n])?;
-        self.stats
-            .set(slot, values, 0)
-            .context("zeroing a slot in PL_STATS")?;
+        if (slot as usize) < MAX_CLASSES {
+            self.reassigned[slot as usize] = true;
+        } else {
+            self.levels_reset |= 1 << ((slot as usize - MAX_CLASSES) & (MAX_LEVELS - 1));
+        }
+        // Racy against packets on other CPUs at this instant; only used when a slot changes
+        // hands at a reload, when its new class has not seen traffic yet.
         self.clocks
             .set(slot, AggClock::default(), 0)
             .context("zeroing PL_AGG_CLOCKS")?;

@@ -1,7 +1,8 @@
 //! The kernel side: everything the agent asks of the running kernel.
 //!
 //! - [`datapath`]: the loaded eBPF object, typed maps and counter snapshots; [`banks`] writes a
-//!   policy into the standby bank (changing only what differs) and switches banks.
+//!   policy into the standby bank (changing only what differs) and switches banks; [`levels`]
+//!   derives a level's counters from its classes'.
 //! - [`bpfsys`]: the bpf(2) calls aya does not offer (inner maps, batch writes, RCU waits).
 //! - [`attach`]: tc attachment (tcx or clsact) and sock_ops on the cgroup v2 root.
 //! - [`qdisc`]: fq / mq+fq / HTB root qdiscs through `tc`, and their removal; [`qstats`] reads
@@ -18,6 +19,7 @@ pub mod banks;
 pub mod bpfsys;
 pub mod datapath;
 pub mod features;
+pub mod levels;
 /// `build.rs`'s fingerprints of the maps' types, compiled here only for its tests.
 #[cfg(test)]
 #[path = "../../build/map_types.rs"]

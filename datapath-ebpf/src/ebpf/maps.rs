@@ -12,7 +12,7 @@ use paceline_common::{
     ctab::{NONE, RuleKey, SelKey, SelList, Tables},
     maps::{
         ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, Counters, CpuState, DEFAULT_FLOW_TABLE_SIZE, FlowState,
-        FlowTableKey, PolicyTable,
+        FlowTableKey, Ledger, PolicyTable,
     },
     trace::{TRACE_RING_BYTES, TraceConfig},
 };
@@ -51,9 +51,15 @@ pub static TRACE_PROG: ProgramArray = ProgramArray::with_max_entries(1, 0);
 #[map(name = "PL_TRACE_RING")]
 pub static TRACE_RING: RingBuf = RingBuf::with_byte_size(TRACE_RING_BYTES, 0);
 
-/// Per class and per level counters, one value per CPU.
+/// Per class counters, one value per CPU (the level slots are no longer written: see
+/// `names::STATS`).
 #[map(name = "PL_STATS")]
 pub static STATS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(AGG_SLOTS as u32, 0);
+
+/// The agent's: which level each class slot's counters count in (see `names::LEDGER`). No
+/// program reads it; it is declared here so that the agent creates and pins it with the rest.
+#[map(name = "PL_LEDGER")]
+pub static LEDGER: Array<Ledger> = Array::with_max_entries(1, 0);
 
 /// Inner arrays of any size fit the outer map, and the agent fills the words with one copy
 /// instead of a syscall per word.

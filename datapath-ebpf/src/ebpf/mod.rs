@@ -268,7 +268,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
 
     // SAFETY: volatile read of a load-time constant.
     if unsafe { core::ptr::read_volatile(&PL_COUNT_ONLY) } != 0 {
-        count(cpu, class_idx, level_slot, len, 0, 0, 3);
+        count(cpu, class_idx, len, 0, 0, 3);
         return Ok(TC_ACT_UNSPEC);
     }
 
@@ -339,12 +339,10 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         }
         let signal = codel::opaque(&mut cpu.opaque[0], signal);
         if signal & codel::DROP != 0 {
-            for slot in [class_idx, level_slot] {
-                if let Some(c) = maps::stats(slot) {
-                    c.packets += 1;
-                    c.bytes += len;
-                    c.drops_codel += 1;
-                }
+            if let Some(c) = maps::stats(class_idx) {
+                c.packets += 1;
+                c.bytes += len;
+                c.drops_codel += 1;
             }
             if trace::on() {
                 cpu.trace.pending.action = action::DROP_CODEL;
@@ -378,12 +376,10 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 }
             }
             pacer::Outcome::Drop => {
-                for slot in [class_idx, level_slot] {
-                    if let Some(c) = maps::stats(slot) {
-                        c.packets += 1;
-                        c.bytes += len;
-                        c.drops_horizon += 1;
-                    }
+                if let Some(c) = maps::stats(class_idx) {
+                    c.packets += 1;
+                    c.bytes += len;
+                    c.drops_horizon += 1;
                 }
                 if trace::on() {
                     cpu.trace.pending.action = action::DROP_HORIZON;
@@ -468,7 +464,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             }
         }
     }
-    count(cpu, class_idx, level_slot, len, delay, how, held);
+    count(cpu, class_idx, len, delay, how, held);
     if trace::on() {
         if how & MARKED != 0 {
             cpu.trace.pending.action = action::MARK_CODEL;
@@ -554,43 +550,42 @@ fn time_base(stack_ts: u64) -> (u64, u64) {
     (unsafe { bpf_ktime_get_ns() }, 0)
 }
 
+/// Counts the packet in its class's counters. A level's are its classes' summed by the agent
+/// (`names::LEDGER`): one cache line less for every packet.
 #[inline(always)]
 fn count(
     cpu: &mut paceline_common::maps::CpuState,
     class_idx: u32,
-    level_slot: u32,
     len: u64,
     delay: u64,
     how: u32,
     held: usize,
 ) {
-    for slot in [class_idx, level_slot] {
-        if let Some(c) = maps::stats(slot) {
-            c.packets += 1;
-            c.bytes += len;
-            if delay != 0 {
-                c.delayed_packets += 1;
-                c.delay_ns += delay;
+    if let Some(c) = maps::stats(class_idx) {
+        c.packets += 1;
+        c.bytes += len;
+        if delay != 0 {
+            c.delayed_packets += 1;
+            c.delay_ns += delay;
+        }
+        if how & TAGGED != 0 {
+            c.tagged_packets += 1;
+        }
+        if how & PACED != 0 {
+            // The bucket passes through memory and is bounds-checked right where it is
+            // used: Linux 6.1's verifier loses the bound of `delay_bucket`'s arithmetic
+            // (a leading-zero count is a sequence of shifts in BPF) when LLVM checks one
+            // copy of it and spills another.
+            let bucket = codel::opaque(&mut cpu.opaque[1], delay_bucket(delay) as u32) as usize;
+            if let Some(b) = c.delay_hist.get_mut(bucket) {
+                *b += 1;
             }
-            if how & TAGGED != 0 {
-                c.tagged_packets += 1;
-            }
-            if how & PACED != 0 {
-                // The bucket passes through memory and is bounds-checked right where it is
-                // used: Linux 6.1's verifier loses the bound of `delay_bucket`'s arithmetic
-                // (a leading-zero count is a sequence of shifts in BPF) when LLVM checks one
-                // copy of it and spills another.
-                let bucket = codel::opaque(&mut cpu.opaque[1], delay_bucket(delay) as u32) as usize;
-                if let Some(b) = c.delay_hist.get_mut(bucket) {
-                    *b += 1;
-                }
-            }
-            if how & MARKED != 0 {
-                c.marks_codel += 1;
-            }
-            if let Some(h) = c.held_by.get_mut(held) {
-                *h += 1;
-            }
+        }
+        if how & MARKED != 0 {
+            c.marks_codel += 1;
+        }
+        if let Some(h) = c.held_by.get_mut(held) {
+            *h += 1;
         }
     }
 }

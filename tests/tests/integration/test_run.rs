@@ -815,12 +815,58 @@ fn policy_swap_keeps_flow_clocks() {
     );
 }
 
+/// A level's counters are its classes' (the datapath counts classes only), and a reload that
+/// moves a class to another level leaves the class's history in its old level: every level's
+/// totals carry on, and the class counts in its new level from then on.
+///
+/// Checked (2026-12-06, host 6.18): with the ledger's bases left as they were when a class
+/// moves level in its slot (`levels::write`), class 1's two packets moved with it at the
+/// reload (level 1 fell from 3 to 1, level 2 rose to 2) and this failed.
+#[test]
+fn a_levels_counters_are_its_classes_and_carry_on_across_a_reload() {
+    if !privileged("a_levels_counters_are_its_classes_and_carry_on_across_a_reload") {
+        return;
+    }
+    let mut dp = load();
+    let mut t = table();
+    t.classes[1].level = 1;
+    t.classes[2].level = 1;
+    let rules = vec![port_rule(80, 1), port_rule(81, 2)];
+    dp.write_rules(&t, &rules).unwrap();
+    for dport in [80, 80, 81] {
+        run(&mut dp, &tcp4(1000, dport, 100), SkBuff::default());
+    }
+    let s = dp.snapshot().unwrap();
+    assert_eq!((s.levels[1].packets, s.levels[2].packets), (3, 0));
+    assert_eq!(s.levels[1].bytes, s.classes[1].bytes + s.classes[2].bytes);
+    // Class 1 moves to level 2.
+    t.classes[1].level = 2;
+    dp.write_rules(&t, &rules).unwrap();
+    let s = dp.snapshot().unwrap();
+    assert_eq!(
+        (s.levels[1].packets, s.levels[2].packets),
+        (3, 0),
+        "the reload moved no count"
+    );
+    run(&mut dp, &tcp4(1000, 80, 100), SkBuff::default());
+    run(&mut dp, &tcp4(1000, 81, 100), SkBuff::default());
+    let s = dp.snapshot().unwrap();
+    assert_eq!(
+        (s.levels[1].packets, s.levels[2].packets, s.classes[1].packets),
+        (4, 1, 3),
+        "class 1 counts in level 2 from the reload on"
+    );
+}
+
 /// Policy swaps while every CPU runs the classifier: every probe packet is classified wholly
 /// by the old policy or wholly by the new one. The two policies are built so that a mixed read
 /// is visible: policy A sends the probe to class 1 (level 1) and gives class 2 level 3; policy
 /// B sends it to class 2 (level 2) and gives class 1 level 3. A table of one policy with the
 /// classifier of the other puts the probe at level 3, a classifier already released puts it
-/// at the default class (level 0); only levels 1 and 2 are one policy's answer.
+/// at the default class (level 0); only levels 1 and 2 are one policy's answer. The datapath
+/// counts classes only, so the level shows in what it does to the packet: levels 1 and 2
+/// pace it (at a rate that never delays), level 3 does not, and a probe of class 1 or 2 left
+/// unpaced is a mix.
 ///
 /// Two phases under the same readers:
 /// - Swaps (`write_policy`: the standby bank's classifier patched where it differs, flip,
@@ -834,7 +880,8 @@ fn policy_swap_keeps_flow_clocks() {
 /// Checked on the host (6.18, one reader on the second CPU): with the program reading the
 /// live bank a second time for the classifier's maps (`maps::ctab` given a fresh
 /// `maps::active()` instead of the bank it read once), 34,781 of 32.8 million probes came out
-/// at level 3 and this failed. Removing the grace period after the flip is not caught (it
+/// at level 3 and this failed (and again on 2026-12-06, when levels began to show through
+/// pacing: 685 of 52.6 million unpaced). Removing the grace period after the flip is not caught (it
 /// passed, 126 swaps, no mix): the kernel itself waits a grace period after every update of a
 /// map of maps and frees released maps only after one, and what is left, a program that read
 /// the old bank looking its maps up after the release, is a window of about 100 ns against a
@@ -853,10 +900,17 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
         return;
     }
     let mut dp = load();
+    // Which policy classified a packet shows in its class's counters: levels 1 and 2 have a
+    // clock (a rate so high that it never delays) and level 3 has none, so a packet of class 1
+    // or 2 goes unpaced only when its class came from one policy's classifier and its level
+    // from the other's table.
     let policy = |probe_class: u16, level_of: [u32; 2]| {
         let mut t = table();
         t.classes[1].level = level_of[0];
         t.classes[2].level = level_of[1];
+        for l in [1, 2] {
+            t.levels[l].rate = 1 << 50;
+        }
         (
             t,
             vec![Rule::any(probe_class).with_dport(9000, 9000).with_proto(17)],
@@ -947,7 +1001,15 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
     });
     let runs = runs.into_inner();
     let s = dp.snapshot().unwrap();
-    let at = |l: usize| s.levels[l].packets;
+    let c = |i: usize| &s.classes[i];
+    // Policy A's packets, B's, a mix of both, none (the default class).
+    let paced = |i: usize| c(i).delay_hist.iter().sum::<u64>();
+    let at = |l: usize| match l {
+        1 => paced(1),
+        2 => paced(2),
+        3 => (c(1).packets - paced(1)) + (c(2).packets - paced(2)),
+        _ => c(0).packets,
+    };
     let msg = format!(
         "{swaps} swaps and {flips} flips, {runs} probe packets on {cpus} CPUs: policy A {}, policy \
          B {}, a mix of both {}, no classifier {}",
