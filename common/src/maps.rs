@@ -311,12 +311,12 @@ impl SockState {
     }
 }
 
-/// The class of the last socket a CPU sent a packet of, when that class keeps nothing in the
-/// socket's storage per packet (no flow clock, no DASR share): the socket's next packet on this
-/// CPU takes it from here, beside the parsed packet, without touching the socket or its
-/// storage (a helper call and three dependent loads through the socket, which the stack has
-/// usually evicted from the cache since the socket's last packet: 5-10 ns a packet under real
-/// traffic, `plbench traffic`).
+/// One way of a CPU's socket memo ([`SockMemos`]): the class of a socket this CPU sent a packet
+/// of, when that class keeps nothing in the socket's storage per packet (no flow clock, no DASR
+/// share): the socket's next packet on this CPU takes it from here without touching the socket
+/// or its storage (a helper call and three dependent loads through the socket, which the stack
+/// has usually evicted from the cache since the socket's last packet: 5-10 ns a packet under
+/// real traffic for one socket, `plbench traffic`).
 ///
 /// The socket is told by its address in the kernel (`skb->sk`, compared, never dereferenced)
 /// and its transmit hash (a socket freed and another made at the same address draws a new
@@ -410,6 +410,79 @@ impl SockMemo {
             && self.addrs == addr_fold(&pkt.src, &pkt.dst))
         .then_some(self.class)
     }
+}
+
+/// Ways of a CPU's socket memo (a power of two).
+pub const SOCK_MEMO_WAYS: usize = 256;
+const _: () = assert!(SOCK_MEMO_WAYS.is_power_of_two());
+
+/// A CPU's socket memo beyond its last socket: [`SOCK_MEMO_WAYS`] ways of [`SockMemo`], one
+/// socket a way, chosen by the packet's ports (a server's sockets differ in their peers' ports,
+/// a client's in their own), so that a CPU that sends for many sockets in turn keeps each one's
+/// class (the last socket alone missed every packet of 64 sockets in turn). 8 KiB a CPU, at
+/// the end of its state: a packet reads one way, and only when the last socket is not its own
+/// ([`memo_class`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SockMemos {
+    pub ways: [SockMemo; SOCK_MEMO_WAYS],
+}
+
+impl Default for SockMemos {
+    fn default() -> Self {
+        SockMemos {
+            ways: [SockMemo::default(); SOCK_MEMO_WAYS],
+        }
+    }
+}
+
+impl SockMemos {
+    /// The way a packet's socket takes: the top bits of its ports times the golden ratio
+    /// (Fibonacci hashing: ports that run in sequence on either side, or on both, spread over
+    /// the ways; an XOR of the two ports put `(p, q)` and `(p + 1, q + 1)` in one way).
+    #[inline(always)]
+    pub fn way(pkt: &crate::classify::PacketInfo) -> usize {
+        let ports = (u32::from(pkt.sport) << 16) | u32::from(pkt.dport);
+        (ports.wrapping_mul(0x9e37_79b1) >> (32 - SOCK_MEMO_WAYS.trailing_zeros())) as usize
+            & (SOCK_MEMO_WAYS - 1)
+    }
+}
+
+/// The class a CPU's socket memo holds for `pkt` (sent by the socket at `sk` with transmit hash
+/// `txhash`, under policy `generation`): the last socket's ([`CpuState::sock_memo`], beside
+/// the parsed packet), else its way's, which then becomes the last socket's (a CPU sending
+/// for one socket reads no line more than the packet's own).
+#[inline(always)]
+pub fn memo_class(
+    last: &mut SockMemo,
+    ways: &SockMemos,
+    generation: u64,
+    pkt: &crate::classify::PacketInfo,
+    sk: u64,
+    txhash: u32,
+) -> Option<u16> {
+    if let Some(c) = last.class_for(generation, pkt, sk, txhash) {
+        return Some(c);
+    }
+    let c = ways.ways[SockMemos::way(pkt)].class_for(generation, pkt, sk, txhash)?;
+    last.set(generation, pkt, u32::from(c), sk, txhash);
+    Some(c)
+}
+
+/// Remembers `class` for the socket's later packets on this CPU: as the last socket, and in its
+/// way (the socket that held the way before is forgotten).
+#[inline(always)]
+pub fn memo_set(
+    last: &mut SockMemo,
+    ways: &mut SockMemos,
+    generation: u64,
+    pkt: &crate::classify::PacketInfo,
+    class: u32,
+    sk: u64,
+    txhash: u32,
+) {
+    last.set(generation, pkt, class, sk, txhash);
+    ways.ways[SockMemos::way(pkt)].set(generation, pkt, class, sk, txhash);
 }
 
 /// An aggregate's departure clock, shared by all CPUs (updated with a compare-and-swap on
@@ -615,8 +688,8 @@ impl GlobalCounters {
 pub struct CpuState {
     // What every packet touches comes first, together (a per-CPU value is only 8-byte aligned,
     // so the fewer bytes it spans, the fewer cache lines): the packet, its layout, the socket
-    // memo, the trace's clocks and pending record (written whether a trace runs or not), the
-    // laundering words.
+    // memo's last socket, the trace's clocks and pending record (written whether a trace runs
+    // or not), the laundering words.
     /// The parser writes the packet here and the program reads it back (see the datapath's
     /// `maps::read_back`).
     pub scratch: crate::classify::PacketInfo,
@@ -628,7 +701,7 @@ pub struct CpuState {
     /// never read as data.
     pub opaque: [u32; 2],
     /// The last socket this CPU sent a packet of whose class keeps nothing in socket storage
-    /// (see [`SockMemo`]).
+    /// (see [`SockMemo`], [`memo_class`]).
     pub sock_memo: SockMemo,
     /// `paceline trace`: the clocks of the packet being decided, its pending record, the cap's
     /// window, counters.
@@ -641,8 +714,12 @@ pub struct CpuState {
     /// The [`admit_tag`] of a new flow's key while its packet is decided (in memory, not a
     /// register: the verifier would walk pacing once for each outcome of the admission).
     pub admit_tag: u64,
+    /// The other sockets this CPU sent packets of whose class keeps nothing in socket storage
+    /// (see [`SockMemos`]): last, since a packet reads at most one way of it.
+    pub sock_ways: SockMemos,
 }
-const _: () = assert!(size_of::<CpuState>() == 56 + 16 + 8 + 32 + 112 + 16 + 72 + 72 + 8);
+const _: () =
+    assert!(size_of::<CpuState>() == 56 + 16 + 8 + 32 + 112 + 16 + 72 + 72 + 8 + 32 * SOCK_MEMO_WAYS);
 
 pub use crate::d3::maps::*;
 
@@ -786,6 +863,59 @@ mod sock_state_tests {
         m.set(7, &v6(1), 4, sk, hash);
         assert_eq!(m.class_for(7, &v6(1), sk, hash), Some(4));
         assert_eq!(m.class_for(7, &v6(2), sk, hash), None, "another IPv6 destination");
+    }
+
+    /// A CPU's memo holds its last socket and one socket a way: sockets whose ports fold to
+    /// other ways are all held, one whose ports fold to a held socket's way takes its place
+    /// (unless it is the last socket).
+    #[test]
+    fn the_memo_holds_a_socket_a_way() {
+        let p = |sport: u16, dport: u16| PacketInfo {
+            proto: 6,
+            sport,
+            dport,
+            ..PacketInfo::default()
+        };
+        let sk = |i: u16| 0x1000 + u64::from(i) * 2048;
+        let (mut last, mut ways) = (SockMemo::default(), SockMemos::default());
+        // A server's sockets: one local port, many peers' ports.
+        for i in 0..64u16 {
+            memo_set(
+                &mut last,
+                &mut ways,
+                1,
+                &p(443, 40000 + i),
+                u32::from(i),
+                sk(i),
+                7,
+            );
+        }
+        for i in (0..64u16).rev() {
+            assert_eq!(
+                memo_class(&mut last, &ways, 1, &p(443, 40000 + i), sk(i), 7),
+                Some(i),
+                "socket {i}"
+            );
+            assert_eq!(last.sk, sk(i), "a way's hit becomes the last socket");
+        }
+        let a = p(443, 40000);
+        let other = (0..u16::MAX)
+            .map(|d| p(443, d))
+            .find(|q| q.dport != a.dport && SockMemos::way(q) == SockMemos::way(&a))
+            .expect("ports in the same way");
+        memo_set(&mut last, &mut ways, 1, &other, 99, 0x9000, 7);
+        assert_eq!(
+            memo_class(&mut last, &ways, 1, &a, sk(0), 7),
+            None,
+            "its way taken"
+        );
+        assert_eq!(memo_class(&mut last, &ways, 1, &other, 0x9000, 7), Some(99));
+        assert_eq!(
+            memo_class(&mut last, &ways, 2, &other, 0x9000, 7),
+            None,
+            "another policy"
+        );
+        assert!((0..u16::MAX).all(|d| SockMemos::way(&p(d, 80)) < SOCK_MEMO_WAYS));
     }
 
     /// Address pairs that differ in one word never fold alike (each word's multiplier is odd).

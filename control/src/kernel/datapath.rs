@@ -607,7 +607,9 @@ impl Datapath {
 
     /// Every class slot's counters, summed over CPUs.
     pub(super) fn class_counters(&self) -> Result<Vec<Counters>> {
-        (0..MAX_CLASSES as u32).map(|slot| self.slot_counters(slot)).collect()
+        (0..MAX_CLASSES as u32)
+            .map(|slot| self.slot_counters(slot))
+            .collect()
     }
 
     fn slot_counters(&self, slot: u32) -> Result<Counters> {

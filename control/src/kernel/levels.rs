@@ -57,7 +57,12 @@ pub fn view(ledger: &Ledger, slots: &[Counters]) -> (Vec<Counters>, Vec<Counters
 /// per packet (`legacy_levels`: `PL_STATS`'s level slots) or on a fresh start (all zero): the
 /// live policy's slots count in their levels, and each level's totals carry on from what the
 /// older datapath counted.
-pub fn adopt(ledger: &mut Ledger, live: Option<&PolicyTable>, slots: &[Counters], legacy_levels: &[Counters]) {
+pub fn adopt(
+    ledger: &mut Ledger,
+    live: Option<&PolicyTable>,
+    slots: &[Counters],
+    legacy_levels: &[Counters],
+) {
     *ledger = *empty();
     for (l, c) in legacy_levels.iter().take(MAX_LEVELS).enumerate() {
         ledger.bases[l] = *c;
@@ -190,7 +195,10 @@ mod tests {
         bump(&mut s, 2, 50); // what an earlier owner of slot 2 left there
         write(&mut lg, &policy(&[0, 0, 1]), &s, &fresh, 0);
         let (classes, levels) = view(&lg, &s);
-        assert_eq!(levels[1].packets, 13, "late packets count where their policy put them");
+        assert_eq!(
+            levels[1].packets, 13,
+            "late packets count where their policy put them"
+        );
         assert_eq!(classes[2].packets, 0, "the new class starts from zero");
     }
 
@@ -226,7 +234,11 @@ mod tests {
         bump(&mut s, 1, 1);
         write(&mut lg, &policy(&[1, 2]), &s, &no_reassign(), 0);
         let (classes, levels) = view(&lg, &s);
-        assert_eq!((levels[1].packets, levels[2].packets), (3, 0), "the reload moved no count");
+        assert_eq!(
+            (levels[1].packets, levels[2].packets),
+            (3, 0),
+            "the reload moved no count"
+        );
         bump(&mut s, 0, 1);
         bump(&mut s, 1, 1);
         let (classes2, levels) = view(&lg, &s);

@@ -27,7 +27,7 @@ use paceline_common::{
     maps::{
         BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,
         MAX_CLASSES, MAX_LEVELS, TABLE_DASR_SENDER, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag_of,
-        level_slot,
+        level_slot, memo_class, memo_set,
     },
     trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action, held_binding},
 };
@@ -137,15 +137,22 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // SAFETY: reading an __sk_buff field allowed for tc programs. A local socket's packets
     // carry its transmit hash (see `SockState::txhash`).
     let txhash = unsafe { (*skb).hash };
-    // The class cached for the packet's flow: by this CPU's socket memo (a later packet of the
-    // socket this CPU sent the last packet of, when its class keeps nothing in the socket's
-    // storage: see `SockMemo`), or below by the flow table's entry. `NOT_CACHED` when none (a
-    // plain integer, not an `Option`: LLVM may copy an `Option`'s undefined payload, a
-    // register the verifier refuses to read).
+    // The class cached for the packet's flow: by this CPU's socket memo (a later packet of a
+    // socket this CPU sent packets of, when its class keeps nothing in the socket's storage:
+    // its last socket, or one a way, see `memo_class`), or below by the flow table's entry.
+    // `NOT_CACHED` when none (a plain integer, not an `Option`: LLVM may copy an `Option`'s
+    // undefined payload, a register the verifier refuses to read).
     let mut cached = NOT_CACHED;
     // SAFETY: reading __sk_buff.sk, as an identity only (see `SockMemo::sk`).
     let sk = unsafe { (*skb).__bindgen_anon_2.sk } as u64;
-    if let Some(c) = cpu.sock_memo.class_for(table.generation, &pkt, sk, txhash) {
+    if let Some(c) = memo_class(
+        &mut cpu.sock_memo,
+        &cpu.sock_ways,
+        table.generation,
+        &pkt,
+        sk,
+        txhash,
+    ) {
         has_sock = true;
         cached = u32::from(c);
     } else if let Some(s) = sock::flow_sock(ctx, &pkt) {
@@ -291,7 +298,15 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     if has_sock && flow_rate == 0 && table.flags & TABLE_DASR_SENDER == 0 {
         bind = core::ptr::null_mut();
         if cached == NOT_CACHED {
-            cpu.sock_memo.set(table.generation, &pkt, class_idx, sk, txhash);
+            memo_set(
+                &mut cpu.sock_memo,
+                &mut cpu.sock_ways,
+                table.generation,
+                &pkt,
+                class_idx,
+                sk,
+                txhash,
+            );
         }
     }
     // What a trace record says of this packet, in this CPU's state (not on the stack: see

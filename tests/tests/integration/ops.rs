@@ -927,17 +927,20 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
 
 /// A socket whose class keeps nothing in socket storage per packet (no flow clock) is served by
 /// the CPU's socket memo: its later packets on one CPU take the class the memo holds, without a
-/// look at the socket's storage, until another socket's packet, or a reload, takes the memo's
-/// place. Seen here by rewriting the socket's class in its storage behind the datapath's back:
-/// the packets the memo serves keep the class it holds; the others read the rewritten one.
+/// look at the socket's storage, while other sockets' packets come and go in other ways of the
+/// memo, until a socket whose ports fold to its way, or a reload, takes its place. Seen here by
+/// rewriting the socket's class in its storage behind the datapath's back: the packets the memo
+/// serves keep the class it holds; the others read the rewritten one.
 ///
 /// Checked (2026-12-06, host 6.18): with the memo's lookup patched out of the egress program
 /// (`SockMemo::class_for` never answering), the 20 datagrams after the rewrite went to `spare`
 /// and the test failed at the first count; with the memo's generation check patched out, the
-/// datagram after the reload stayed in `spare` and it failed at the last.
+/// datagram after the reload stayed in `spare` and it failed at the last; with one way for
+/// every socket in the datapath (`ways[0]`), the first socket's datagram after another's read
+/// its storage and it failed at "after another socket's packet".
 #[test]
-fn a_socket_memo_serves_its_sockets_later_packets_until_another_socket_or_a_reload() {
-    let test = "a_socket_memo_serves_its_sockets_later_packets_until_another_socket_or_a_reload";
+fn a_socket_memo_serves_its_sockets_later_packets_until_another_in_its_way_or_a_reload() {
+    let test = "a_socket_memo_serves_its_sockets_later_packets_until_another_in_its_way_or_a_reload";
     if !privileged(test) {
         return;
     }
@@ -955,14 +958,27 @@ fn a_socket_memo_serves_its_sockets_later_packets_until_another_socket_or_a_relo
     let _listeners = b
         .in_netns(move || [5602, 5603].map(|p| std::net::UdpSocket::bind((bip, p)).expect("listen")))
         .unwrap();
-    let (s1, s2) = a
+    // The memo's way is the ports' fold: s2 takes another way than s1, s3 the same (bound to
+    // ports chosen for it).
+    let way = |sport: u16, dport: u16| {
+        paceline_common::maps::SockMemos::way(&paceline_common::classify::PacketInfo {
+            sport,
+            dport,
+            ..Default::default()
+        })
+    };
+    let s3_port = (42000..43000)
+        .find(|p| way(*p, 5603) == way(41000, 5602))
+        .expect("a port in s1's way");
+    assert_ne!(way(41001, 5603), way(41000, 5602));
+    let (s1, s2, s3) = a
         .in_netns(move || {
-            let c = |p| {
-                let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            let c = |local: u16, p| {
+                let s = std::net::UdpSocket::bind(("0.0.0.0", local)).unwrap();
                 s.connect((bip, p)).unwrap();
                 s
             };
-            (c(5602), c(5603))
+            (c(41000, 5602), c(41001, 5603), c(s3_port, 5603))
         })
         .unwrap();
     // Datagrams from one CPU (the memo is per CPU), in the order given.
@@ -1004,12 +1020,19 @@ fn a_socket_memo_serves_its_sockets_later_packets_until_another_socket_or_a_relo
         (25.0, 0.0),
         "the socket's later packets were not served by the memo"
     );
-    // Another socket's packet takes the memo; the first socket's next one reads its storage.
+    // Another socket's packet takes another way: the first socket's next one is still served.
     send(&[&s2, &s1]);
     assert_eq!(
         (packets("stream"), packets("bulk"), packets("spare")),
-        (25.0, 1.0, 1.0),
+        (26.0, 1.0, 0.0),
         "after another socket's packet"
+    );
+    // A socket in the same way takes it; the first socket's next one reads its storage.
+    send(&[&s3, &s1]);
+    assert_eq!(
+        (packets("stream"), packets("bulk"), packets("spare")),
+        (26.0, 2.0, 1.0),
+        "after a packet of a socket in its way"
     );
     // A reload: the memo's class (`spare`, from the rewritten storage) was computed under the
     // old policy, so the socket's next packet is classified again, under the new one.
@@ -1022,10 +1045,10 @@ fn a_socket_memo_serves_its_sockets_later_packets_until_another_socket_or_a_relo
     send(&[&s1]);
     assert_eq!(
         (packets("bulk"), packets("spare")),
-        (2.0, 1.0),
+        (3.0, 1.0),
         "the socket's packet after the reload"
     );
-    drop((s1, s2));
+    drop((s1, s2, s3));
     agent.stop();
 }
 
