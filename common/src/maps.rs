@@ -461,6 +461,10 @@ pub fn memo_class(
     sk: u64,
     txhash: u32,
 ) -> Option<u16> {
+    // A packet without a socket (forwarded, a container's) reads no way.
+    if sk == 0 {
+        return None;
+    }
     if let Some(c) = last.class_for(generation, pkt, sk, txhash) {
         return Some(c);
     }
