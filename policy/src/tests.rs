@@ -1001,6 +1001,9 @@ fn class_indices_are_stable_across_reloads() {
 /// zero there), so that no packet in flight at the reload counts its old class's slot into the
 /// new level: what keeps the agent's level counters exact (`control/src/kernel/levels.rs`).
 /// A class that keeps its level keeps its slot, as do classes in records without levels.
+///
+/// Checked (2026-12-06): with `class_indices`' level check patched out, kv kept slot 1 and
+/// this failed at the first assertion.
 #[test]
 fn a_class_that_changes_level_takes_a_fresh_slot() {
     let two_levels = |kv_level: &str| {
