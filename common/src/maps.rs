@@ -450,8 +450,8 @@ impl GlobalCounters {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct CpuState {
     // What every packet touches comes first, together (a per-CPU value is only 8-byte aligned,
-    // so the fewer bytes it spans, the fewer cache lines): the packet, its layout, the socket
-    // memo's last socket, the trace's clocks and pending record (written whether a trace runs
+    // so the fewer bytes it spans, the fewer cache lines): the packet, its layout, the class
+    // memo's last flow, the trace's clocks and pending record (written whether a trace runs
     // or not), the laundering words.
     /// The parser writes the packet here and the program reads it back (see the datapath's
     /// `maps::read_back`).
@@ -463,9 +463,9 @@ pub struct CpuState {
     /// LLVM cannot fold them into the verifier's blind spots (see the datapath's `opaque`);
     /// never read as data.
     pub opaque: [u32; 2],
-    /// The last socket this CPU sent a packet of whose class keeps nothing in socket storage
-    /// (see [`SockMemo`], [`memo_class`]).
-    pub sock_memo: SockMemo,
+    /// The last flow this CPU sent a packet of whose class keeps nothing per flow (see
+    /// [`ClassMemo`], [`memo_class`]).
+    pub memo: ClassMemo,
     /// `paceline trace`: the clocks of the packet being decided, its pending record, the cap's
     /// window, counters.
     pub trace: crate::trace::TraceCpu,
@@ -477,17 +477,20 @@ pub struct CpuState {
     /// The [`admit_tag`] of a new flow's key while its packet is decided (in memory, not a
     /// register: the verifier would walk pacing once for each outcome of the admission).
     pub admit_tag: u64,
-    /// The other sockets this CPU sent packets of whose class keeps nothing in socket storage
-    /// (see [`SockMemos`]): last, since a packet reads at most one way of it.
-    pub sock_ways: SockMemos,
+    /// The other flows this CPU sent packets of whose class keeps nothing per flow (see
+    /// [`ClassMemos`]): last, since a packet reads at most one way of it.
+    pub memo_ways: ClassMemos,
 }
 const _: () =
-    assert!(size_of::<CpuState>() == 56 + 16 + 8 + 32 + 112 + 16 + 72 + 72 + 8 + 32 * SOCK_MEMO_WAYS);
+    assert!(size_of::<CpuState>() == 56 + 16 + 8 + 32 + 112 + 16 + 72 + 72 + 8 + 32 * CLASS_MEMO_WAYS);
 
 pub use crate::d3::maps::*;
 
 mod flows;
 pub use flows::*;
+
+mod memo;
+pub use memo::*;
 
 mod sock;
 pub use sock::*;

@@ -131,32 +131,28 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // last connected, skips classification. Every other flow keeps them in the flow table,
     // keyed by its 5-tuple and checked against the policy generation, mark, DSCP, cgroup and
     // unknown fields the same way. (Neither the socket nor the table entry stays live across
-    // `classify`: the verifier walks the classifier once, not once per case.)
-    let mut has_sock = false;
+    // `classify`: the verifier walks the classifier once, not once per case.) `off_table`: the
+    // flow table is not read, the packet having such a socket, or its class from the CPU's
+    // class memo (one variable, not two: the verifier would walk the rest once for each).
+    let mut off_table = false;
     let mut sock_state = None;
     // SAFETY: reading an __sk_buff field allowed for tc programs. A local socket's packets
     // carry its transmit hash (see `SockState::txhash`).
     let txhash = unsafe { (*skb).hash };
-    // The class cached for the packet's flow: by this CPU's socket memo (a later packet of a
-    // socket this CPU sent packets of, when its class keeps nothing in the socket's storage:
-    // its last socket, or one a way, see `memo_class`), or below by the flow table's entry.
-    // `NOT_CACHED` when none (a plain integer, not an `Option`: LLVM may copy an `Option`'s
-    // undefined payload, a register the verifier refuses to read).
+    // The class cached for the packet's flow: by this CPU's class memo (a later packet of a
+    // flow this CPU sent packets of, when its class keeps nothing per flow: any IPv4 flow, an
+    // IPv6 flow of a local socket; its last flow, or one a way, see `memo_class`), or below by
+    // the socket's storage or the flow table's entry. `NOT_CACHED` when none (a plain integer,
+    // not an `Option`: LLVM may copy an `Option`'s undefined payload, a register the verifier
+    // refuses to read).
     let mut cached = NOT_CACHED;
-    // SAFETY: reading __sk_buff.sk, as an identity only (see `SockMemo::sk`).
+    // SAFETY: reading __sk_buff.sk, as an identity only (see `ClassMemo::who`).
     let sk = unsafe { (*skb).__bindgen_anon_2.sk } as u64;
-    if let Some(c) = memo_class(
-        &mut cpu.sock_memo,
-        &cpu.sock_ways,
-        table.generation,
-        &pkt,
-        sk,
-        txhash,
-    ) {
-        has_sock = true;
+    if let Some(c) = memo_class(&mut cpu.memo, &cpu.memo_ways, table.generation, &pkt, sk, txhash) {
+        off_table = true;
         cached = u32::from(c);
     } else if let Some(s) = sock::flow_sock(ctx, &pkt) {
-        has_sock = true;
+        off_table = true;
         if let Some(st) = sock::state(s, false)
             && st.class_for(table.generation, &pkt, txhash).is_some()
         {
@@ -170,7 +166,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     let mut bind: *mut u8 = core::ptr::null_mut();
     let mut insert = false;
     let mut in_table = false;
-    if !has_sock {
+    if !off_table {
         // SAFETY: volatile read of a load-time constant.
         let bench_miss = unsafe { core::ptr::read_volatile(&PL_BENCH_FLOW_MISS) };
         let src = flow_src(cpu, &pkt);
@@ -195,6 +191,22 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 cached = c;
                 clock = &mut f.t_next;
                 bind = &mut f.binding;
+                // A flow in the table whose class keeps nothing per flow takes the CPU's class
+                // memo from its third packet (an IPv4 flow's: an IPv6 packet without a socket
+                // is not held): it still enters the table, which `paceline flows` lists. Here,
+                // not with the sockets' below: a flag carried there would make the verifier
+                // walk pacing once more.
+                if keeps_nothing_per_flow(table, c) {
+                    memo_set(
+                        &mut cpu.memo,
+                        &mut cpu.memo_ways,
+                        table.generation,
+                        &pkt,
+                        c,
+                        0,
+                        txhash,
+                    );
+                }
             }
         }
     }
@@ -202,8 +214,8 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // register carries it through classification and pacing (the verifier would walk them
     // once for each value); `built()` is a load-time constant the verifier resolves.
     if trace::built() {
-        cpu.trace.pending.flags =
-            (has_sock as u8) * TR_SOCKET | ((sock_state.is_some() || cached != NOT_CACHED) as u8) * TR_CACHED;
+        cpu.trace.pending.flags = ((off_table && sk != 0) as u8) * TR_SOCKET
+            | ((sock_state.is_some() || cached != NOT_CACHED) as u8) * TR_CACHED;
     }
     let class_idx = match (&sock_state, cached) {
         (Some(st), _) => u32::from(st.class),
@@ -217,7 +229,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
             if trace::built() {
                 cpu.trace.pending.rule = rule;
             }
-            if has_sock {
+            if off_table {
                 if let Some(st) = sock::flow_sock(ctx, &pkt).and_then(|s| sock::state(s, true)) {
                     st.set_class(table.generation, &pkt, c, txhash);
                     sock_state = Some(st);
@@ -291,16 +303,19 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     } else {
         paceline_common::dasr::cap(class.flow_rate, dasr_rate)
     };
-    // A socket whose class keeps nothing in its storage per packet (no flow clock, no DASR
-    // share) is remembered for its next packet on this CPU, and keeps no binding either (the
-    // memo's packets could not write it): `paceline flows` shows a socket's HELD BY only where
-    // a flow clock applies; the class's own (`paceline top`) counts every packet.
-    if has_sock && flow_rate == 0 && table.flags & TABLE_DASR_SENDER == 0 {
+    // A local socket whose class keeps nothing per flow (no flow clock, no DASR share) is
+    // remembered for its next packet on this CPU (see `keeps_nothing_per_flow`), and keeps no
+    // binding either (the memo's packets could not write it): `paceline flows` shows a
+    // socket's HELD BY only where a flow clock applies; the class's own (`paceline top`)
+    // counts every packet.
+    if off_table && flow_rate == 0 && table.flags & TABLE_DASR_SENDER == 0 {
         bind = core::ptr::null_mut();
+        // Not a packet the memo served (`cached` holds its class): its class came from the
+        // socket's storage or the classifier.
         if cached == NOT_CACHED {
             memo_set(
-                &mut cpu.sock_memo,
-                &mut cpu.sock_ways,
+                &mut cpu.memo,
+                &mut cpu.memo_ways,
                 table.generation,
                 &pkt,
                 class_idx,
@@ -512,6 +527,15 @@ fn flow_src(cpu: &paceline_common::maps::CpuState, p: &PacketInfo) -> [u32; 4] {
 #[inline(always)]
 fn same_addr(a: &[u32; 4], b: &[u32; 4]) -> bool {
     (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) == 0
+}
+
+/// Whether class `c` keeps nothing per flow under `table` for a packet without a local
+/// socket (no flow clock; no DASR share, which only a socket's storage holds): what the
+/// egress program computes as its flow rate, 0.
+#[inline(always)]
+fn keeps_nothing_per_flow(table: &paceline_common::maps::PolicyTable, c: u32) -> bool {
+    let class = &table.classes[(c & (MAX_CLASSES as u32 - 1)) as usize];
+    table.flags & TABLE_DASR_SENDER == 0 && (table.flags & TABLE_NO_FLOW_CLOCKS != 0 || class.flow_rate == 0)
 }
 
 /// `cached` when the flow table's entry holds no class for this packet (classes are below

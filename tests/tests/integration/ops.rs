@@ -961,7 +961,7 @@ fn a_socket_memo_serves_its_sockets_later_packets_until_another_in_its_way_or_a_
     // The memo's way is the ports' fold: s2 takes another way than s1, s3 the same (bound to
     // ports chosen for it).
     let way = |sport: u16, dport: u16| {
-        paceline_common::maps::SockMemos::way(&paceline_common::classify::PacketInfo {
+        paceline_common::maps::ClassMemos::way(&paceline_common::classify::PacketInfo {
             sport,
             dport,
             ..Default::default()

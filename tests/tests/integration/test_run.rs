@@ -1243,6 +1243,142 @@ fn an_ipv4_flow_finds_its_entry_under_the_key_the_agent_computes() {
     );
 }
 
+/// A flow without a local socket whose class keeps nothing per flow (no flow clock) enters the
+/// flow table on its second packet as every flow does, and from its third takes its class from
+/// the CPU's class memo, without the table: an entry planted behind the datapath's back with
+/// another class changes nothing, until a flow whose ports fold to the same way takes the
+/// memo's place (the table decides again) or a reload (the packet is classified again). An
+/// IPv6 flow without a socket is never held (the memo holds IPv6 addresses only for a socket).
+///
+/// Checked (2026-12-06, host 6.18): with the memo's lookup patched out of the egress program
+/// (`memo_class` never answering), the packet over the planted entry took its class and this
+/// failed at "served by the memo"; with the memo's generation check patched out
+/// (`ClassMemo::class_for` ignoring the generation), the packet after the reload kept the
+/// memo's class and it failed at "after a reload"; with an IPv6 packet's key leaving the socket
+/// out (BPF_PROG_TEST_RUN hands the program a socket of its own for each run), the IPv6 flow's
+/// packet over its planted entry was served by the memo and it failed at the last assertion.
+#[test]
+fn a_flow_without_a_socket_takes_its_class_from_the_memo_until_another_in_its_way_or_a_reload() {
+    if !privileged(
+        "a_flow_without_a_socket_takes_its_class_from_the_memo_until_another_in_its_way_or_a_reload",
+    ) {
+        return;
+    }
+    use paceline_common::{classify::PacketInfo, maps::ClassMemos};
+    // The memo is per CPU: every run on one.
+    let _pinned = PinnedCpu::first();
+    let mut dp = load();
+    let t = priority_table();
+    let rules = [port_rule(5302, 1).with_proto(17)];
+    let g = dp.write_rules(&t, &rules).unwrap();
+    let f = udp4(4002, 5302, 0);
+    let (key, entry) = entered_flow(&mut dp, &f, 5302);
+    assert_eq!(entry.class_under(g), Some(1));
+    assert_eq!(
+        run(&mut dp, &f, SkBuff::default()).ctx.priority,
+        2,
+        "the third packet, from the table"
+    );
+    let planted = FlowState {
+        class_gen: FlowState::class_gen(g, 2),
+        ..entry
+    };
+    let tkey = FlowTableKey::of(&key, false);
+    assert_eq!(
+        send_over_planted(&mut dp, tkey, planted, &f),
+        (1, 0, 2),
+        "served by the memo: the planted entry is not read"
+    );
+    // Another flow whose ports fold to the same way, to its third packet.
+    let way = |sport: u16| {
+        ClassMemos::way(&PacketInfo {
+            sport,
+            dport: 5302,
+            ..PacketInfo::default()
+        })
+    };
+    let sport = (4100..8000)
+        .find(|s| way(*s) == way(4002))
+        .expect("ports in the same way");
+    let other = udp4(sport, 5302, 0);
+    for _ in 0..3 {
+        run(&mut dp, &other, SkBuff::default());
+    }
+    assert_eq!(
+        send_over_planted(&mut dp, tkey, planted, &f),
+        (0, 1, 3),
+        "its way taken: the table's entry decides"
+    );
+    // The memo now holds the planted class 2 for the flow; a reload (the same rules) classifies
+    // it again.
+    dp.write_rules(&t, &rules).unwrap();
+    assert_eq!(
+        run(&mut dp, &f, SkBuff::default()).ctx.priority,
+        2,
+        "after a reload"
+    );
+    // An IPv6 flow without a socket: the table decides every packet.
+    let v6 = packet::ipv6(
+        [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+        [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+        L4::Udp {
+            sport: 4003,
+            dport: 5302,
+        },
+        0,
+        0,
+        false,
+        16,
+    );
+    let g = dp.write_rules(&t, &rules).unwrap();
+    let (key, entry) = flows_after(&mut dp, &v6, 4003, 4);
+    let planted = FlowState {
+        class_gen: FlowState::class_gen(g, 2),
+        ..entry
+    };
+    assert_eq!(
+        send_over_planted(&mut dp, FlowTableKey::of(&key, true), planted, &v6),
+        (0, 1, 3),
+        "an IPv6 flow without a socket is not held"
+    );
+}
+
+/// Sends `f` `n` times and returns the table's entry of the flow from `sport`.
+fn flows_after(dp: &mut Datapath, f: &[u8], sport: u16, n: usize) -> (FlowKey, FlowState) {
+    for _ in 0..n {
+        run(dp, f, SkBuff::default());
+    }
+    let (flows, _) = dp.flows(1024).unwrap();
+    *flows
+        .iter()
+        .find(|(k, _)| k.sport == sport)
+        .expect("the flow's entry")
+}
+
+/// The calling thread pinned to the first CPU it may run on, until dropped (its affinity
+/// restored): per-CPU state (the class memo) stays the one the test's runs see.
+struct PinnedCpu(nix::sched::CpuSet);
+
+impl PinnedCpu {
+    fn first() -> PinnedCpu {
+        use nix::{sched, unistd::Pid};
+        let was = sched::sched_getaffinity(Pid::from_raw(0)).expect("affinity");
+        let cpu = (0..sched::CpuSet::count())
+            .find(|c| was.is_set(*c).unwrap_or(false))
+            .expect("a CPU");
+        let mut one = sched::CpuSet::new();
+        one.set(cpu).unwrap();
+        sched::sched_setaffinity(Pid::from_raw(0), &one).expect("pin");
+        PinnedCpu(was)
+    }
+}
+
+impl Drop for PinnedCpu {
+    fn drop(&mut self) {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &self.0);
+    }
+}
+
 /// The 5-tuple does not fix a packet's mark or DSCP: a cached class holds only for the fields
 /// it was computed for, so one 5-tuple whose packets alternate between two marks and two DSCPs
 /// gets each packet's own class. Checked (2026-12-03): with the mark and DSCP left out of the
