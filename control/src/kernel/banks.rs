@@ -95,17 +95,37 @@ impl Datapath {
         // (`settle` above): a slot that changes hands here is one no program can still count
         // in under its old owner, so no level gains or loses a packet at the switch.
         let slots = self.class_counters()?;
-        let mut ledger = self.ledger_now(&slots)?;
+        let (before, adopted) = self.ledger_now(&slots)?;
+        let mut ledger = before.clone();
         crate::kernel::levels::write(&mut ledger, table, &slots, &self.reassigned, self.levels_reset);
         self.write_ledger(&ledger)?;
-        self.reassigned.fill(false);
-        self.levels_reset = 0;
-        self.generation += 1;
+        let generation = self.generation + 1;
         let mut t = *table;
         t.ctab = image.header;
-        t.generation = self.generation;
-        self.tables.set(next, t, 0).context("writing PL_TABLES")?;
-        self.active.set(0, next, 0).context("flipping PL_ACTIVE")?;
+        t.generation = generation;
+        let flipped = self
+            .tables
+            .set(next, t, 0)
+            .context("writing PL_TABLES")
+            .and_then(|()| self.active.set(0, next, 0).context("flipping PL_ACTIVE"));
+        if let Err(e) = flipped {
+            // The live policy stays: so do the levels its slots count in.
+            if let Err(undo) = self.write_ledger(&before) {
+                log::warn!("restoring PL_LEDGER after a failed policy write: {undo:#}");
+            }
+            return Err(e);
+        }
+        self.generation = generation;
+        self.reassigned.fill(false);
+        self.levels_reset = 0;
+        if adopted {
+            // The first ledger carries the levels' totals an older datapath kept in `PL_STATS`'s
+            // level slots; zeroed once it is written, so that a ledger started again later (its
+            // type changed) starts them from zero, not from those old totals again.
+            if let Err(e) = self.zero_legacy_levels() {
+                log::warn!("zeroing PL_STATS' level slots: {e:#}");
+            }
+        }
         // The policy is in force from the flip on. Programs that read the old bank number may
         // still look its maps up: they are waited out (an RCU grace period, 9-26 ms) in the
         // background, and the next policy, written into that bank, waits for the end first.

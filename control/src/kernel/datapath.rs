@@ -588,7 +588,7 @@ impl Datapath {
     /// [`crate::kernel::levels`]).
     pub fn snapshot(&self) -> Result<Snapshot> {
         let slots = self.class_counters()?;
-        let ledger = self.ledger_now(&slots)?;
+        let (ledger, _) = self.ledger_now(&slots)?;
         let (classes, levels) = crate::kernel::levels::view(&ledger, &slots);
         let mut s = Snapshot {
             classes,
@@ -623,18 +623,31 @@ impl Datapath {
     /// The ledger as the next policy write starts from: the pinned one, or, where none was
     /// written yet (a fresh start, or the first start after an agent whose datapath counted
     /// levels per packet), one that puts the live policy's slots in their levels and carries
-    /// on each level's totals from `PL_STATS`'s level slots.
-    pub(super) fn ledger_now(&self, slots: &[Counters]) -> Result<Box<Ledger>> {
+    /// on each level's totals from `PL_STATS`'s level slots (then `true`: adopted).
+    pub(super) fn ledger_now(&self, slots: &[Counters]) -> Result<(Box<Ledger>, bool)> {
         let mut ledger = crate::kernel::levels::empty();
         bpfsys::lookup_into(self.ledger.fd().as_fd(), 0, &mut *ledger).context("reading PL_LEDGER")?;
-        if ledger.written == 0 {
+        let adopted = ledger.written == 0;
+        if adopted {
             let live = self.live_policy().ok().filter(|t| t.generation != 0);
             let legacy = (0..MAX_LEVELS as u32)
                 .map(|l| self.slot_counters(level_slot(l)))
                 .collect::<Result<Vec<_>>>()?;
             crate::kernel::levels::adopt(&mut ledger, live.as_ref(), slots, &legacy);
         }
-        Ok(ledger)
+        Ok((ledger, adopted))
+    }
+
+    /// Zeroes `PL_STATS`' level slots on every CPU (after the first ledger took their totals).
+    pub(super) fn zero_legacy_levels(&mut self) -> Result<()> {
+        let n = aya::util::nr_cpus().map_err(|(p, e)| anyhow!("reading {p}: {e}"))?;
+        for l in 0..MAX_LEVELS as u32 {
+            let zero = aya::maps::PerCpuValues::try_from(vec![Counters::default(); n])?;
+            self.stats
+                .set(level_slot(l), zero, 0)
+                .context("zeroing PL_STATS")?;
+        }
+        Ok(())
     }
 
     pub(super) fn write_ledger(&self, ledger: &Ledger) -> Result<()> {

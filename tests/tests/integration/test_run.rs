@@ -858,6 +858,49 @@ fn a_levels_counters_are_its_classes_and_carry_on_across_a_reload() {
     );
 }
 
+/// The first policy written after an agent whose datapath counted levels per packet (its totals
+/// in `PL_STATS`' level slots; a fresh start finds them zero) carries each level's totals on
+/// into the ledger, then zeroes those slots: a ledger started again later (its type changed)
+/// must not carry the same old totals on a second time. Checked (2026-12-06, host 6.18): with
+/// the zeroing left out of `write_policy`, the level slot still held the planted totals and
+/// this failed at "zeroed".
+#[test]
+fn the_first_ledger_carries_the_old_level_totals_on_and_zeroes_their_slots() {
+    if !privileged("the_first_ledger_carries_the_old_level_totals_on_and_zeroes_their_slots") {
+        return;
+    }
+    // `load` clears every map, the ledger too: as after an older agent.
+    let mut dp = load();
+    let stats = paceline_tests::tables::stats(&mut dp).unwrap();
+    let n = aya::util::nr_cpus().unwrap();
+    let mut old = vec![paceline_common::maps::Counters::default(); n];
+    old[0].packets = 1000;
+    old[0].bytes = 64_000;
+    let mut stats = stats;
+    stats
+        .set(level_slot(1), aya::maps::PerCpuValues::try_from(old).unwrap(), 0)
+        .unwrap();
+    let mut t = table();
+    t.classes[1].level = 1;
+    dp.write_rules(&t, &[port_rule(80, 1)]).unwrap();
+    let s = dp.snapshot().unwrap();
+    assert_eq!(
+        (s.levels[1].packets, s.levels[1].bytes),
+        (1000, 64_000),
+        "carried on"
+    );
+    let slot: u64 = stats
+        .get(&level_slot(1), 0)
+        .unwrap()
+        .iter()
+        .map(|c| c.packets)
+        .sum();
+    assert_eq!(slot, 0, "zeroed");
+    run(&mut dp, &tcp4(1000, 80, 100), SkBuff::default());
+    dp.write_rules(&t, &[port_rule(80, 1)]).unwrap();
+    assert_eq!(dp.snapshot().unwrap().levels[1].packets, 1001, "and counting on");
+}
+
 /// Policy swaps while every CPU runs the classifier: every probe packet is classified wholly
 /// by the old policy or wholly by the new one. The two policies are built so that a mixed read
 /// is visible: policy A sends the probe to class 1 (level 1) and gives class 2 level 3; policy
