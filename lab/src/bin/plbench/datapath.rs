@@ -186,9 +186,10 @@ enum Prog {
     /// full table's bucket.
     NewFlowFullTable,
     /// The tc program as the agent loads it; BPF_PROG_TEST_RUN's placeholder socket is not
-    /// TCP, so after the first run every packet finds its class (and its flow clock) in the
+    /// TCP, so from the second run every packet finds its class (and its flow clock) in the
     /// flow table, as the later packets of a flow without a local socket do (UDP, forwarded
-    /// traffic, a container's packets at the host's device).
+    /// traffic, a container's packets at the host's device); an IPv4 flow whose class keeps
+    /// nothing per flow (no flow clock) finds its class in the CPU's class memo from the third.
     Table,
     /// The tc program loaded to take the placeholder socket for a TCP one: after the first
     /// run, every packet finds its class (and its flow clock) in the socket's storage, as a
@@ -249,6 +250,18 @@ pub(super) fn datapath(
         0,
         &[],
         None,
+        64,
+    );
+    let udp6 = packet::ipv6(
+        [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+        [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+        L4::Udp {
+            sport: 40000,
+            dport: 11211,
+        },
+        0,
+        0,
+        false,
         64,
     );
     // TCP stamps its segments with its EDT departure, taken microseconds earlier.
@@ -372,10 +385,17 @@ pub(super) fn datapath(
         ),
         // Like for like: the reference's work (one aggregate clock) on each of paceline's paths.
         case(
-            "IPv4/UDP one class clock (what the reference does): a flow's later packets (flow table)",
+            "IPv4/UDP one class clock (what the reference does): a flow's later packets (class memo)",
             Prog::Table,
             one4,
             &udp4,
+            0,
+        ),
+        case(
+            "IPv6/UDP one class clock (what the reference does): a flow's later packets (flow table: IPv6 without a socket)",
+            Prog::Table,
+            one4,
+            &udp6,
             0,
         ),
         case(
@@ -442,8 +462,8 @@ pub(super) fn datapath(
             tcp_ts,
         ),
     ];
-    // Two CPUs at once, each sending one TCP flow's later packets through the flow table (no
-    // local socket: forwarded traffic), one class clock each: both flows in one class (one
+    // Two CPUs at once, each sending one TCP flow's later packets without a local socket
+    // (forwarded traffic: their class from the CPU's class memo), one class clock each: both flows in one class (one
     // clock, truly shared: the price of exact aggregates), in two neighbouring classes (1 and
     // 2) and in two classes apart (1 and 64). TCP packets with a stack timestamp, so that no
     // clock is read: a virtual machine's clock read may itself be shared by all CPUs (the
@@ -508,7 +528,7 @@ pub(super) fn datapath(
             pair: other.clone(),
             ..case(
                 &format!(
-                    "IPv4/TCP one class clock, later packets without a local socket{how} (flow table), {name}"
+                    "IPv4/TCP one class clock, later packets without a local socket{how} (class memo), {name}"
                 ),
                 Prog::Table,
                 pair4,
