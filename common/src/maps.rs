@@ -463,8 +463,8 @@ pub struct CpuState {
     /// LLVM cannot fold them into the verifier's blind spots (see the datapath's `opaque`);
     /// never read as data.
     pub opaque: [u32; 2],
-    /// The last flow this CPU sent a packet of whose class keeps nothing per flow (see
-    /// [`ClassMemo`], [`memo_class`]).
+    /// The last IPv4 flow this CPU sent a packet of whose class keeps nothing per flow (see
+    /// [`Memo`]).
     pub memo: ClassMemo,
     /// `paceline trace`: the clocks of the packet being decided, its pending record, the cap's
     /// window, counters.
@@ -478,11 +478,14 @@ pub struct CpuState {
     /// register: the verifier would walk pacing once for each outcome of the admission).
     pub admit_tag: u64,
     /// The other flows this CPU sent packets of whose class keeps nothing per flow (see
-    /// [`ClassMemos`]): last, since a packet reads at most one way of it.
+    /// [`ClassMemos`], [`ClassMemos6`]): last, since a packet reads at most one way of them.
     pub memo_ways: ClassMemos,
+    pub memo_ways6: ClassMemos6,
 }
-const _: () =
-    assert!(size_of::<CpuState>() == 56 + 16 + 8 + 32 + 112 + 16 + 72 + 72 + 8 + 32 * CLASS_MEMO_WAYS);
+const _: () = assert!(
+    size_of::<CpuState>()
+        == 56 + 16 + 8 + 32 + 112 + 16 + 72 + 72 + 8 + 32 * CLASS_MEMO_WAYS + 64 * CLASS_MEMO6_WAYS
+);
 
 pub use crate::d3::maps::*;
 

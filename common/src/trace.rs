@@ -83,7 +83,7 @@ pub mod binding {
 pub const TR_V6: u8 = 1 << 0;
 /// It belongs to a local socket that is one flow with it (TCP, or connected UDP to its peer;
 /// class and flow clock in socket storage), or, its class taken from the CPU's class memo, it
-/// carries a local socket.
+/// carries a local socket of any kind.
 pub const TR_SOCKET: u8 = 1 << 1;
 /// Its class came from a cache (socket storage or the flow table), not the classifier.
 pub const TR_CACHED: u8 = 1 << 2;

@@ -26,8 +26,8 @@ use paceline_common::{
     edt::delay_bucket,
     maps::{
         BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,
-        MAX_CLASSES, MAX_LEVELS, TABLE_DASR_SENDER, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag_of,
-        level_slot, memo_class, memo_set,
+        MAX_CLASSES, MAX_LEVELS, Memo, TABLE_DASR_SENDER, TABLE_NO_FLOW_CLOCKS, admit_index, admit_tag_of,
+        level_slot,
     },
     trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action, held_binding},
 };
@@ -140,15 +140,15 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // carry its transmit hash (see `SockState::txhash`).
     let txhash = unsafe { (*skb).hash };
     // The class cached for the packet's flow: by this CPU's class memo (a later packet of a
-    // flow this CPU sent packets of, when its class keeps nothing per flow: any IPv4 flow, an
-    // IPv6 flow of a local socket; its last flow, or one a way, see `memo_class`), or below by
-    // the socket's storage or the flow table's entry. `NOT_CACHED` when none (a plain integer,
+    // flow this CPU sent packets of, when its class keeps nothing per flow, told by the
+    // classifier's inputs: see `Memo`), or below by the socket's storage or the flow table's
+    // entry. `NOT_CACHED` when none (a plain integer,
     // not an `Option`: LLVM may copy an `Option`'s undefined payload, a register the verifier
     // refuses to read).
     let mut cached = NOT_CACHED;
-    // SAFETY: reading __sk_buff.sk, as an identity only (see `ClassMemo::who`).
+    // SAFETY: reading __sk_buff.sk, as an identity only (whether the packet has a socket).
     let sk = unsafe { (*skb).__bindgen_anon_2.sk } as u64;
-    if let Some(c) = memo_class(&mut cpu.memo, &cpu.memo_ways, table.generation, &pkt, sk, txhash) {
+    if let Some(c) = memo(cpu).class(table.generation, &pkt) {
         off_table = true;
         cached = u32::from(c);
     } else if let Some(s) = sock::flow_sock(ctx, &pkt) {
@@ -192,20 +192,12 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 clock = &mut f.t_next;
                 bind = &mut f.binding;
                 // A flow in the table whose class keeps nothing per flow takes the CPU's class
-                // memo from its third packet (an IPv4 flow's: an IPv6 packet without a socket
-                // is not held): it still enters the table, which `paceline flows` lists. Here,
+                // memo from its third packet: it still enters the table, which `paceline flows`
+                // lists. Here,
                 // not with the sockets' below: a flag carried there would make the verifier
                 // walk pacing once more.
                 if keeps_nothing_per_flow(table, c) {
-                    memo_set(
-                        &mut cpu.memo,
-                        &mut cpu.memo_ways,
-                        table.generation,
-                        &pkt,
-                        c,
-                        0,
-                        txhash,
-                    );
+                    memo(cpu).set(table.generation, &pkt, c);
                 }
             }
         }
@@ -313,15 +305,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         // Not a packet the memo served (`cached` holds its class): its class came from the
         // socket's storage or the classifier.
         if cached == NOT_CACHED {
-            memo_set(
-                &mut cpu.memo,
-                &mut cpu.memo_ways,
-                table.generation,
-                &pkt,
-                class_idx,
-                sk,
-                txhash,
-            );
+            memo(cpu).set(table.generation, &pkt, class_idx);
         }
     }
     // What a trace record says of this packet, in this CPU's state (not on the stack: see
@@ -527,6 +511,16 @@ fn flow_src(cpu: &paceline_common::maps::CpuState, p: &PacketInfo) -> [u32; 4] {
 #[inline(always)]
 fn same_addr(a: &[u32; 4], b: &[u32; 4]) -> bool {
     (a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3]) == 0
+}
+
+/// This CPU's class memo.
+#[inline(always)]
+fn memo(cpu: &mut paceline_common::maps::CpuState) -> Memo<'_> {
+    Memo {
+        last: &mut cpu.memo,
+        ways: &mut cpu.memo_ways,
+        ways6: &mut cpu.memo_ways6,
+    }
 }
 
 /// Whether class `c` keeps nothing per flow under `table` for a packet without a local

@@ -926,14 +926,14 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
 }
 
 /// A socket whose class keeps nothing in socket storage per packet (no flow clock) is served by
-/// the CPU's socket memo: its later packets on one CPU take the class the memo holds, without a
+/// the CPU's class memo: its later packets on one CPU take the class the memo holds, without a
 /// look at the socket's storage, while other sockets' packets come and go in other ways of the
 /// memo, until a socket whose ports fold to its way, or a reload, takes its place. Seen here by
 /// rewriting the socket's class in its storage behind the datapath's back: the packets the memo
 /// serves keep the class it holds; the others read the rewritten one.
 ///
 /// Checked (2026-12-06, host 6.18): with the memo's lookup patched out of the egress program
-/// (`SockMemo::class_for` never answering), the 20 datagrams after the rewrite went to `spare`
+/// (the memo never answering), the 20 datagrams after the rewrite went to `spare`
 /// and the test failed at the first count; with the memo's generation check patched out, the
 /// datagram after the reload stayed in `spare` and it failed at the last; with one way for
 /// every socket in the datapath (`ways[0]`), the first socket's datagram after another's read

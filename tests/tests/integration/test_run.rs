@@ -1291,15 +1291,14 @@ fn an_ipv4_flow_finds_its_entry_under_the_key_the_agent_computes() {
 /// the CPU's class memo, without the table: an entry planted behind the datapath's back with
 /// another class changes nothing, until a flow whose ports fold to the same way takes the
 /// memo's place (the table decides again) or a reload (the packet is classified again). An
-/// IPv6 flow without a socket is never held (the memo holds IPv6 addresses only for a socket).
+/// IPv6 flow is held the same way, in ways of its own.
 ///
 /// Checked (2026-12-06, host 6.18): with the memo's lookup patched out of the egress program
-/// (`memo_class` never answering), the packet over the planted entry took its class and this
+/// (`Memo::class` never answering), the packet over the planted entry took its class and this
 /// failed at "served by the memo"; with the memo's generation check patched out
 /// (`ClassMemo::class_for` ignoring the generation), the packet after the reload kept the
-/// memo's class and it failed at "after a reload"; with an IPv6 packet's key leaving the socket
-/// out (BPF_PROG_TEST_RUN hands the program a socket of its own for each run), the IPv6 flow's
-/// packet over its planted entry was served by the memo and it failed at the last assertion.
+/// memo's class and it failed at "after a reload"; with IPv6 packets never held, it failed at
+/// "an IPv6 flow, served by the memo".
 #[test]
 fn a_flow_without_a_socket_takes_its_class_from_the_memo_until_another_in_its_way_or_a_reload() {
     if !privileged(
@@ -1360,7 +1359,7 @@ fn a_flow_without_a_socket_takes_its_class_from_the_memo_until_another_in_its_wa
         2,
         "after a reload"
     );
-    // An IPv6 flow without a socket: the table decides every packet.
+    // An IPv6 flow: the same from its third packet.
     let v6 = packet::ipv6(
         [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
         [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
@@ -1374,15 +1373,15 @@ fn a_flow_without_a_socket_takes_its_class_from_the_memo_until_another_in_its_wa
         16,
     );
     let g = dp.write_rules(&t, &rules).unwrap();
-    let (key, entry) = flows_after(&mut dp, &v6, 4003, 4);
+    let (key, entry) = flows_after(&mut dp, &v6, 4003, 3);
     let planted = FlowState {
         class_gen: FlowState::class_gen(g, 2),
         ..entry
     };
     assert_eq!(
         send_over_planted(&mut dp, FlowTableKey::of(&key, true), planted, &v6),
-        (0, 1, 3),
-        "an IPv6 flow without a socket is not held"
+        (1, 0, 2),
+        "an IPv6 flow, served by the memo"
     );
 }
 

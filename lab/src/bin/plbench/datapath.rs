@@ -188,8 +188,8 @@ enum Prog {
     /// The tc program as the agent loads it; BPF_PROG_TEST_RUN's placeholder socket is not
     /// TCP, so from the second run every packet finds its class (and its flow clock) in the
     /// flow table, as the later packets of a flow without a local socket do (UDP, forwarded
-    /// traffic, a container's packets at the host's device); an IPv4 flow whose class keeps
-    /// nothing per flow (no flow clock) finds its class in the CPU's class memo from the third.
+    /// traffic, a container's packets at the host's device); a flow whose class keeps nothing
+    /// per flow (no flow clock) finds its class in the CPU's class memo from the third.
     Table,
     /// The tc program loaded to take the placeholder socket for a TCP one: after the first
     /// run, every packet finds its class (and its flow clock) in the socket's storage, as a
@@ -392,7 +392,7 @@ pub(super) fn datapath(
             0,
         ),
         case(
-            "IPv6/UDP one class clock (what the reference does): a flow's later packets (flow table: IPv6 without a socket)",
+            "IPv6/UDP one class clock (what the reference does): a flow's later packets (class memo)",
             Prog::Table,
             one4,
             &udp6,

@@ -12,8 +12,8 @@
 //! TCP flows and UDP flows from connected sockets have their socket in the sender's namespace
 //! (paceline's socket-storage path); UDP datagrams sent with `sendto` from unconnected sockets
 //! take the path of forwarded traffic and of a container's, whose socket stays behind in its
-//! namespace: the flow table, and, for an IPv4 flow whose class keeps nothing per flow (no flow
-//! clock), the CPU's class memo from its third packet. Under every policy here, a class with
+//! namespace: the flow table, and, for a flow whose class keeps nothing per flow (no flow clock),
+//! the CPU's class memo from its third packet. Under every policy here, a class with
 //! one class clock takes the memo; every feature on (a flow clock) takes the table.
 
 use std::net::{IpAddr, SocketAddr};
