@@ -142,9 +142,8 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // The class cached for the packet's flow: by this CPU's class memo (a later packet of a
     // flow this CPU sent packets of, when its class keeps nothing per flow, told by the
     // classifier's inputs: see `Memo`), or below by the socket's storage or the flow table's
-    // entry. `NOT_CACHED` when none (a plain integer,
-    // not an `Option`: LLVM may copy an `Option`'s undefined payload, a register the verifier
-    // refuses to read).
+    // entry. `NOT_CACHED` when none (a plain integer, not an `Option`: LLVM may copy an
+    // `Option`'s undefined payload, a register the verifier refuses to read).
     let mut cached = NOT_CACHED;
     // SAFETY: reading __sk_buff.sk, as an identity only (whether the packet has a socket).
     let sk = unsafe { (*skb).__bindgen_anon_2.sk } as u64;
@@ -193,9 +192,8 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 bind = &mut f.binding;
                 // A flow in the table whose class keeps nothing per flow takes the CPU's class
                 // memo from its third packet: it still enters the table, which `paceline flows`
-                // lists. Here,
-                // not with the sockets' below: a flag carried there would make the verifier
-                // walk pacing once more.
+                // lists. Here, not with the sockets' below: a flag carried there would make the
+                // verifier walk pacing once more.
                 if keeps_nothing_per_flow(table, c) {
                     memo(cpu).set(table.generation, &pkt, c);
                 }
