@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
+use paceline_common::maps::names;
 use serde::{Deserialize, Serialize};
 
 /// Where the agent pins by default (`--bpffs-dir`).
@@ -179,6 +180,18 @@ impl Pins {
                 }
             }
         }
+        for name in numbering_restarts(&out.kept) {
+            let path = self.maps_dir().join(&name);
+            std::fs::remove_file(&path).with_context(|| format!("unpinning {}", path.display()))?;
+            out.kept.retain(|k| *k != name);
+            out.reset.push((
+                name,
+                format!(
+                    "{} starts again, and with it the policy generations its classes are cached under",
+                    names::TABLES
+                ),
+            ));
+        }
         Ok(out)
     }
 
@@ -207,6 +220,25 @@ impl Pins {
             .map(|mut d| d.next().is_some())
             .unwrap_or(false)
     }
+}
+
+/// Maps whose entries cache a class under the policy generation it was computed under (the
+/// CPU's class memo in `PL_CPU`, the flow table, socket storage). A generation means something
+/// only beside the `PL_TABLES` that numbers it: when that map starts again (its type changed),
+/// the numbering starts again from 1, and a class cached under the old numbering could be taken
+/// for a new policy's of the same number. They start again with it.
+const NUMBERED_BY_THE_TABLES: [&str; 3] = [names::CPU, names::FLOWS, names::SOCK];
+
+/// The maps of `kept` that must start again because `PL_TABLES` is not among them
+/// ([`NUMBERED_BY_THE_TABLES`]).
+fn numbering_restarts(kept: &[String]) -> Vec<String> {
+    if kept.iter().any(|k| k == names::TABLES) {
+        return Vec::new();
+    }
+    kept.iter()
+        .filter(|k| NUMBERED_BY_THE_TABLES.contains(&k.as_str()))
+        .cloned()
+        .collect()
 }
 
 /// How the map pinned at `path` differs from `want`, if it does.
@@ -319,6 +351,28 @@ mod tests {
             types.keys().filter(|m| m.starts_with("PL_")).collect::<Vec<_>>()
         );
         assert!(types.values().all(|f| f.len() == 16));
+    }
+
+    /// The caches keyed by policy generation start again with `PL_TABLES`, and only with it.
+    /// Checked (2026-12-06): with `numbering_restarts` answering nothing, this failed.
+    #[test]
+    fn the_generation_keyed_caches_start_again_with_the_tables() {
+        let list = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let kept = list(&["PL_CPU", "PL_FLOWS", "PL_SOCK", "PL_STATS", "PL_ADMIT"]);
+        assert_eq!(
+            numbering_restarts(&kept),
+            list(&["PL_CPU", "PL_FLOWS", "PL_SOCK"])
+        );
+        let mut with_tables = kept.clone();
+        with_tables.push("PL_TABLES".into());
+        assert!(numbering_restarts(&with_tables).is_empty());
+        assert!(numbering_restarts(&[]).is_empty(), "a fresh start");
+        // The names are the object's maps.
+        let layouts =
+            expected_layouts(crate::kernel::datapath::EBPF_OBJECT, 1024).expect("the object parses");
+        for m in NUMBERED_BY_THE_TABLES.iter().chain([&names::TABLES]) {
+            assert!(layouts.contains_key(*m), "{m}");
+        }
     }
 
     /// What the agent writes reads back the same.

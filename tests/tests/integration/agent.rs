@@ -786,6 +786,47 @@ fn kill9_leaves_the_datapath_running_and_the_next_start_adopts_it() {
     assert!(!pins.exists(), "a clean stop removes the pins");
 }
 
+/// An upgrade whose policy table changed type starts `PL_TABLES` again, and with it the policy
+/// generations (from 1): the maps that cache classes under a generation (the CPU's class memo
+/// in `PL_CPU`, the flow table, socket storage) start again with it, so that no class cached
+/// under the old numbering is taken for a new policy's of the same number; the others (the
+/// counters) are kept. Seen by recording another fingerprint for `PL_TABLES` in `pins.json`
+/// behind a killed agent's back. Checked (2026-12-06, host 6.18): with `numbering_restarts`
+/// answering nothing, the start kept `PL_CPU` (and the flow table and socket storage) and this
+/// failed.
+#[test]
+fn a_policy_table_of_another_type_starts_the_generation_keyed_caches_again() {
+    if !privileged("a_policy_table_of_another_type_starts_the_generation_keyed_caches_again") {
+        return;
+    }
+    let (_tb, a, b, ifname) = two_hosts("agent_gen");
+    let scratch = Scratch::new("gen");
+    let state = scratch.path("state");
+    let mode = if sch_fq_available() { "fq" } else { "htb" };
+    write(&scratch.path("p.yaml"), &policy(&ifname, mode, "", ""));
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &state);
+    send_udp(&a, b.ipv4(), 7001, 10);
+    let counted = agent.class_counter("probe", "packets");
+    agent.kill9();
+    let pins_json = state.join("pins.json");
+    let mut record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&pins_json).expect("pins.json")).expect("JSON");
+    record["types"]["PL_TABLES"] = "0000000000000000".into();
+    std::fs::write(&pins_json, record.to_string()).unwrap();
+    let agent = Agent::start(&a, &scratch.path("p.yaml"), &state);
+    send_udp(&a, b.ipv4(), 7001, 5);
+    assert_eq!(
+        agent.class_counter("probe", "packets"),
+        counted + 5,
+        "the counters were kept"
+    );
+    let log = agent.stop();
+    for m in ["PL_TABLES", "PL_CPU", "PL_FLOWS", "PL_SOCK"] {
+        assert!(log.contains(&format!("reset {m}")), "{m} started again: {log}");
+    }
+    assert!(!log.contains("reset PL_STATS"), "{log}");
+}
+
 /// Traffic straight through `kill -9`, a second without an agent, and the restart: a class
 /// paced at its rate keeps it over windows that hold each instant (HTB on this kernel, fq in
 /// the VMs), and a probe datagram sent every 100 us is neither lost nor left unclassified
