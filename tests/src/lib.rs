@@ -38,3 +38,36 @@ impl Drop for StopOnDrop<'_> {
         self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
+
+/// The calling thread pinned to one CPU until dropped (its affinity restored then): per-CPU
+/// state a test reads (the class memo, a CPU's counters) stays the one its packets saw.
+pub struct PinnedCpu(nix::sched::CpuSet);
+
+impl PinnedCpu {
+    /// Pins to `cpu`.
+    pub fn to(cpu: usize) -> PinnedCpu {
+        use nix::{sched, unistd::Pid};
+        let was = sched::sched_getaffinity(Pid::from_raw(0)).expect("reading the thread's affinity");
+        let mut one = sched::CpuSet::new();
+        one.set(cpu).expect("a CPU number within the set");
+        sched::sched_setaffinity(Pid::from_raw(0), &one)
+            .unwrap_or_else(|e| panic!("pinning to CPU {cpu}: {e}"));
+        PinnedCpu(was)
+    }
+
+    /// Pins to the first CPU the thread may run on.
+    pub fn first() -> PinnedCpu {
+        let was = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+            .expect("reading the thread's affinity");
+        let cpu = (0..nix::sched::CpuSet::count())
+            .find(|c| was.is_set(*c).unwrap_or(false))
+            .expect("a CPU the thread may run on");
+        PinnedCpu::to(cpu)
+    }
+}
+
+impl Drop for PinnedCpu {
+    fn drop(&mut self) {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &self.0);
+    }
+}

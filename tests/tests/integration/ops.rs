@@ -932,11 +932,12 @@ fn a_connected_udp_socket_is_one_flow_in_socket_storage_and_its_other_destinatio
 /// rewriting the socket's class in its storage behind the datapath's back: the packets the memo
 /// serves keep the class it holds; the others read the rewritten one.
 ///
-/// Checked (2026-12-06, host 6.18): with the memo's lookup patched out of the egress program
-/// (the memo never answering), the 20 datagrams after the rewrite went to `spare`
-/// and the test failed at the first count; with the memo's generation check patched out, the
-/// datagram after the reload stayed in `spare` and it failed at the last; with one way for
-/// every socket in the datapath (`ways[0]`), the first socket's datagram after another's read
+/// Checked (2026-12-06, host 6.18, again for the class memo that took the socket memo's place):
+/// with the memo's lookup patched out of the egress program (`Memo::class` never answering),
+/// the 20 datagrams after the rewrite went to `spare` and the test failed at the first count;
+/// with the memo's generation check patched out, the datagram after the reload stayed in
+/// `spare` and it failed at the last; with one way for every flow in the datapath (`Memo`
+/// using `ways[0]`), the first socket's datagram after another's read
 /// its storage and it failed at "after another socket's packet".
 #[test]
 fn a_socket_memo_serves_its_sockets_later_packets_until_another_in_its_way_or_a_reload() {
@@ -985,9 +986,7 @@ fn a_socket_memo_serves_its_sockets_later_packets_until_another_in_its_way_or_a_
     let send = |order: &[&std::net::UdpSocket]| {
         std::thread::scope(|sc| {
             sc.spawn(|| {
-                let mut cpus = nix::sched::CpuSet::new();
-                cpus.set(0).unwrap();
-                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpus).expect("pin to CPU 0");
+                let _pinned = paceline_tests::PinnedCpu::to(0);
                 for s in order {
                     send_one(s);
                 }

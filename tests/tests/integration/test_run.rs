@@ -871,12 +871,11 @@ fn the_first_ledger_carries_the_old_level_totals_on_and_zeroes_their_slots() {
     }
     // `load` clears every map, the ledger too: as after an older agent.
     let mut dp = load();
-    let stats = paceline_tests::tables::stats(&mut dp).unwrap();
+    let mut stats = paceline_tests::tables::stats(&mut dp).unwrap();
     let n = aya::util::nr_cpus().unwrap();
     let mut old = vec![paceline_common::maps::Counters::default(); n];
     old[0].packets = 1000;
     old[0].bytes = 64_000;
-    let mut stats = stats;
     stats
         .set(level_slot(1), aya::maps::PerCpuValues::try_from(old).unwrap(), 0)
         .unwrap();
@@ -1009,12 +1008,7 @@ fn a_policy_swapped_thousands_of_times_under_traffic_classifies_every_packet_by_
         for cpu in 1..cpus.max(2) {
             let (prog, probe, stop, runs) = (&prog, &probe, &stop, &runs);
             s.spawn(move || {
-                // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread.
-                unsafe {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu % cpus, &mut set);
-                    libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
-                }
+                let _pinned = paceline_tests::PinnedCpu::to(cpu % cpus);
                 while !stop.load(Ordering::Relaxed) {
                     paceline_tests::skb::test_run_fd(prog.as_fd(), probe, 16).expect("BPF_PROG_TEST_RUN");
                     runs.fetch_add(16, Ordering::Relaxed);
@@ -1165,13 +1159,7 @@ fn priority_table() -> PolicyTable {
 /// Sends `f` twice (its flow enters the flow table on its second packet) and returns the entry
 /// of the flow to `dport`, as `paceline flows` reads it.
 fn entered_flow(dp: &mut Datapath, f: &[u8], dport: u16) -> (FlowKey, FlowState) {
-    run(dp, f, SkBuff::default());
-    run(dp, f, SkBuff::default());
-    let (flows, _) = dp.flows(1024).unwrap();
-    *flows
-        .iter()
-        .find(|(k, _)| k.dport == dport)
-        .expect("the flow's entry")
+    flow_after(dp, f, 2, |k| k.dport == dport)
 }
 
 /// Plants `entry` under `key` in the flow table and sends `f` once: the packets it added to
@@ -1308,7 +1296,7 @@ fn a_flow_without_a_socket_takes_its_class_from_the_memo_until_another_in_its_wa
     }
     use paceline_common::{classify::PacketInfo, maps::ClassMemos};
     // The memo is per CPU: every run on one.
-    let _pinned = PinnedCpu::first();
+    let _pinned = paceline_tests::PinnedCpu::first();
     let mut dp = load();
     let t = priority_table();
     let rules = [port_rule(5302, 1).with_proto(17)];
@@ -1373,7 +1361,7 @@ fn a_flow_without_a_socket_takes_its_class_from_the_memo_until_another_in_its_wa
         16,
     );
     let g = dp.write_rules(&t, &rules).unwrap();
-    let (key, entry) = flows_after(&mut dp, &v6, 4003, 3);
+    let (key, entry) = flow_after(&mut dp, &v6, 3, |k| k.sport == 4003);
     let planted = FlowState {
         class_gen: FlowState::class_gen(g, 2),
         ..entry
@@ -1385,40 +1373,18 @@ fn a_flow_without_a_socket_takes_its_class_from_the_memo_until_another_in_its_wa
     );
 }
 
-/// Sends `f` `n` times and returns the table's entry of the flow from `sport`.
-fn flows_after(dp: &mut Datapath, f: &[u8], sport: u16, n: usize) -> (FlowKey, FlowState) {
+/// Sends `f` `n` times and returns the table's entry of the flow `which` picks.
+fn flow_after(
+    dp: &mut Datapath,
+    f: &[u8],
+    n: usize,
+    which: impl Fn(&FlowKey) -> bool,
+) -> (FlowKey, FlowState) {
     for _ in 0..n {
         run(dp, f, SkBuff::default());
     }
     let (flows, _) = dp.flows(1024).unwrap();
-    *flows
-        .iter()
-        .find(|(k, _)| k.sport == sport)
-        .expect("the flow's entry")
-}
-
-/// The calling thread pinned to the first CPU it may run on, until dropped (its affinity
-/// restored): per-CPU state (the class memo) stays the one the test's runs see.
-struct PinnedCpu(nix::sched::CpuSet);
-
-impl PinnedCpu {
-    fn first() -> PinnedCpu {
-        use nix::{sched, unistd::Pid};
-        let was = sched::sched_getaffinity(Pid::from_raw(0)).expect("affinity");
-        let cpu = (0..sched::CpuSet::count())
-            .find(|c| was.is_set(*c).unwrap_or(false))
-            .expect("a CPU");
-        let mut one = sched::CpuSet::new();
-        one.set(cpu).unwrap();
-        sched::sched_setaffinity(Pid::from_raw(0), &one).expect("pin");
-        PinnedCpu(was)
-    }
-}
-
-impl Drop for PinnedCpu {
-    fn drop(&mut self) {
-        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &self.0);
-    }
+    *flows.iter().find(|(k, _)| which(k)).expect("the flow's entry")
 }
 
 /// The 5-tuple does not fix a packet's mark or DSCP: a cached class holds only for the fields
