@@ -149,57 +149,38 @@ fn way_of(pkt: &PacketInfo, n: usize) -> usize {
     (ports_of(pkt).wrapping_mul(0x9e37_79b1) >> (32 - n.trailing_zeros())) as usize & (n - 1)
 }
 
-/// A CPU's IPv4 class memo beyond its last flow: [`CLASS_MEMO_WAYS`] ways of [`ClassMemo`],
-/// one flow a way, chosen by the packet's ports, so that a CPU that sends for many flows in
-/// turn keeps each one's class (the last flow alone missed every packet of 64 sockets in
-/// turn). 8 KiB a CPU, near the end of its state: a packet reads one way, and only when the
-/// last flow is not its own ([`Memo::class`]).
+/// `N` ways of a CPU's class memo (`N` a power of two), one flow a way, chosen by the packet's
+/// ports ([`Ways::way`]), so that a CPU that sends for many flows in turn keeps each one's
+/// class (the last flow alone missed every packet of 64 sockets in turn). A packet reads one
+/// way.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClassMemos {
-    pub ways: [ClassMemo; CLASS_MEMO_WAYS],
+pub struct Ways<T, const N: usize> {
+    pub ways: [T; N],
 }
 
-impl Default for ClassMemos {
+impl<T: Default + Copy, const N: usize> Default for Ways<T, N> {
     fn default() -> Self {
-        ClassMemos {
-            ways: [ClassMemo::default(); CLASS_MEMO_WAYS],
+        Ways {
+            ways: [T::default(); N],
         }
     }
 }
 
-impl ClassMemos {
+impl<T, const N: usize> Ways<T, N> {
     /// The way a packet's flow takes.
     #[inline(always)]
     pub fn way(pkt: &PacketInfo) -> usize {
-        way_of(pkt, CLASS_MEMO_WAYS)
+        way_of(pkt, N)
     }
 }
 
-/// A CPU's IPv6 class memo: [`CLASS_MEMO6_WAYS`] ways of [`ClassMemo6`] (8 KiB), chosen as the
-/// IPv4 ones are; no last flow beside the parsed packet (its 64 bytes would make every packet's
-/// first lines one more).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClassMemos6 {
-    pub ways: [ClassMemo6; CLASS_MEMO6_WAYS],
-}
-
-impl Default for ClassMemos6 {
-    fn default() -> Self {
-        ClassMemos6 {
-            ways: [ClassMemo6::default(); CLASS_MEMO6_WAYS],
-        }
-    }
-}
-
-impl ClassMemos6 {
-    /// The way a packet's flow takes.
-    #[inline(always)]
-    pub fn way(pkt: &PacketInfo) -> usize {
-        way_of(pkt, CLASS_MEMO6_WAYS)
-    }
-}
+/// A CPU's IPv4 ways beyond its last flow: 8 KiB, near the end of its state; read only when
+/// the last flow is not the packet's ([`Memo::class`]).
+pub type ClassMemos = Ways<ClassMemo, CLASS_MEMO_WAYS>;
+/// A CPU's IPv6 ways (8 KiB); no last flow beside the parsed packet (its 64 bytes would make
+/// every packet's first lines one more).
+pub type ClassMemos6 = Ways<ClassMemo6, CLASS_MEMO6_WAYS>;
 
 /// A CPU's class memo: the last IPv4 flow (beside the parsed packet), the IPv4 ways and the
 /// IPv6 ways.
