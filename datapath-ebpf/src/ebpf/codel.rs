@@ -82,10 +82,10 @@ pub fn check(
     unsafe {
         (*args).class.slot = class.0;
         (*args).class.rate = class.1.class_rate;
-        (*args).class.codel = class.1.codel;
+        copy_params(&mut (*args).class.codel, &class.1.codel);
         (*args).level.slot = level.0;
         (*args).level.rate = level.1.rate;
-        (*args).level.codel = level.1.codel;
+        copy_params(&mut (*args).level.codel, &level.1.codel);
         (*args).floor = floor;
         (*args).len = len;
     }
@@ -172,6 +172,16 @@ fn judge(a: &Aggregate, floor: u64, len: u64) -> u32 {
 /// `v` through this CPU's scratch word: a value the verifier does not know. The packets that
 /// skip CoDel (0) and those that ran it (the global function's unknown result) then continue
 /// as one verifier state through the pacer, instead of two.
+/// Copies CoDel parameters field by field: a whole-struct assignment becomes a call of BPF's
+/// `memmove`, a byte loop.
+#[inline(always)]
+fn copy_params(to: &mut CodelParams, from: &CodelParams) {
+    to.target_ns = from.target_ns;
+    to.interval_ns = from.interval_ns;
+    to.flags = from.flags;
+    to._pad = 0;
+}
+
 #[inline(always)]
 pub fn opaque(scratch: *mut u32, v: u32) -> u32 {
     // SAFETY: a word of this CPU's map value; volatile so LLVM keeps the round trip.
