@@ -31,8 +31,11 @@
 //! table by that field's ECs; phases over fields no rule reads are skipped ([`CtabHeader::phases`]).
 //!
 //! A packet costs: a few array reads for its ECs (a trie walk is one read per stride), one
-//! hash lookup per phase (typically one), and per listed selector at most three hash lookups,
-//! each skipped when the selector cannot beat the best rule found so far. None of this grows
+//! hash lookup per phase before the last, the last phase's result (one array read when its
+//! keys are few, [`CtabHeader::sel_direct_off`]; else a hash lookup, as when the array says
+//! the list has address selectors), and per listed selector at most three hash lookups, each
+//! skipped when the selector cannot beat the best rule found so far. A policy whose rules read
+//! only protocol, DSCP and destination ports takes no hash lookup. None of this grows
 //! with the number of rules; the sizes of the structures do (`paceline policy check` prints
 //! them).
 //!
@@ -79,6 +82,24 @@ pub const SEL_SRC: u32 = 2;
 pub const SEL_DST: u32 = 3;
 /// The first rule of the selector with both, or [`NONE`].
 pub const SEL_BOTH: u32 = 4;
+
+/// A word of the last phase's array ([`CtabHeader::sel_direct_off`]) with this bit set: the
+/// key's selector list has selectors with address conditions, so the selector table is read.
+/// [`NONE`]: no list (no selector is satisfied). Otherwise: the list's `any_best` rule, all
+/// there is to it.
+pub const DIRECT_LIST: u32 = 1 << 31;
+/// Most entries the last phase's array may have (256 KiB of words); a larger last phase keeps
+/// the selector table alone.
+pub const MAX_DIRECT_ENTRIES: u64 = 1 << 16;
+
+/// The word of the last phase's array for a key whose list is `list` (`None`: no list).
+pub fn direct_entry(list: Option<&SelList>) -> u32 {
+    match list {
+        None => NONE,
+        Some(l) if l.n == 0 => l.any_best,
+        Some(_) => DIRECT_LIST,
+    }
+}
 
 /// [`RuleKey::tag`] shapes (the low two bits; the selector id above them).
 pub const SHAPE_SRC: u32 = 1;
@@ -146,12 +167,21 @@ pub struct CtabHeader {
     pub n_marks: u32,
     /// The mark conditions that need the mark to be visible (bit `i` for `marks[i]`).
     pub marks_known: u32,
+    /// The last phase's results as an array, when it is small ([`NONE`]: none; the selector
+    /// table alone): word `sel_direct_off + prev * sel_direct_stride + val` for the last
+    /// phase's key, as [`direct_entry`] writes it. A packet whose selectors have no address
+    /// conditions (every packet of a policy without addresses) then takes its rule from one
+    /// array read instead of a hash lookup; the selector table holds only the lists that need
+    /// it.
+    pub sel_direct_off: u32,
+    /// Values of the last phase's field (one row of the array per previous EC).
+    pub sel_direct_stride: u32,
     pub _pad: u32,
     /// Mark conditions as (value, mask): a packet's mark EC is the bit set of those it
     /// satisfies (an unknown mark satisfies none of `marks_known`).
     pub marks: [[u32; 2]; MAX_MARK_CONDS],
 }
-const _: () = assert!(core::mem::size_of::<CtabHeader>() == 4 * 22 + 8 * MAX_MARK_CONDS);
+const _: () = assert!(core::mem::size_of::<CtabHeader>() == 4 * 24 + 8 * MAX_MARK_CONDS);
 
 impl CtabHeader {
     /// A classifier with no rules: every packet gets the default class.
@@ -174,6 +204,8 @@ impl CtabHeader {
             phases: 0,
             n_marks: 0,
             marks_known: 0,
+            sel_direct_off: NONE,
+            sel_direct_stride: 0,
             _pad: 0,
             marks: [[0; 2]; MAX_MARK_CONDS],
         }
@@ -427,6 +459,19 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
         phase += 1;
     }
     let [prev, val] = t.opaque([key.prev, key.val]);
+    if h.sel_direct_off != NONE && val < h.sel_direct_stride {
+        let w = t.word(
+            h.sel_direct_off
+                .wrapping_add(prev.wrapping_mul(h.sel_direct_stride))
+                .wrapping_add(val),
+        );
+        if w == NONE {
+            return best;
+        }
+        if w & DIRECT_LIST == 0 {
+            return min(best, w);
+        }
+    }
     let Some(list) = t.sels(&SelKey { prev, val }) else {
         return best;
     };

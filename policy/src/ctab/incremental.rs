@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use paceline_common::classify::Rule;
 use paceline_common::ctab::{
-    CHILD, CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, MAX_SEL_MATCH, NONE, RuleKey, SEL_ANY, SEL_BOTH,
+    CHILD, CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, DIRECT_LIST, MAX_DIRECT_ENTRIES, MAX_SEL_MATCH, NONE,
+    RuleKey, SEL_ANY, SEL_BOTH,
     SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, SelList, TAG_CGROUP,
-    rule_tag,
+    direct_entry, rule_tag,
 };
 
 use super::addr::{self, AddrEcs, Prefix, Ranges};
@@ -617,8 +618,26 @@ pub fn build_after(
             kept.sel[..addr.len()].copy_from_slice(&addr);
             lists.push((any_best != NONE || kept.n > 0).then_some(kept));
         }
+        // A small last phase is also an array (one read instead of a hash lookup): then the
+        // selector table keeps only the lists with address selectors, which the array points
+        // to (`DIRECT_LIST`).
+        let (prevs, vals) = (u64::from(ph.last_prevs), u64::from(ph.last_vals));
+        let direct = prevs * vals <= MAX_DIRECT_ENTRIES;
+        if direct {
+            let mut arr = vec![NONE; (prevs * vals) as usize];
+            for &(key, set) in &ph.last {
+                let list = lists[set as usize].as_ref();
+                debug_assert!(list.is_none_or(|l| l.any_best == NONE || l.any_best & DIRECT_LIST == 0));
+                arr[(u64::from(key.prev) * vals + u64::from(key.val)) as usize] = direct_entry(list);
+            }
+            h.sel_direct_off = words.len() as u32;
+            h.sel_direct_stride = ph.last_vals;
+            words.extend_from_slice(&arr);
+        }
         for &(key, set) in &ph.last {
-            if let Some(l) = lists[set as usize] {
+            if let Some(l) = lists[set as usize]
+                && !(direct && l.n == 0)
+            {
                 sel_entries.push((key, l));
             }
         }

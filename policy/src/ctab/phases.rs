@@ -59,6 +59,10 @@ pub struct Phases {
     pub last: Vec<(SelKey, u32)>,
     /// The sets `last` refers to.
     pub sets: Vec<Bits>,
+    /// The last phase's key space: previous ECs (`SelKey::prev` below it) and field values
+    /// (`SelKey::val` below it), for its array (`CtabHeader::sel_direct_off`).
+    pub last_prevs: u32,
+    pub last_vals: u32,
 }
 
 /// Runs the phases; `max_entries` bounds the entries of all phases together.
@@ -129,6 +133,8 @@ pub fn run(f: &Fields, max_entries: usize) -> Result<Phases, BuildError> {
                 rule_entries,
                 last: out,
                 sets,
+                last_prevs: inputs.iter().map(|(p, _)| p + 1).max().unwrap_or(0),
+                last_vals: vals.iter().map(|(v, _)| v + 1).max().unwrap_or(0),
             });
         }
         rule_entries.extend(out.into_iter().map(|(k, next)| {
