@@ -31,8 +31,8 @@
 //! table by that field's ECs; phases over fields no rule reads are skipped ([`CtabHeader::phases`]).
 //!
 //! A packet costs: a few array reads for its ECs (a trie walk is one read per stride), one
-//! hash lookup per phase before the last, the last phase's result (one array read when its
-//! keys are few, [`CtabHeader::sel_direct_off`]; else a hash lookup, as when the array says
+//! read or hash lookup per phase before the last, the last phase's result (one array read when its
+//! keys are few, [`CtabHeader::phase_off`]; else a hash lookup, as when the array says
 //! the list has address selectors), and per listed selector at most three hash lookups, each
 //! skipped when the selector cannot beat the best rule found so far. A policy whose rules read
 //! only protocol, DSCP and destination ports takes no hash lookup. None of this grows
@@ -83,13 +83,13 @@ pub const SEL_DST: u32 = 3;
 /// The first rule of the selector with both, or [`NONE`].
 pub const SEL_BOTH: u32 = 4;
 
-/// A word of the last phase's array ([`CtabHeader::sel_direct_off`]) with this bit set: the
+/// A word of the last phase's array ([`CtabHeader::phase_off`]) with this bit set: the
 /// key's selector list has selectors with address conditions, so the selector table is read.
 /// [`NONE`]: no list (no selector is satisfied). Otherwise: the list's `any_best` rule, all
 /// there is to it.
 pub const DIRECT_LIST: u32 = 1 << 31;
-/// Most entries the last phase's array may have (256 KiB of words); a larger last phase keeps
-/// the selector table alone.
+/// Most entries the phases' arrays may have together (256 KiB of words); a phase that would
+/// pass it keeps its hash table alone.
 pub const MAX_DIRECT_ENTRIES: u64 = 1 << 16;
 
 /// The word of the last phase's array for a key whose list is `list` (`None`: no list).
@@ -167,21 +167,22 @@ pub struct CtabHeader {
     pub n_marks: u32,
     /// The mark conditions that need the mark to be visible (bit `i` for `marks[i]`).
     pub marks_known: u32,
-    /// The last phase's results as an array, when it is small ([`NONE`]: none; the selector
-    /// table alone): word `sel_direct_off + prev * sel_direct_stride + val` for the last
-    /// phase's key, as [`direct_entry`] writes it. A packet whose selectors have no address
-    /// conditions (every packet of a policy without addresses) then takes its rule from one
-    /// array read instead of a hash lookup; the selector table holds only the lists that need
-    /// it.
-    pub sel_direct_off: u32,
-    /// Values of the last phase's field (one row of the array per previous EC).
-    pub sel_direct_stride: u32,
+    /// Each phase as an array, when its keys are few ([`NONE`]: none; the rule table's
+    /// `TAG_PHASE` entries, or for the last phase the selector table, alone): word
+    /// `phase_off[phase] + prev * phase_stride[phase] + val` for the phase's key. A phase
+    /// before the last holds the next EC (or [`NONE`]); the last, what [`direct_entry`] writes:
+    /// a packet whose selectors have no address conditions (every packet of a policy without
+    /// addresses) then takes its rule from array reads alone, and the selector table holds only
+    /// the lists that need it.
+    pub phase_off: [u32; PHASES as usize],
+    /// Values of each phase's field (one row of its array per previous EC).
+    pub phase_stride: [u32; PHASES as usize],
     pub _pad: u32,
     /// Mark conditions as (value, mask): a packet's mark EC is the bit set of those it
     /// satisfies (an unknown mark satisfies none of `marks_known`).
     pub marks: [[u32; 2]; MAX_MARK_CONDS],
 }
-const _: () = assert!(core::mem::size_of::<CtabHeader>() == 4 * 24 + 8 * MAX_MARK_CONDS);
+const _: () = assert!(core::mem::size_of::<CtabHeader>() == 4 * 30 + 8 * MAX_MARK_CONDS);
 
 impl CtabHeader {
     /// A classifier with no rules: every packet gets the default class.
@@ -204,8 +205,8 @@ impl CtabHeader {
             phases: 0,
             n_marks: 0,
             marks_known: 0,
-            sel_direct_off: NONE,
-            sel_direct_stride: 0,
+            phase_off: [NONE; PHASES as usize],
+            phase_stride: [0; PHASES as usize],
             _pad: 0,
             marks: [[0; 2]; MAX_MARK_CONDS],
         }
@@ -433,6 +434,8 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
         p_index(p.proto, v6, p.unknown & UNKNOWN_DSCP != 0, p.dscp),
     );
     let mut key = SelKey { prev, val: 0 };
+    // The last phase's array and stride.
+    let mut last = (NONE, 0);
     let mut phase = 0;
     while phase < PHASES {
         if h.phases & (1 << phase) != 0 {
@@ -444,13 +447,19 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
             };
             key = SelKey { prev, val };
             if h.phases >> (phase + 1) == 0 {
+                last = (h.phase_off[phase as usize], h.phase_stride[phase as usize]);
                 break;
             }
-            prev = t.rule(&RuleKey {
-                tag: TAG_PHASE + 4 * phase,
-                a: prev,
-                b: val,
-            });
+            let (off, stride) = (h.phase_off[phase as usize], h.phase_stride[phase as usize]);
+            prev = if off != NONE && val < stride {
+                t.word(off.wrapping_add(prev.wrapping_mul(stride)).wrapping_add(val))
+            } else {
+                t.rule(&RuleKey {
+                    tag: TAG_PHASE + 4 * phase,
+                    a: prev,
+                    b: val,
+                })
+            };
             if prev == NONE {
                 // No selector is still satisfied.
                 return best;
@@ -458,13 +467,10 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
         }
         phase += 1;
     }
+    let (off, stride) = last;
     let [prev, val] = t.opaque([key.prev, key.val]);
-    if h.sel_direct_off != NONE && val < h.sel_direct_stride {
-        let w = t.word(
-            h.sel_direct_off
-                .wrapping_add(prev.wrapping_mul(h.sel_direct_stride))
-                .wrapping_add(val),
-        );
+    if off != NONE && val < stride {
+        let w = t.word(off.wrapping_add(prev.wrapping_mul(stride)).wrapping_add(val));
         if w == NONE {
             return best;
         }

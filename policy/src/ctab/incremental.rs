@@ -11,7 +11,7 @@ use paceline_common::ctab::{
     CHILD, CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, DIRECT_LIST, MAX_DIRECT_ENTRIES, MAX_SEL_MATCH, NONE,
     RuleKey, SEL_ANY, SEL_BOTH,
     SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, SelList, TAG_CGROUP,
-    direct_entry, rule_tag,
+    TAG_PHASE, PHASES, direct_entry, rule_tag,
 };
 
 use super::addr::{self, AddrEcs, Prefix, Ranges};
@@ -571,7 +571,30 @@ pub fn build_after(
         }
         let ph = f.phases.as_ref().expect("built for selectors with conditions");
         h.phases = ph.mask;
-        rule_entries.extend(ph.rule_entries.iter().copied());
+        // Each phase as an array while they fit together (see `CtabHeader::phase_off`); a
+        // phase before the last that has one leaves the rule table.
+        let mut room = MAX_DIRECT_ENTRIES;
+        let mut arrays = [false; PHASES as usize];
+        for (i, &(prevs, vals)) in ph.dims.iter().enumerate() {
+            let n = u64::from(prevs) * u64::from(vals);
+            if ph.mask & (1 << i) != 0 && n <= room {
+                room -= n;
+                arrays[i] = true;
+                h.phase_off[i] = words.len() as u32;
+                h.phase_stride[i] = vals;
+                words.resize(words.len() + n as usize, NONE);
+            }
+        }
+        let last_phase = (31 - ph.mask.leading_zeros()) as usize;
+        for &(k, next) in &ph.rule_entries {
+            let phase = ((k.tag - TAG_PHASE) / 4) as usize;
+            if arrays[phase] {
+                let (off, stride) = (h.phase_off[phase], h.phase_stride[phase]);
+                words[(off + k.a * stride + k.b) as usize] = next;
+            } else {
+                rule_entries.push((k, next));
+            }
+        }
         // What each final set yields: the first address-free rule of its selectors (they match
         // every packet that reaches the set), and, sorted by their first address rule, the
         // selectors whose address rules could still come before it.
@@ -618,24 +641,17 @@ pub fn build_after(
             kept.sel[..addr.len()].copy_from_slice(&addr);
             lists.push((any_best != NONE || kept.n > 0).then_some(kept));
         }
-        // A small last phase is also an array (one read instead of a hash lookup): then the
-        // selector table keeps only the lists with address selectors, which the array points
-        // to (`DIRECT_LIST`).
-        let (prevs, vals) = (u64::from(ph.last_prevs), u64::from(ph.last_vals));
-        let direct = prevs * vals <= MAX_DIRECT_ENTRIES;
-        if direct {
-            let mut arr = vec![NONE; (prevs * vals) as usize];
-            for &(key, set) in &ph.last {
-                let list = lists[set as usize].as_ref();
-                debug_assert!(list.is_none_or(|l| l.any_best == NONE || l.any_best & DIRECT_LIST == 0));
-                arr[(u64::from(key.prev) * vals + u64::from(key.val)) as usize] = direct_entry(list);
-            }
-            h.sel_direct_off = words.len() as u32;
-            h.sel_direct_stride = ph.last_vals;
-            words.extend_from_slice(&arr);
-        }
+        // The last phase's array holds what a list comes to when it has no address selectors;
+        // the selector table keeps only the lists the array points to (`DIRECT_LIST`).
+        let direct = arrays[last_phase];
         for &(key, set) in &ph.last {
-            if let Some(l) = lists[set as usize]
+            let list = lists[set as usize];
+            if direct {
+                debug_assert!(list.is_none_or(|l| l.any_best == NONE || l.any_best & DIRECT_LIST == 0));
+                let (off, stride) = (h.phase_off[last_phase], h.phase_stride[last_phase]);
+                words[(off + key.prev * stride + key.val) as usize] = direct_entry(list.as_ref());
+            }
+            if let Some(l) = list
                 && !(direct && l.n == 0)
             {
                 sel_entries.push((key, l));

@@ -2,7 +2,7 @@
 //! each phase maps (the previous EC, one field's EC) to the EC of the set of selectors still
 //! satisfied, so a selector that leaves a field open costs nothing in that field's phase.
 
-use paceline_common::ctab::{PHASE_CGROUP, PHASE_DPORT, PHASE_MARK, PHASE_SPORT, RuleKey, SelKey, TAG_PHASE};
+use paceline_common::ctab::{PHASE_CGROUP, PHASE_DPORT, PHASE_MARK, PHASE_SPORT, PHASES, RuleKey, SelKey, TAG_PHASE};
 
 use super::fx::FxMap;
 use super::{BuildError, limit};
@@ -59,10 +59,10 @@ pub struct Phases {
     pub last: Vec<(SelKey, u32)>,
     /// The sets `last` refers to.
     pub sets: Vec<Bits>,
-    /// The last phase's key space: previous ECs (`SelKey::prev` below it) and field values
-    /// (`SelKey::val` below it), for its array (`CtabHeader::sel_direct_off`).
-    pub last_prevs: u32,
-    pub last_vals: u32,
+    /// Each phase's key space, by phase (`PHASE_*`; zero for a phase not run): previous ECs
+    /// (`prev` below the first) and field values (`val` below the second), for its array
+    /// (`CtabHeader::phase_off`).
+    pub dims: [(u32, u32); PHASES as usize],
 }
 
 /// Runs the phases; `max_entries` bounds the entries of all phases together.
@@ -97,8 +97,13 @@ pub fn run(f: &Fields, max_entries: usize) -> Result<Phases, BuildError> {
     let mut rule_entries = Vec::new();
     let mut entries = 0usize;
     let n_phases = order.len();
+    let mut dims = [(0, 0); PHASES as usize];
     for (k, (phase, vals)) in order.iter().enumerate() {
         let last = k + 1 == n_phases;
+        dims[*phase as usize] = (
+            inputs.iter().map(|(p, _)| p + 1).max().unwrap_or(0),
+            vals.iter().map(|(v, _)| v + 1).max().unwrap_or(0),
+        );
         let mut ids: FxMap<Bits, u32> = FxMap::default();
         let mut sets: Vec<Bits> = Vec::new();
         let mut out: Vec<(SelKey, u32)> = Vec::new();
@@ -133,8 +138,7 @@ pub fn run(f: &Fields, max_entries: usize) -> Result<Phases, BuildError> {
                 rule_entries,
                 last: out,
                 sets,
-                last_prevs: inputs.iter().map(|(p, _)| p + 1).max().unwrap_or(0),
-                last_vals: vals.iter().map(|(v, _)| v + 1).max().unwrap_or(0),
+                dims,
             });
         }
         rule_entries.extend(out.into_iter().map(|(k, next)| {

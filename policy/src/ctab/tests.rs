@@ -3,6 +3,7 @@
 //! (many of them on the rules' edges), compared packet by packet.
 
 use paceline_common::classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, first_match};
+use paceline_common::ctab::{PHASE_DPORT, PHASE_MARK, PHASE_SPORT, TAG_PHASE};
 use paceline_common::{classify::Rule, maps::v4_mapped};
 use rand::rngs::StdRng;
 use rand::{Rng, RngExt, SeedableRng};
@@ -289,30 +290,51 @@ fn covered_rules_never_match_a_random_packet() {
     }
 }
 
-/// A policy without addresses takes its rule from the last phase's array alone (the selector
-/// table is left empty, so a wrong array fails here); one with address rules keeps in the
-/// table only the lists the array points to. Checked (2026-12-06): with the array's words off
-/// by one bit, this and the random policies above failed.
+/// The array of phase `phase` (`PHASE_*`), or of the last phase (`None`).
+fn phase_array(image: &Image, phase: Option<u32>) -> u32 {
+    let h = &image.header;
+    h.phase_off[phase.unwrap_or(31 - h.phases.leading_zeros()) as usize]
+}
+
+/// A policy without addresses takes its rule from the phases' arrays alone (the selector and
+/// rule tables are left empty, so a wrong array fails here); one with an address rule keeps in
+/// the selector table only the lists the array points to. Checked (2026-12-06): with the last
+/// phase's words off by one bit, or a phase before the last's next EC off by one, this and the
+/// random policies above failed.
 #[test]
-fn a_small_last_phase_is_an_array_and_agrees_with_the_reference() {
-    let ports: Vec<Rule> = (0..4u16)
+fn small_phases_are_arrays_and_agree_with_the_reference() {
+    let mut ports: Vec<Rule> = (0..4u16)
         .map(|i| Rule::any(1 + i).with_proto(17).with_dport(5000 + i, 5000 + i))
         .collect();
+    ports.push(Rule::any(6).with_proto(17).with_sport(53, 53).with_dscp(46));
+    ports.push(Rule::any(7).with_mark(0x100, 0xf00));
     let image = build(&ports).unwrap();
-    assert_ne!(image.header.sel_direct_off, NONE);
+    assert_eq!(image.header.phases, 0b111);
+    for phase in [PHASE_DPORT, PHASE_SPORT, PHASE_MARK] {
+        assert_ne!(phase_array(&image, Some(phase)), NONE, "phase {phase}");
+    }
     assert!(image.sels.is_empty(), "{:?}", image.sels);
+    assert!(image.rules.is_empty(), "{:?}", image.rules);
     let mut rng = StdRng::seed_from_u64(11);
-    let mut packets: Vec<PacketInfo> = (0..2000).map(|_| random_packet(&mut rng)).collect();
+    let mut packets: Vec<PacketInfo> = (0..3000).map(|_| random_packet(&mut rng)).collect();
     for (i, p) in packets.iter_mut().enumerate().step_by(2) {
         p.proto = 17;
         p.dport = 4999 + (i % 6) as u16;
+        p.sport = [53, 54][i % 4 / 2];
+        p.dscp = [46, 0][i % 8 / 4];
     }
     assert!(check(&ports, &packets));
 
     let mut mixed = ports.clone();
-    mixed.insert(1, Rule::any(7).with_proto(17).with_dport(5002, 5002).with_dst(v4_mapped(0x0a00_0001u32.to_be()), words(mask(128))));
+    mixed.insert(
+        1,
+        Rule::any(7)
+            .with_proto(17)
+            .with_dport(5002, 5002)
+            .with_dst(v4_mapped(0x0a00_0001u32.to_be()), words(mask(128))),
+    );
     let image = build(&mixed).unwrap();
-    assert_ne!(image.header.sel_direct_off, NONE);
+    assert_ne!(phase_array(&image, None), NONE);
     assert!(!image.sels.is_empty() && image.sels.iter().all(|(_, l)| l.n > 0));
     for p in packets.iter_mut().step_by(3) {
         p.is_v6 = 0;
@@ -321,10 +343,11 @@ fn a_small_last_phase_is_an_array_and_agrees_with_the_reference() {
     assert!(check(&mixed, &packets));
 }
 
-/// A last phase of more than `MAX_DIRECT_ENTRIES` keys (distinct source and destination
-/// ports: their ECs multiply) keeps the selector table alone, and agrees too.
+/// A phase of more keys than the arrays have room for keeps its hash table, and agrees too:
+/// distinct source and destination ports (the last phase's ECs multiply), and distinct DSCPs
+/// and destination ports (the first phase's).
 #[test]
-fn a_large_last_phase_keeps_the_selector_table_alone() {
+fn phases_too_large_for_an_array_keep_their_hash_tables() {
     let rules: Vec<Rule> = (0..300u16)
         .map(|i| {
             Rule::any(i % 8)
@@ -334,7 +357,8 @@ fn a_large_last_phase_keeps_the_selector_table_alone() {
         })
         .collect();
     let image = build(&rules).unwrap();
-    assert_eq!(image.header.sel_direct_off, NONE);
+    assert_eq!(phase_array(&image, None), NONE);
+    assert_ne!(phase_array(&image, Some(PHASE_DPORT)), NONE);
     assert!(!image.sels.is_empty());
     let mut rng = StdRng::seed_from_u64(12);
     let packets: Vec<PacketInfo> = (0..3000)
@@ -344,6 +368,33 @@ fn a_large_last_phase_keeps_the_selector_table_alone() {
             p.proto = 6;
             p.sport = 1000 + j;
             p.dport = 2000 + 2 * (j ^ (i as u16 & 1));
+            p
+        })
+        .collect();
+    assert!(check(&rules, &packets));
+
+    let mut rules: Vec<Rule> = (0..1100u16)
+        .map(|i| {
+            Rule::any(i % 8)
+                .with_proto(6)
+                .with_dscp((i % 63 + 1) as u8)
+                .with_dport(3000 + i, 3000 + i)
+        })
+        .collect();
+    rules.push(Rule::any(9).with_proto(6).with_sport(7, 7));
+    let image = build(&rules).unwrap();
+    assert_eq!(phase_array(&image, Some(PHASE_DPORT)), NONE);
+    assert_ne!(phase_array(&image, Some(PHASE_SPORT)), NONE);
+    assert!(image.rules.iter().any(|(k, _)| k.tag == TAG_PHASE + 4 * PHASE_DPORT));
+    let packets: Vec<PacketInfo> = (0..4000)
+        .map(|i| {
+            let mut p = random_packet(&mut rng);
+            let j = (i % 1110) as u16;
+            p.proto = 6;
+            p.unknown = 0;
+            p.dscp = (j % 63 + 1) as u8 ^ (i as u8 & 1);
+            p.dport = 3000 + j;
+            p.sport = [7, 8][i % 2];
             p
         })
         .collect();
