@@ -89,7 +89,7 @@ fn try_router(ctx: &TcContext) -> Option<()> {
     // SAFETY: per-CPU slot; preemption is disabled while the program runs.
     let sc = unsafe { &mut *PL_D3_SCRATCH.get_ptr_mut(0)? };
 
-    sc.pkt = PacketInfo::default();
+    parse::clear_unwritten(&mut sc.pkt);
     let layout = parse::parse(ctx, &mut sc.pkt).ok()?;
     if sc.pkt.proto != 6 {
         return None;

@@ -76,14 +76,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // some packets (ports, the unknown fields) or writes only later (the cgroup) is cleared
     // first.
     let scratch: *mut PacketInfo = &mut cpu.scratch;
-    // SAFETY: a field of this CPU's map value; volatile so that LLVM keeps these the stores
-    // they are (not a `memset` call, which Linux 6.1's verifier refuses on a map value).
-    unsafe {
-        core::ptr::addr_of_mut!((*scratch).sport).write_volatile(0);
-        core::ptr::addr_of_mut!((*scratch).dport).write_volatile(0);
-        core::ptr::addr_of_mut!((*scratch).unknown).write_volatile(0);
-        core::ptr::addr_of_mut!((*scratch).cgroup_id).write_volatile(0);
-    }
+    parse::clear_unwritten(scratch);
     // SAFETY: as above; no other reference to the scratch value lives across the parse.
     let layout = match parse::parse_with(ctx, unsafe { &mut *scratch }, &mut cpu.layout) {
         Ok(l) => l,
