@@ -84,10 +84,14 @@ pub const SEL_DST: u32 = 3;
 pub const SEL_BOTH: u32 = 4;
 
 /// A word of the last phase's array ([`CtabHeader::phase_off`]) with this bit set: the
-/// key's selector list has selectors with address conditions, so the selector table is read.
-/// [`NONE`]: no list (no selector is satisfied). Otherwise: the list's `any_best` rule, all
-/// there is to it.
+/// key's selector list has selectors with address conditions, so the selector table is read
+/// (but see [`DIRECT_ONE`]). [`NONE`]: no list (no selector is satisfied). Otherwise: the
+/// list's `any_best` rule, all there is to it.
 pub const DIRECT_LIST: u32 = 1 << 31;
+/// With [`DIRECT_LIST`]: the list is one selector with address conditions (its id in the bits
+/// below) and no address-free rule, so the selector table is not read (a policy whose rules
+/// share one protocol and port condition, each with its own addresses).
+pub const DIRECT_ONE: u32 = 1 << 30;
 /// Most entries the phases' arrays may have together (256 KiB of words); a phase that would
 /// pass it keeps its hash table alone.
 pub const MAX_DIRECT_ENTRIES: u64 = 1 << 16;
@@ -97,6 +101,7 @@ pub fn direct_entry(list: Option<&SelList>) -> u32 {
     match list {
         None => NONE,
         Some(l) if l.n == 0 => l.any_best,
+        Some(l) if l.n == 1 && l.any_best == NONE => DIRECT_LIST | DIRECT_ONE | l.sel[0],
         Some(_) => DIRECT_LIST,
     }
 }
@@ -477,6 +482,15 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
         if w & DIRECT_LIST == 0 {
             return min(best, w);
         }
+        if w & DIRECT_ONE != 0 {
+            // One selector with address conditions and nothing else.
+            let sel = w & (DIRECT_ONE - 1);
+            let rec = h.sel_off.wrapping_add(sel.wrapping_mul(SEL_WORDS));
+            if t.word(rec + SEL_FIRST) < best {
+                best = sel_best(h, t, sel, a, b, best);
+            }
+            return best;
+        }
     }
     let Some(list) = t.sels(&SelKey { prev, val }) else {
         return best;
@@ -494,37 +508,46 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
         if t.word(rec + SEL_FIRST) >= best {
             break;
         }
-        if t.word(rec + SEL_SRC) < best {
-            best = min(
-                best,
-                t.rule(&RuleKey {
-                    tag: rule_tag(sel, SHAPE_SRC),
-                    a,
-                    b: 0,
-                }),
-            );
-        }
-        if t.word(rec + SEL_DST) < best {
-            best = min(
-                best,
-                t.rule(&RuleKey {
-                    tag: rule_tag(sel, SHAPE_DST),
-                    a: 0,
-                    b,
-                }),
-            );
-        }
-        if t.word(rec + SEL_BOTH) < best {
-            best = min(
-                best,
-                t.rule(&RuleKey {
-                    tag: rule_tag(sel, SHAPE_BOTH),
-                    a,
-                    b,
-                }),
-            );
-        }
+        best = sel_best(h, t, sel, a, b, best);
         i += 1;
+    }
+    best
+}
+
+/// The best of `best` and the first rule of selector `sel` (with address conditions) that
+/// matches the address ECs `a` and `b`, each shape looked up only when it can beat `best`.
+#[inline(always)]
+fn sel_best<T: Tables>(h: &CtabHeader, t: &T, sel: u32, a: u32, b: u32, mut best: u32) -> u32 {
+    let rec = h.sel_off.wrapping_add(sel.wrapping_mul(SEL_WORDS));
+    if t.word(rec + SEL_SRC) < best {
+        best = min(
+            best,
+            t.rule(&RuleKey {
+                tag: rule_tag(sel, SHAPE_SRC),
+                a,
+                b: 0,
+            }),
+        );
+    }
+    if t.word(rec + SEL_DST) < best {
+        best = min(
+            best,
+            t.rule(&RuleKey {
+                tag: rule_tag(sel, SHAPE_DST),
+                a: 0,
+                b,
+            }),
+        );
+    }
+    if t.word(rec + SEL_BOTH) < best {
+        best = min(
+            best,
+            t.rule(&RuleKey {
+                tag: rule_tag(sel, SHAPE_BOTH),
+                a,
+                b,
+            }),
+        );
     }
     best
 }

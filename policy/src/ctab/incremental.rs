@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use paceline_common::classify::Rule;
 use paceline_common::ctab::{
-    CHILD, CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, DIRECT_LIST, MAX_DIRECT_ENTRIES, MAX_SEL_MATCH, NONE,
+    CHILD, CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, DIRECT_LIST, DIRECT_ONE, MAX_DIRECT_ENTRIES, MAX_SEL_MATCH, NONE,
     RuleKey, SEL_ANY, SEL_BOTH,
     SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, SelList, TAG_CGROUP,
     TAG_PHASE, PHASES, direct_entry, rule_tag,
@@ -647,12 +647,15 @@ pub fn build_after(
         for &(key, set) in &ph.last {
             let list = lists[set as usize];
             if direct {
-                debug_assert!(list.is_none_or(|l| l.any_best == NONE || l.any_best & DIRECT_LIST == 0));
+                debug_assert!(list.is_none_or(|l| {
+                    (l.any_best == NONE || l.any_best & DIRECT_LIST == 0) && l.sel.iter().all(|&s| s < DIRECT_ONE)
+                }));
                 let (off, stride) = (h.phase_off[last_phase], h.phase_stride[last_phase]);
                 words[(off + key.prev * stride + key.val) as usize] = direct_entry(list.as_ref());
             }
+            // The lists the array answers whole: no address selector, or one and nothing else.
             if let Some(l) = list
-                && !(direct && l.n == 0)
+                && !(direct && direct_entry(Some(&l)) & (DIRECT_LIST | DIRECT_ONE) != DIRECT_LIST)
             {
                 sel_entries.push((key, l));
             }

@@ -298,7 +298,8 @@ fn phase_array(image: &Image, phase: Option<u32>) -> u32 {
 
 /// A policy without addresses takes its rule from the phases' arrays alone (the selector and
 /// rule tables are left empty, so a wrong array fails here); one with an address rule keeps in
-/// the selector table only the lists the array points to. Checked (2026-12-06): with the last
+/// the selector table only the lists the array points to; one of a single selector with
+/// addresses (a tenant list) has the array name its selector. Checked (2026-12-06): with the last
 /// phase's words off by one bit, or a phase before the last's next EC off by one, this and the
 /// random policies above failed.
 #[test]
@@ -341,6 +342,27 @@ fn small_phases_are_arrays_and_agree_with_the_reference() {
         p.dst = v4_mapped(0x0a00_0001u32.to_be());
     }
     assert!(check(&mixed, &packets));
+
+    // One selector, each rule with its own addresses (a tenant list): the array names the
+    // selector, and the selector table is left empty.
+    let tenants: Vec<Rule> = (0..50u32)
+        .map(|i| {
+            Rule::any(1 + (i % 3) as u16)
+                .with_proto(6)
+                .with_dport(11211, 11211)
+                .with_dst(v4_mapped((0x0a00_0000 + i).to_be()), words(mask(128)))
+        })
+        .collect();
+    let image = build(&tenants).unwrap();
+    assert_ne!(phase_array(&image, None), NONE);
+    assert!(image.sels.is_empty(), "{:?}", image.sels);
+    for (i, p) in packets.iter_mut().enumerate() {
+        p.is_v6 = 0;
+        p.proto = [6, 17][i % 2];
+        p.dport = [11211, 11212][i % 4 / 2];
+        p.dst = v4_mapped((0x0a00_0000 + (i % 60) as u32).to_be());
+    }
+    assert!(check(&tenants, &packets));
 }
 
 /// A phase of more keys than the arrays have room for keeps its hash table, and agrees too:
