@@ -15,14 +15,17 @@
 //!     (65,536 entries each): the EC of a value is the set of rule conditions it satisfies;
 //!   - per *selector* (the distinct non-address conditions of the rules, see below) a record
 //!     of the first rule it can yield in each address shape ([`SEL_WORDS`]);
+//!   - the selector lists ([`LIST_AT`]): for each set of selectors a packet can satisfy at
+//!     once, the selectors with address conditions that could beat the set's first rule
+//!     without them;
+//!   - the phases' arrays, where they fit ([`CtabHeader::phase_off`]);
 //!   - the class of every rule.
 //! - **rules** (`HashMap<RuleKey, u32>`): per selector and address shape (source only,
 //!   destination only, both), the first rule for each (source EC, destination EC); and the
 //!   phases that combine the field ECs (below).
-//! - **sel** (`HashMap<SelKey, SelList>`): the last phase's result: what the selectors the
-//!   packet satisfies yield: the first of their rules without address conditions, and the
-//!   selectors with address conditions that could beat it (at most [`MAX_SEL_MATCH`], sorted
-//!   by the first rule each can yield).
+//! - **sel** (`HashMap<SelKey, u32>`): the last phase's result, when it is too large for an
+//!   array: what the selectors the packet satisfies yield ([`LIST_AT`]: a rule, or a selector
+//!   list in the words).
 //!
 //! The field ECs are combined in phases, as in Recursive Flow Classification: (protocol/DSCP,
 //! destination port) -> EC of the selectors still satisfied; (that, source port) -> ...;
@@ -31,11 +34,11 @@
 //! table by that field's ECs; phases over fields no rule reads are skipped ([`CtabHeader::phases`]).
 //!
 //! A packet costs: a few array reads for its ECs (a trie walk is one read per stride), one
-//! read or hash lookup per phase before the last, the last phase's result (one array read when its
-//! keys are few, [`CtabHeader::phase_off`]; else a hash lookup, as when the array says
-//! the list has address selectors), and per listed selector at most three hash lookups, each
-//! skipped when the selector cannot beat the best rule found so far. A policy whose rules read
-//! only protocol, DSCP and destination ports takes no hash lookup. None of this grows
+//! array read per phase (a hash lookup instead for a phase too large for an array, see
+//! [`CtabHeader::phase_off`]), the list's words when its selectors have address conditions,
+//! and per listed selector at most three hash lookups, each skipped when the selector cannot
+//! beat the best rule found so far. A policy without address conditions takes no hash lookup
+//! (but a cgroup id's). None of this grows
 //! with the number of rules; the sizes of the structures do (`paceline policy check` prints
 //! them).
 //!
@@ -83,28 +86,27 @@ pub const SEL_DST: u32 = 3;
 /// The first rule of the selector with both, or [`NONE`].
 pub const SEL_BOTH: u32 = 4;
 
-/// A word of the last phase's array ([`CtabHeader::phase_off`]) with this bit set: the
-/// key's selector list has selectors with address conditions, so the selector table is read
-/// (but see [`DIRECT_ONE`]). [`NONE`]: no list (no selector is satisfied). Otherwise: the
-/// list's `any_best` rule, all there is to it.
-pub const DIRECT_LIST: u32 = 1 << 31;
-/// With [`DIRECT_LIST`]: the list is one selector with address conditions (its id in the bits
-/// below) and no address-free rule, so the selector table is not read (a policy whose rules
-/// share one protocol and port condition, each with its own addresses).
-pub const DIRECT_ONE: u32 = 1 << 30;
+/// What the last phase yields for a key (its array's word, or the selector table's value): a
+/// rule (this bit clear: the first address-free rule of the selectors the packet satisfies, and
+/// no selector with address conditions can beat it), [`NONE`] (no selector is satisfied), or,
+/// with this bit set, the word offset (the bits below; but see [`LIST_ONE`]) of a selector
+/// list in the words table:
+/// [`LIST_ANY_BEST`], [`LIST_N`], then `n` selectors with address conditions that can still
+/// beat that rule, sorted by the first rule each can yield (at most [`MAX_SEL_MATCH`]). Keys
+/// that satisfy the same selectors share one list.
+pub const LIST_AT: u32 = 1 << 31;
+/// With [`LIST_AT`]: the list is one selector with address conditions and no address-free
+/// rule, and the bits below are that selector (a tenant list: rules sharing one protocol and
+/// port condition, each with its own addresses), so no list is read.
+pub const LIST_ONE: u32 = 1 << 30;
+/// Words of a selector list: its address-free rule (or [`NONE`]), its number of selectors.
+pub const LIST_ANY_BEST: u32 = 0;
+pub const LIST_N: u32 = 1;
+/// Where a selector list's selectors begin.
+pub const LIST_SELS: u32 = 2;
 /// Most entries the phases' arrays may have together (256 KiB of words); a phase that would
 /// pass it keeps its hash table alone.
 pub const MAX_DIRECT_ENTRIES: u64 = 1 << 16;
-
-/// The word of the last phase's array for a key whose list is `list` (`None`: no list).
-pub fn direct_entry(list: Option<&SelList>) -> u32 {
-    match list {
-        None => NONE,
-        Some(l) if l.n == 0 => l.any_best,
-        Some(l) if l.n == 1 && l.any_best == NONE => DIRECT_LIST | DIRECT_ONE | l.sel[0],
-        Some(_) => DIRECT_LIST,
-    }
-}
 
 /// [`RuleKey::tag`] shapes (the low two bits; the selector id above them).
 pub const SHAPE_SRC: u32 = 1;
@@ -175,10 +177,9 @@ pub struct CtabHeader {
     /// Each phase as an array, when its keys are few ([`NONE`]: none; the rule table's
     /// `TAG_PHASE` entries, or for the last phase the selector table, alone): word
     /// `phase_off[phase] + prev * phase_stride[phase] + val` for the phase's key. A phase
-    /// before the last holds the next EC (or [`NONE`]); the last, what [`direct_entry`] writes:
-    /// a packet whose selectors have no address conditions (every packet of a policy without
-    /// addresses) then takes its rule from array reads alone, and the selector table holds only
-    /// the lists that need it.
+    /// before the last holds the next EC (or [`NONE`]); the last, what the key yields
+    /// ([`LIST_AT`]): a packet whose selectors have no address conditions (every packet of a
+    /// policy without addresses) then takes its rule from array reads alone.
     pub phase_off: [u32; PHASES as usize],
     /// Values of each phase's field (one row of its array per previous EC).
     pub phase_stride: [u32; PHASES as usize],
@@ -228,29 +229,6 @@ pub struct SelKey {
 }
 const _: () = assert!(core::mem::size_of::<SelKey>() == 8);
 
-/// What the selectors a packet satisfies yield: the first of their rules without address
-/// conditions (those match every such packet), and the selectors with address conditions that
-/// can still beat it, sorted by the first rule each can yield.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SelList {
-    /// The first rule without address conditions among the satisfied selectors, or [`NONE`].
-    pub any_best: u32,
-    pub n: u32,
-    pub sel: [u32; MAX_SEL_MATCH],
-}
-const _: () = assert!(core::mem::size_of::<SelList>() == 8 + 4 * MAX_SEL_MATCH);
-
-impl Default for SelList {
-    fn default() -> Self {
-        SelList {
-            any_best: NONE,
-            n: 0,
-            sel: [0; MAX_SEL_MATCH],
-        }
-    }
-}
-
 /// Key of the rule table: `tag` = selector << 2 | shape (or [`TAG_CGROUP`]), and the source
 /// and destination ECs (0 where the shape has no such condition).
 #[repr(C)]
@@ -272,7 +250,8 @@ pub const fn rule_tag(sel: u32, shape: u32) -> u32 {
 pub trait Tables {
     /// Word `i` of the words table; [`NONE`] past its end.
     fn word(&self, i: u32) -> u32;
-    fn sels(&self, key: &SelKey) -> Option<&SelList>;
+    /// What the last phase yields for `key` (see [`LIST_AT`]); [`NONE`] when absent.
+    fn sel(&self, key: &SelKey) -> u32;
     /// The rule (or cgroup EC) stored under `key`; [`NONE`] when absent.
     fn rule(&self, key: &RuleKey) -> u32;
     /// `v` unchanged, but unknown to the eBPF verifier: the paths that computed it (a trie
@@ -474,80 +453,76 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
     }
     let (off, stride) = last;
     let [prev, val] = t.opaque([key.prev, key.val]);
-    if off != NONE && val < stride {
-        let w = t.word(off.wrapping_add(prev.wrapping_mul(stride)).wrapping_add(val));
-        if w == NONE {
-            return best;
-        }
-        if w & DIRECT_LIST == 0 {
-            return min(best, w);
-        }
-        if w & DIRECT_ONE != 0 {
-            // One selector with address conditions and nothing else.
-            let sel = w & (DIRECT_ONE - 1);
-            let rec = h.sel_off.wrapping_add(sel.wrapping_mul(SEL_WORDS));
-            if t.word(rec + SEL_FIRST) < best {
-                best = sel_best(h, t, sel, a, b, best);
-            }
-            return best;
-        }
-    }
-    let Some(list) = t.sels(&SelKey { prev, val }) else {
-        return best;
+    let w = if off != NONE && val < stride {
+        t.word(off.wrapping_add(prev.wrapping_mul(stride)).wrapping_add(val))
+    } else {
+        t.sel(&SelKey { prev, val })
     };
-    best = min(best, list.any_best);
-    let n = list.n as usize;
+    if w == NONE {
+        return best;
+    }
+    if w & LIST_AT == 0 {
+        return min(best, w);
+    }
+    // A list of one selector and no address-free rule is named in the word itself (a tenant
+    // list: no list to read); any other is read from the words.
+    let (n, first, list) = if w & LIST_ONE != 0 {
+        (1, w & (LIST_ONE - 1), NONE)
+    } else {
+        let list = w & !LIST_AT;
+        best = min(best, t.word(list + LIST_ANY_BEST));
+        (t.word(list + LIST_N), t.word(list + LIST_SELS), list)
+    };
+    // Both ways continue as one (see `Tables::opaque`).
+    let [n, first] = t.opaque([n, first]);
+    let [list, best_now] = t.opaque([list, best]);
+    best = best_now;
     let mut i = 0;
-    while i < MAX_SEL_MATCH {
+    while i < MAX_SEL_MATCH as u32 {
         if i >= n {
             break;
         }
-        let sel = list.sel[i];
+        let sel = if i == 0 {
+            first
+        } else {
+            t.word(list.wrapping_add(LIST_SELS + i))
+        };
         let rec = h.sel_off.wrapping_add(sel.wrapping_mul(SEL_WORDS));
         // Sorted by first rule: nothing further down can beat what was found.
         if t.word(rec + SEL_FIRST) >= best {
             break;
         }
-        best = sel_best(h, t, sel, a, b, best);
+        if t.word(rec + SEL_SRC) < best {
+            best = min(
+                best,
+                t.rule(&RuleKey {
+                    tag: rule_tag(sel, SHAPE_SRC),
+                    a,
+                    b: 0,
+                }),
+            );
+        }
+        if t.word(rec + SEL_DST) < best {
+            best = min(
+                best,
+                t.rule(&RuleKey {
+                    tag: rule_tag(sel, SHAPE_DST),
+                    a: 0,
+                    b,
+                }),
+            );
+        }
+        if t.word(rec + SEL_BOTH) < best {
+            best = min(
+                best,
+                t.rule(&RuleKey {
+                    tag: rule_tag(sel, SHAPE_BOTH),
+                    a,
+                    b,
+                }),
+            );
+        }
         i += 1;
-    }
-    best
-}
-
-/// The best of `best` and the first rule of selector `sel` (with address conditions) that
-/// matches the address ECs `a` and `b`, each shape looked up only when it can beat `best`.
-#[inline(always)]
-fn sel_best<T: Tables>(h: &CtabHeader, t: &T, sel: u32, a: u32, b: u32, mut best: u32) -> u32 {
-    let rec = h.sel_off.wrapping_add(sel.wrapping_mul(SEL_WORDS));
-    if t.word(rec + SEL_SRC) < best {
-        best = min(
-            best,
-            t.rule(&RuleKey {
-                tag: rule_tag(sel, SHAPE_SRC),
-                a,
-                b: 0,
-            }),
-        );
-    }
-    if t.word(rec + SEL_DST) < best {
-        best = min(
-            best,
-            t.rule(&RuleKey {
-                tag: rule_tag(sel, SHAPE_DST),
-                a: 0,
-                b,
-            }),
-        );
-    }
-    if t.word(rec + SEL_BOTH) < best {
-        best = min(
-            best,
-            t.rule(&RuleKey {
-                tag: rule_tag(sel, SHAPE_BOTH),
-                a,
-                b,
-            }),
-        );
     }
     best
 }

@@ -41,7 +41,7 @@ pub mod names {
     /// `ArrayOfMaps` with one inner `Array<u32>` per bank: the compiled classifier's words
     /// (see [`crate::ctab`]).
     pub const CTAB_WORDS: &str = "PL_CTAB_WORDS";
-    /// `ArrayOfMaps` with one inner `HashMap<SelKey, SelList>` per bank.
+    /// `ArrayOfMaps` with one inner `HashMap<SelKey, u32>` per bank (see `ctab::LIST_AT`).
     pub const CTAB_SELS: &str = "PL_CTAB_SELS";
     /// `ArrayOfMaps` with one inner `HashMap<RuleKey, u32>` per bank.
     pub const CTAB_RULES: &str = "PL_CTAB_RULES";
@@ -533,7 +533,6 @@ mod pod {
     unsafe impl aya::Pod for crate::trace::TraceConfig {}
     unsafe impl aya::Pod for crate::trace::TraceRecord {}
     unsafe impl aya::Pod for crate::ctab::SelKey {}
-    unsafe impl aya::Pod for crate::ctab::SelList {}
     unsafe impl aya::Pod for crate::ctab::RuleKey {}
 }
 

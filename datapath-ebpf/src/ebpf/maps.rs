@@ -9,7 +9,7 @@ use aya_ebpf::{
 use paceline_common::{
     abi,
     classify::PacketInfo,
-    ctab::{NONE, RuleKey, SelKey, SelList, Tables},
+    ctab::{NONE, RuleKey, SelKey, Tables},
     maps::{
         ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, Counters, CpuState, DEFAULT_FLOW_TABLE_SIZE, FlowState,
         FlowTableKey, Ledger, PolicyTable,
@@ -69,12 +69,7 @@ const WORDS_FLAGS: usize = (abi::BPF_F_INNER_MAP | abi::BPF_F_MMAPABLE) as usize
 /// The templates' sizes are placeholders: the agent creates each bank's maps at the size its
 /// policy needs.
 type Words = BtfArray<u32, 1, WORDS_FLAGS>;
-/// The value is declared as words, not as `SelList`: kernels before 6.2 compare an inner map's
-/// spin-lock offset with the template's, and a struct value in BTF gets "no spin lock" (-ENOENT)
-/// where the agent's BTF-less maps get "not a struct" (-EINVAL), so 6.1 refused the maps.
-type Sels = BtfHashMap<SelKey, [u32; SEL_LIST_WORDS], 1>;
-const SEL_LIST_WORDS: usize = core::mem::size_of::<SelList>() / 4;
-const _: () = assert!(core::mem::size_of::<SelList>() % 4 == 0 && core::mem::align_of::<SelList>() == 4);
+type Sels = BtfHashMap<SelKey, u32, 1>;
 type Rules = BtfHashMap<RuleKey, u32, 1>;
 
 #[btf_map]
@@ -98,14 +93,9 @@ impl Tables for Ctab {
     }
 
     #[inline(always)]
-    fn sels(&self, key: &SelKey) -> Option<&SelList> {
-        // SAFETY: the selector maps are only written before their bank goes live; a value is a
-        // `SelList` (repr(C), all u32) stored as its words.
-        unsafe {
-            self.sels
-                .get(key)
-                .map(|w| &*(w as *const [u32; SEL_LIST_WORDS]).cast::<SelList>())
-        }
+    fn sel(&self, key: &SelKey) -> u32 {
+        // SAFETY: the selector maps are only written before their bank goes live.
+        unsafe { self.sels.get(key) }.copied().unwrap_or(NONE)
     }
 
     #[inline(always)]

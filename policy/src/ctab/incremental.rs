@@ -8,16 +8,15 @@ use std::time::{Duration, Instant};
 
 use paceline_common::classify::Rule;
 use paceline_common::ctab::{
-    CHILD, CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, DIRECT_LIST, DIRECT_ONE, MAX_DIRECT_ENTRIES, MAX_SEL_MATCH, NONE,
-    RuleKey, SEL_ANY, SEL_BOTH,
-    SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, SelList, TAG_CGROUP,
-    TAG_PHASE, PHASES, direct_entry, rule_tag,
+    CHILD, CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, LIST_AT, LIST_ONE, MAX_DIRECT_ENTRIES,
+    MAX_SEL_MATCH, NONE, PHASES, RuleKey, SEL_ANY, SEL_BOTH, SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS,
+    SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, TAG_CGROUP, TAG_PHASE, rule_tag,
 };
 
 use super::addr::{self, AddrEcs, Prefix, Ranges};
 use super::fields::{FieldEcs, MarkCond, PCond, Ports, mark_values, p_ecs, port_ecs};
 use super::phases::{self, Bits};
-use super::{BuildError, BuildTimes, CgCond, Ids, Image, Limits, Norm, Selector, Stats, limit};
+use super::{BuildError, BuildTimes, CgCond, Ids, Image, Limits, Norm, SelList, Selector, Stats, limit};
 
 /// What a build keeps for the next one ([`build_after`]).
 #[derive(Debug, Default)]
@@ -523,7 +522,7 @@ pub fn build_after(
 
     // ---- field ECs over the selectors that have conditions ----
     let has_conds = sels.iter().any(|s| !s.is_any());
-    let mut sel_entries: Vec<(SelKey, SelList)> = Vec::new();
+    let mut sel_entries: Vec<(SelKey, u32)> = Vec::new();
     let mut rule_entries: Vec<(RuleKey, u32)> = Vec::new();
     let fields = match memo.and_then(|m| m.fields.as_ref()) {
         Some(f) if f.sels == sels && f.lim == *lim => f.clone(),
@@ -641,23 +640,37 @@ pub fn build_after(
             kept.sel[..addr.len()].copy_from_slice(&addr);
             lists.push((any_best != NONE || kept.n > 0).then_some(kept));
         }
-        // The last phase's array holds what a list comes to when it has no address selectors;
-        // the selector table keeps only the lists the array points to (`DIRECT_LIST`).
+        // What each set yields (`LIST_AT`): its rule, or a list in the words, one per set.
+        let yields: Vec<u32> = lists
+            .iter()
+            .map(|l| match l {
+                None => NONE,
+                Some(l) if l.n == 0 => {
+                    debug_assert!(l.any_best & LIST_AT == 0);
+                    l.any_best
+                }
+                Some(l) if l.n == 1 && l.any_best == NONE => {
+                    debug_assert!(l.sel[0] < LIST_ONE);
+                    LIST_AT | LIST_ONE | l.sel[0]
+                }
+                Some(l) => {
+                    let at = words.len() as u32;
+                    debug_assert!(at < LIST_ONE);
+                    words.extend_from_slice(&[l.any_best, l.n]);
+                    words.extend_from_slice(&l.sel[..l.n as usize]);
+                    LIST_AT | at
+                }
+            })
+            .collect();
+        // The last phase's array, or else the selector table, holds what each key yields.
         let direct = arrays[last_phase];
         for &(key, set) in &ph.last {
-            let list = lists[set as usize];
+            let y = yields[set as usize];
             if direct {
-                debug_assert!(list.is_none_or(|l| {
-                    (l.any_best == NONE || l.any_best & DIRECT_LIST == 0) && l.sel.iter().all(|&s| s < DIRECT_ONE)
-                }));
                 let (off, stride) = (h.phase_off[last_phase], h.phase_stride[last_phase]);
-                words[(off + key.prev * stride + key.val) as usize] = direct_entry(list.as_ref());
-            }
-            // The lists the array answers whole: no address selector, or one and nothing else.
-            if let Some(l) = list
-                && !(direct && direct_entry(Some(&l)) & (DIRECT_LIST | DIRECT_ONE) != DIRECT_LIST)
-            {
-                sel_entries.push((key, l));
+                words[(off + key.prev * stride + key.val) as usize] = y;
+            } else if y != NONE {
+                sel_entries.push((key, y));
             }
         }
         sel_entries.sort_by_key(|(k, _)| *k);

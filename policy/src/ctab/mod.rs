@@ -36,7 +36,7 @@ use incremental::Memo;
 pub use incremental::build_after;
 use paceline_common::classify::Rule;
 use paceline_common::classify::{UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK};
-use paceline_common::ctab::{CtabHeader, MAX_MARK_CONDS, NONE, RuleKey, SelKey, SelList, Tables};
+use paceline_common::ctab::{CtabHeader, MAX_MARK_CONDS, MAX_SEL_MATCH, NONE, RuleKey, SelKey, Tables};
 
 use addr::{Prefix, prefix_len, words_to_u128};
 use fields::{MarkCond, PCond, Ports, port_set};
@@ -135,7 +135,7 @@ impl Stats {
             + self.sel_entries as u64
                 * elem(
                     std::mem::size_of::<SelKey>() as u64,
-                    std::mem::size_of::<SelList>() as u64,
+                    std::mem::size_of::<u32>() as u64,
                 )
             + self.rule_entries as u64 * elem(12, 4)
     }
@@ -167,7 +167,7 @@ impl BuildTimes {
 pub struct Image {
     pub header: CtabHeader,
     pub words: Vec<u32>,
-    pub sels: Vec<(SelKey, SelList)>,
+    pub sels: Vec<(SelKey, u32)>,
     pub rules: Vec<(RuleKey, u32)>,
     pub stats: Stats,
     /// How long building it took (not part of what it holds).
@@ -202,10 +202,32 @@ impl Image {
     }
 }
 
+/// What the selectors a packet satisfies yield, as the compiler builds it: the first of their
+/// rules without address conditions (those match every such packet), and the selectors with
+/// address conditions that can still beat it, sorted by the first rule each can yield. Written
+/// into the words as a list (`ctab::LIST_AT`) when it has any such selectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SelList {
+    /// The first rule without address conditions among the satisfied selectors, or [`NONE`].
+    pub any_best: u32,
+    pub n: u32,
+    pub sel: [u32; MAX_SEL_MATCH],
+}
+
+impl Default for SelList {
+    fn default() -> Self {
+        SelList {
+            any_best: NONE,
+            n: 0,
+            sel: [0; MAX_SEL_MATCH],
+        }
+    }
+}
+
 /// An [`Image`] with its tables indexed, to run the common lookup in memory.
 pub struct MemTables<'a> {
     pub image: &'a Image,
-    sels: HashMap<SelKey, SelList>,
+    sels: HashMap<SelKey, u32>,
     rules: HashMap<RuleKey, u32>,
 }
 
@@ -232,8 +254,8 @@ impl Tables for MemTables<'_> {
         self.image.words.get(i as usize).copied().unwrap_or(NONE)
     }
 
-    fn sels(&self, key: &SelKey) -> Option<&SelList> {
-        self.sels.get(key)
+    fn sel(&self, key: &SelKey) -> u32 {
+        self.sels.get(key).copied().unwrap_or(NONE)
     }
 
     fn rule(&self, key: &RuleKey) -> u32 {

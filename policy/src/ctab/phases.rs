@@ -2,7 +2,9 @@
 //! each phase maps (the previous EC, one field's EC) to the EC of the set of selectors still
 //! satisfied, so a selector that leaves a field open costs nothing in that field's phase.
 
-use paceline_common::ctab::{PHASE_CGROUP, PHASE_DPORT, PHASE_MARK, PHASE_SPORT, PHASES, RuleKey, SelKey, TAG_PHASE};
+use paceline_common::ctab::{
+    PHASE_CGROUP, PHASE_DPORT, PHASE_MARK, PHASE_SPORT, PHASES, RuleKey, SelKey, TAG_PHASE,
+};
 
 use super::fx::FxMap;
 use super::{BuildError, limit};

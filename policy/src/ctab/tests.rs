@@ -3,7 +3,7 @@
 //! (many of them on the rules' edges), compared packet by packet.
 
 use paceline_common::classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK, first_match};
-use paceline_common::ctab::{PHASE_DPORT, PHASE_MARK, PHASE_SPORT, TAG_PHASE};
+use paceline_common::ctab::{LIST_AT, PHASE_DPORT, PHASE_MARK, PHASE_SPORT, TAG_PHASE};
 use paceline_common::{classify::Rule, maps::v4_mapped};
 use rand::rngs::StdRng;
 use rand::{Rng, RngExt, SeedableRng};
@@ -297,11 +297,11 @@ fn phase_array(image: &Image, phase: Option<u32>) -> u32 {
 }
 
 /// A policy without addresses takes its rule from the phases' arrays alone (the selector and
-/// rule tables are left empty, so a wrong array fails here); one with an address rule keeps in
-/// the selector table only the lists the array points to; one of a single selector with
-/// addresses (a tenant list) has the array name its selector. Checked (2026-12-06): with the last
-/// phase's words off by one bit, or a phase before the last's next EC off by one, this and the
-/// random policies above failed.
+/// rule tables are left empty, so a wrong array fails here); one with address rules (beside
+/// port rules, or a tenant list of one selector) takes its selector lists from the words, and
+/// the selector table stays empty too. Checked (2026-12-06): with the last phase's rule words
+/// off by one bit, a phase before the last's next EC off by one, or a list's first selector
+/// off by one, this and the random policies above failed.
 #[test]
 fn small_phases_are_arrays_and_agree_with_the_reference() {
     let mut ports: Vec<Rule> = (0..4u16)
@@ -336,15 +336,14 @@ fn small_phases_are_arrays_and_agree_with_the_reference() {
     );
     let image = build(&mixed).unwrap();
     assert_ne!(phase_array(&image, None), NONE);
-    assert!(!image.sels.is_empty() && image.sels.iter().all(|(_, l)| l.n > 0));
+    assert!(image.sels.is_empty(), "{:?}", image.sels);
     for p in packets.iter_mut().step_by(3) {
         p.is_v6 = 0;
         p.dst = v4_mapped(0x0a00_0001u32.to_be());
     }
     assert!(check(&mixed, &packets));
 
-    // One selector, each rule with its own addresses (a tenant list): the array names the
-    // selector, and the selector table is left empty.
+    // One selector, each rule with its own addresses (a tenant list).
     let tenants: Vec<Rule> = (0..50u32)
         .map(|i| {
             Rule::any(1 + (i % 3) as u16)
@@ -381,7 +380,8 @@ fn phases_too_large_for_an_array_keep_their_hash_tables() {
     let image = build(&rules).unwrap();
     assert_eq!(phase_array(&image, None), NONE);
     assert_ne!(phase_array(&image, Some(PHASE_DPORT)), NONE);
-    assert!(!image.sels.is_empty());
+    // Every key of the last phase yields a rule here (no address conditions): in the table.
+    assert!(!image.sels.is_empty() && image.sels.iter().all(|(_, y)| y & LIST_AT == 0));
     let mut rng = StdRng::seed_from_u64(12);
     let packets: Vec<PacketInfo> = (0..3000)
         .map(|i| {
@@ -395,6 +395,35 @@ fn phases_too_large_for_an_array_keep_their_hash_tables() {
         .collect();
     assert!(check(&rules, &packets));
 
+    // The same with an address rule before every seventh: their lists, in the words, are what
+    // the selector table yields for those keys.
+    let dst = v4_mapped(0x0a00_0001u32.to_be());
+    let with_addrs: Vec<Rule> = rules
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| {
+            let a = (i % 7 == 0).then(|| {
+                let mut x = *r;
+                x.class = 9;
+                x.with_dst(dst, words(mask(128)))
+            });
+            a.into_iter().chain([*r])
+        })
+        .collect();
+    let image = build(&with_addrs).unwrap();
+    assert_eq!(phase_array(&image, None), NONE);
+    assert!(image.sels.iter().any(|(_, y)| *y != NONE && y & LIST_AT != 0));
+    let packets: Vec<PacketInfo> = packets
+        .iter()
+        .enumerate()
+        .map(|(i, p)| PacketInfo {
+            is_v6: 0,
+            dst: if i % 2 == 0 { dst } else { p.dst },
+            ..*p
+        })
+        .collect();
+    assert!(check(&with_addrs, &packets));
+
     let mut rules: Vec<Rule> = (0..1100u16)
         .map(|i| {
             Rule::any(i % 8)
@@ -407,7 +436,12 @@ fn phases_too_large_for_an_array_keep_their_hash_tables() {
     let image = build(&rules).unwrap();
     assert_eq!(phase_array(&image, Some(PHASE_DPORT)), NONE);
     assert_ne!(phase_array(&image, Some(PHASE_SPORT)), NONE);
-    assert!(image.rules.iter().any(|(k, _)| k.tag == TAG_PHASE + 4 * PHASE_DPORT));
+    assert!(
+        image
+            .rules
+            .iter()
+            .any(|(k, _)| k.tag == TAG_PHASE + 4 * PHASE_DPORT)
+    );
     let packets: Vec<PacketInfo> = (0..4000)
         .map(|i| {
             let mut p = random_packet(&mut rng);
