@@ -572,7 +572,14 @@ pub fn build_after(
         h.phases = ph.mask;
         // Each phase as an array while they fit together (see `CtabHeader::phase_off`); a
         // phase before the last that has one leaves the rule table.
-        let mut room = MAX_DIRECT_ENTRIES;
+        // Only in the words the limit leaves after what must follow (at most: the selector
+        // lists, the selector records, the address-only arrays, the rule classes): a policy
+        // that fits without arrays still compiles, its phases through their hash tables.
+        let rest = ph.sets.len() * (2 + MAX_SEL_MATCH)
+            + sels.len() * SEL_WORDS as usize
+            + (src_ecs.count + dst_ecs.count) as usize
+            + norms.len();
+        let mut room = MAX_DIRECT_ENTRIES.min(lim.words.saturating_sub(words.len() + rest) as u64);
         let mut arrays = [false; PHASES as usize];
         for (i, &(prevs, vals)) in ph.dims.iter().enumerate() {
             let n = u64::from(prevs) * u64::from(vals);

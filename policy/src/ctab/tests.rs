@@ -457,6 +457,32 @@ fn phases_too_large_for_an_array_keep_their_hash_tables() {
     assert!(check(&rules, &packets));
 }
 
+/// The arrays never take the words a policy needs: one word fewer than the policy takes with
+/// them, and it compiles without them, answering the same. Checked (2026-12-06): with the
+/// arrays' room not bounded by the limit, the build failed on the words limit.
+#[test]
+fn phase_arrays_give_way_to_the_words_limit() {
+    let rules: Vec<Rule> = (0..40u16)
+        .map(|i| Rule::any(1 + i % 5).with_proto(6).with_dport(7000 + i, 7000 + i))
+        .collect();
+    let with = build(&rules).unwrap();
+    assert_ne!(phase_array(&with, None), NONE);
+    let lim = Limits {
+        words: with.words.len() - 1,
+        ..LIMITS
+    };
+    let without = build_with(&rules, &lim).expect("fits without the arrays");
+    assert_eq!(phase_array(&without, None), NONE);
+    let t = MemTables::new(&without);
+    let mut rng = StdRng::seed_from_u64(13);
+    for i in 0..2000u16 {
+        let mut p = random_packet(&mut rng);
+        p.proto = [6, 17][usize::from(i % 2)];
+        p.dport = 6990 + i % 60;
+        assert_eq!(t.first_rule(&p), first_match(&rules, &p), "{p:?}");
+    }
+}
+
 #[test]
 fn limits_are_reported_with_the_count() {
     let rules: Vec<Rule> = (0..100u16)
