@@ -66,6 +66,22 @@ static STATS: PerCpuArray<DasrStats> = PerCpuArray::with_max_entries(1, 0);
 #[btf_map]
 static PL_DASR_SOCK: SkStorage<DasrSock> = SkStorage::new();
 
+/// Zeroes the option bytes eight at a time: `sc.opts = [0; TCP_OPTS_MAX]` is a call of BPF's
+/// `memset`, a loop over the 40 bytes one at a time, on every TCP packet with options.
+#[inline(always)]
+fn clear_options(sc: &mut Scratch) {
+    const WORDS: usize = TCP_OPTS_MAX / 8;
+    const _: () = assert!(TCP_OPTS_MAX % 8 == 0 && core::mem::offset_of!(Scratch, opts) % 8 == 0);
+    let p = sc.opts.as_mut_ptr().cast::<u64>();
+    let mut i = 0;
+    while i < WORDS {
+        // SAFETY: within `opts`, 8-aligned (asserted above: the scratch value is a map value,
+        // 8-aligned, and `opts` lies at a multiple of 8 in it); volatile keeps the stores.
+        unsafe { p.add(i).write_volatile(0) };
+        i += 1;
+    }
+}
+
 /// The ingress program's working memory (map memory: the verifier does not track what it
 /// holds, so every parse path converges into one state).
 #[repr(C)]
@@ -121,7 +137,12 @@ fn try_ingress(ctx: &TcContext) -> Option<()> {
     let cfg = unsafe { IFACES.get(&ifindex)? };
     // SAFETY: per-CPU slot; preemption is disabled while the program runs.
     let sc = unsafe { &mut *SCRATCH.get_ptr_mut(0)? };
-    sc.cfg = *cfg;
+    // Field by field: a whole-struct copy is a call of BPF's `memmove`, one byte at a time.
+    sc.cfg.line_rate = cfg.line_rate;
+    sc.cfg.min_window_ns = cfg.min_window_ns;
+    sc.cfg.per_sender_ns = cfg.per_sender_ns;
+    sc.cfg.flags = cfg.flags;
+    sc.cfg.line_code = cfg.line_code;
     parse::clear_unwritten(&mut sc.pkt);
     let layout = parse::parse(ctx, &mut sc.pkt).ok()?;
     if sc.pkt.proto != 6 {
@@ -329,7 +350,7 @@ fn read_option(
     sc: &mut Scratch,
     st: &mut DasrStats,
 ) -> Option<()> {
-    sc.opts = [0; TCP_OPTS_MAX];
+    clear_options(sc);
     if !load_options(ctx, (l4 + TCP_OPTS_OFFSET) as u32, opts_len, sc) {
         return None;
     }
