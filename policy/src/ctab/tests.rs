@@ -802,7 +802,7 @@ fn incremental_builds_after_address_edits_equal_full_builds() {
 /// still had it), and with the changed rules' indices left as they were before.
 #[test]
 fn address_stages_after_edits_equal_stages_from_nothing() {
-    use super::incremental::AddrStage;
+    use super::stages::AddrStage;
     let mut rng = StdRng::seed_from_u64(2029);
     let dims: [fn(&Norm) -> Option<super::addr::Prefix>; 2] = [|n| n.src, |n| n.dst];
     for round in 0..40 {
