@@ -106,7 +106,7 @@ pub const LIST_N: u32 = 1;
 pub const LIST_SELS: u32 = 2;
 /// Most entries the phases' arrays may have together (256 KiB of words); a phase that would
 /// pass it keeps its hash table alone.
-pub const MAX_DIRECT_ENTRIES: u64 = 1 << 16;
+pub const MAX_PHASE_ARRAY_WORDS: u64 = 1 << 16;
 
 /// [`RuleKey::tag`] shapes (the low two bits; the selector id above them).
 pub const SHAPE_SRC: u32 = 1;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use paceline_common::classify::Rule;
 use paceline_common::ctab::{
-    CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, LIST_AT, LIST_ONE, MAX_DIRECT_ENTRIES, MAX_SEL_MATCH,
+    CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, LIST_AT, LIST_ONE, MAX_PHASE_ARRAY_WORDS, MAX_SEL_MATCH,
     NONE, PHASES, RuleKey, SEL_ANY, SEL_BOTH, SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS, SHAPE_BOTH, SHAPE_DST,
     SHAPE_SRC, SelKey, TAG_CGROUP, TAG_PHASE, rule_tag,
 };
@@ -172,7 +172,7 @@ pub fn build_after(
             + sels.len() * SEL_WORDS as usize
             + (src_ecs.count + dst_ecs.count) as usize
             + norms.len();
-        let mut room = MAX_DIRECT_ENTRIES.min(lim.words.saturating_sub(words.len() + rest) as u64);
+        let mut room = MAX_PHASE_ARRAY_WORDS.min(lim.words.saturating_sub(words.len() + rest) as u64);
         let mut arrays = [false; PHASES as usize];
         for (i, &(prevs, vals)) in ph.dims.iter().enumerate() {
             let n = u64::from(prevs) * u64::from(vals);
