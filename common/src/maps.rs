@@ -195,6 +195,11 @@ pub const TABLE_SOCK_TOS: u32 = 1 << 3;
 pub const TABLE_DASR_RECEIVER: u32 = 1 << 4;
 /// DASR sender: sock_ops mirrors the shares the ingress program read into SO_MAX_PACING_RATE.
 pub const TABLE_DASR_SENDER: u32 = 1 << 5;
+/// No class keeps anything per flow for a packet without a local socket (no flow clock, no
+/// DASR share: [`PolicyTable::keeps_nothing_per_flow`]) and the policy does not ask for such
+/// flows to be listed (`spec.track_flows: all`): the tc program keeps them out of the flow
+/// table (no lookup, no admission slot, no insert), their class in its CPU's class memo alone.
+pub const TABLE_UNTRACKED_FLOWS: u32 = 1 << 6;
 
 /// A whole compiled policy: what one slot of [`names::TABLES`] holds.
 ///
@@ -245,6 +250,23 @@ impl PolicyTable {
             classes: [ClassConfig::zeroed(); MAX_CLASSES],
             levels: [LevelConfig::zeroed(); MAX_LEVELS],
         }
+    }
+
+    /// Whether class `c` keeps nothing per flow for a packet without a local socket: no flow
+    /// clock (none under this mode, or none in the class) and no DASR share (which only a
+    /// socket's storage holds, and which makes the tc program keep every flow's state).
+    #[inline(always)]
+    pub fn class_keeps_nothing_per_flow(&self, c: u32) -> bool {
+        let class = &self.classes[(c & (MAX_CLASSES as u32 - 1)) as usize];
+        self.flags & TABLE_DASR_SENDER == 0
+            && (self.flags & TABLE_NO_FLOW_CLOCKS != 0 || class.flow_rate == 0)
+    }
+
+    /// Whether no class keeps anything per flow for a packet without a local socket (see
+    /// [`Self::class_keeps_nothing_per_flow`]): the flow table would hold such a flow's class
+    /// alone (the compiler's test for [`TABLE_UNTRACKED_FLOWS`]; not for the datapath).
+    pub fn keeps_nothing_per_flow(&self) -> bool {
+        (0..MAX_CLASSES as u32).all(|c| self.class_keeps_nothing_per_flow(c))
     }
 }
 

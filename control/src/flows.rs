@@ -63,7 +63,16 @@ pub struct Flows {
     pub sockets: usize,
     /// The table's capacity.
     pub capacity: u32,
+    /// Whether the policy in force enters flows without a local socket in the table
+    /// (`TABLE_UNTRACKED_FLOWS` clear); when it does not, no table row is listed.
+    #[serde(default = "tracked_by_default")]
+    pub tracked: bool,
     pub flows: Vec<FlowRow>,
+}
+
+/// An agent from before `spec.track_flows` tracked every flow.
+fn tracked_by_default() -> bool {
+    true
 }
 
 fn addr(w: [u32; 4]) -> IpAddr {
@@ -210,13 +219,22 @@ fn secs(s: f64) -> String {
 
 /// The table as `paceline flows` prints it.
 pub fn render(f: &Flows) -> String {
-    let mut o = format!(
-        "{} flows in the flow table (capacity {}), {} local TCP connections; showing {}\n",
-        f.total,
-        f.capacity,
-        f.sockets,
-        f.flows.len()
-    );
+    let mut o = if f.tracked {
+        format!(
+            "{} flows in the flow table (capacity {}), {} local sockets; showing {}\n",
+            f.total,
+            f.capacity,
+            f.sockets,
+            f.flows.len()
+        )
+    } else {
+        format!(
+            "flows without a local socket are not tracked: no class keeps anything per flow \
+             (spec.track_flows: all tracks them); {} local sockets; showing {}\n",
+            f.sockets,
+            f.flows.len()
+        )
+    };
     o.push_str(&format!(
         "{:<5} {:<44} {:<44} {:<14} {:>14} {:>10} {:>12} {:<8}\n",
         "PROTO", "SOURCE", "DESTINATION", "CLASS", "RATE", "NEXT", "BYTES", "HELD BY"
@@ -360,6 +378,7 @@ spec:
             total: 2,
             capacity: 65536,
             sockets: 0,
+            tracked: true,
             flows: picked,
         });
         assert!(

@@ -29,7 +29,7 @@ use paceline_common::{
     maps::{
         CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, CodelParams, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig,
         MAX_CLASSES, MAX_LEVELS, PolicyTable, TABLE_D3_RECEIVER, TABLE_DASR_RECEIVER, TABLE_DASR_SENDER,
-        TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, level_slot,
+        TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, TABLE_UNTRACKED_FLOWS, level_slot,
     },
 };
 
@@ -157,6 +157,9 @@ pub struct Compiled {
     pub interfaces_auto: bool,
     pub enforcement: EnforcementRequest,
     pub flow_table_size: u32,
+    /// `spec.track_flows` (whether the datapath tracks them: the table's
+    /// `TABLE_UNTRACKED_FLOWS` flag).
+    pub track_flows: crate::raw::TrackFlows,
     pub horizon_ns: u64,
     /// The default class's table index.
     pub default_class: u16,
@@ -672,6 +675,11 @@ fn compile_with(
             table.flags |= TABLE_DASR_SENDER;
         }
     }
+    // Flows without a local socket enter the flow table only where it keeps something of
+    // theirs, or where the policy asks to list them all.
+    if v.track_flows == crate::raw::TrackFlows::Auto && table.keeps_nothing_per_flow() {
+        table.flags |= TABLE_UNTRACKED_FLOWS;
+    }
     times.rules = t_rules.elapsed();
     let built = {
         let t_ctab = std::time::Instant::now();
@@ -773,6 +781,7 @@ fn compile_with(
         interfaces_auto: v.interfaces_auto,
         enforcement: v.enforcement,
         flow_table_size: v.flow_table_size,
+        track_flows: v.track_flows,
         horizon_ns: v.horizon_ns,
         default_class: idx[v.default_class],
         warnings,

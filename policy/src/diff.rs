@@ -29,6 +29,7 @@ fn view(c: &Compiled) -> Vec<(String, String)> {
     put("enforcement".into(), c.enforcement.as_str().into());
     put("horizon".into(), fmt_ns(c.horizon_ns));
     put("flow_table_size".into(), c.flow_table_size.to_string());
+    put("track_flows".into(), c.track_flows.as_str().into());
     put(
         "link_rate".into(),
         c.link_rate

@@ -68,6 +68,14 @@ pub struct Spec {
     #[serde(default = "default_flow_table_size")]
     #[schemars(range(min = 1024, max = 16777216))]
     pub flow_table_size: i64,
+    /// Which flows without a local TCP or connected UDP socket (UDP sent with `sendto`,
+    /// forwarded traffic, containers' packets at the host's device) enter the flow table, which
+    /// `paceline flows` lists. Default `auto`: only under a policy where some class keeps
+    /// something per flow (a `flow_rate` under fq enforcement, or a DASR sender); under any
+    /// other, such a flow's class is cached on each CPU alone, and a new flow costs no table
+    /// lookup and no insert. `all`: every such flow, listed by `paceline flows`.
+    #[serde(default)]
+    pub track_flows: TrackFlows,
     /// This host's uplink rate when the kernel does not report one (veth). Default: none (use
     /// the interface speed the kernel reports, else `qjump.link_rate`).
     #[serde(default)]
@@ -224,6 +232,26 @@ fn default_horizon() -> DurationText {
 }
 fn default_flow_table_size() -> i64 {
     paceline_common::maps::DEFAULT_FLOW_TABLE_SIZE as i64
+}
+
+/// `spec.track_flows`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrackFlows {
+    /// Where a class keeps something per flow (a flow clock, a DASR share).
+    #[default]
+    Auto,
+    /// Every flow without a local socket, listed by `paceline flows`.
+    All,
+}
+
+impl TrackFlows {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrackFlows::Auto => "auto",
+            TrackFlows::All => "all",
+        }
+    }
 }
 
 /// `spec.enforcement`.

@@ -151,7 +151,19 @@ pub fn check_report(c: &Compiled) -> String {
         ),
     );
     kv(&mut out, "horizon", fmt_ns(c.horizon_ns));
-    kv(&mut out, "flow table", format!("{} entries", c.flow_table_size));
+    kv(
+        &mut out,
+        "flow table",
+        format!(
+            "{} entries; {}",
+            c.flow_table_size,
+            if c.table.flags & paceline_common::maps::TABLE_UNTRACKED_FLOWS != 0 {
+                "flows without a local socket untracked (track_flows: all)"
+            } else {
+                "flows without a local socket tracked"
+            }
+        ),
+    );
     kv(
         &mut out,
         "link rate",
@@ -490,6 +502,8 @@ pub fn json(c: &Compiled) -> Value {
         "enforcement_mode": c.mode.as_str(),
         "horizon_ns": c.horizon_ns,
         "flow_table_size": c.flow_table_size,
+        "track_flows": c.track_flows.as_str(),
+        "flows_tracked": c.table.flags & paceline_common::maps::TABLE_UNTRACKED_FLOWS == 0,
         "link_rate_bytes_per_second": c.link_rate.as_ref().map(|l| l.rate),
         "link_rate_source": c.link_rate.as_ref().map(|l| l.source.to_string()),
         "qjump": c.qjump.as_ref().map(|q| json!({

@@ -165,9 +165,19 @@ impl Shared {
     pub fn flows(&self, top: usize, class: Option<&str>) -> Result<Flows> {
         let g = self.lock();
         let dp = g.dp()?;
+        // A policy that tracks no flow without a local socket (`TABLE_UNTRACKED_FLOWS`) lists
+        // none from the table: what it holds is left from an earlier policy.
+        let tracked = dp
+            .live_policy()
+            .map(|t| t.flags & paceline_common::maps::TABLE_UNTRACKED_FLOWS == 0)
+            .unwrap_or(true);
         // Every entry is read to filter by class and order by departure; the table is bounded
         // (spec.flow_table_size).
-        let (entries, total) = dp.flows(usize::MAX)?;
+        let (entries, total) = if tracked {
+            dp.flows(usize::MAX)?
+        } else {
+            (Vec::new(), 0)
+        };
         let now = flows::monotonic_ns();
         let view = flows::TableView {
             compiled: &g.compiled,
@@ -195,6 +205,7 @@ impl Shared {
             total,
             capacity: g.status.flow_table.capacity,
             sockets: n_sockets,
+            tracked,
             flows: flows::select(rows, class, top),
         })
     }

@@ -234,6 +234,7 @@ fn validate_into(
         enforcement,
         horizon_ns,
         flow_table_size,
+        track_flows: spec.track_flows,
         link_rate,
         qjump,
         levels,

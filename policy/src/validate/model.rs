@@ -244,6 +244,7 @@ pub struct Validated {
     pub enforcement: EnforcementRequest,
     pub horizon_ns: u64,
     pub flow_table_size: u32,
+    pub track_flows: crate::raw::TrackFlows,
     pub link_rate: Option<LinkRate>,
     pub qjump: Option<Network>,
     pub levels: Vec<Level>,

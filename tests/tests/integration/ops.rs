@@ -20,6 +20,9 @@ use crate::privileged;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_plagent");
 
+/// The tests' policy. `track_flows: all`: they read the flow table's rows, which a policy
+/// whose classes keep nothing per flow would not write (see
+/// `flows_that_nothing_is_kept_for_stay_out_of_the_table`).
 fn policy(interfaces: &str, enforcement: &str, extra_classes: &str, extra_rules: &str) -> String {
     format!(
         r#"apiVersion: paceline/v1
@@ -30,6 +33,7 @@ spec:
   interfaces: [{interfaces}]
   enforcement: {enforcement}
   link_rate: 1Gbit
+  track_flows: all
   levels:
     - name: high
       priority: 6
@@ -1121,6 +1125,86 @@ fn a_raw_tcp_socket_is_not_one_flow() {
             "{r:#?}"
         );
     }
+    agent.stop();
+}
+
+/// Under a policy whose classes keep nothing per flow (`track_flows` left `auto`), datagrams
+/// sent with `sendto` stay out of the flow table (no admission slot, no insert, no row of
+/// `paceline flows`, which says so) and still count in their class; asked to list them
+/// (`track_flows: all`) the agent enters the same flow and lists it. Checked (2026-12-07):
+/// with the compiler's flag left unset (every flow kept), the first `flows` listing had the
+/// flow's row (and said `tracked`) and this failed there.
+#[test]
+fn flows_that_nothing_is_kept_for_stay_out_of_the_table() {
+    let test = "flows_that_nothing_is_kept_for_stay_out_of_the_table";
+    if !privileged(test) {
+        return;
+    }
+    let (_tb, a, b) = two_hosts_with("ops_untracked", &LinkOpts::default());
+    let ib = a.iface_to(&b).unwrap().ifname;
+    let classes = "    - name: stream\n      level: low\n      class_rate: 100Mbit\n";
+    let rules = "    - class: stream\n      protocol: udp\n      dst_port: 5502\n";
+    let auto = policy(&ib, "auto", classes, rules).replace("  track_flows: all\n", "");
+    let (scratch, agent) = agent_on(&a, "untracked", &auto);
+    let dst = b.ipv4();
+    let send = |n: usize| {
+        a.in_netns(move || {
+            let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+            for _ in 0..n {
+                let _ = s.send_to(&[0u8; 500], (dst, 5502));
+            }
+        })
+        .unwrap()
+    };
+    send(20);
+    let listing = || -> Value {
+        let f = cli(&a, &["flows", "--json", "--top", "100"]);
+        assert_eq!(f.status.code(), Some(0), "{}", text(&f));
+        serde_json::from_slice(&f.stdout).expect("flows JSON")
+    };
+    let to = format!("{dst}:5502");
+    let v = listing();
+    assert_eq!(v["tracked"], false, "{v:#}");
+    assert!(
+        v["flows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["dst"] != to.as_str()),
+        "{v:#}"
+    );
+    assert_eq!(metric(&agent, "paceline_flow_table_inserts_total"), 0.0);
+    assert_eq!(metric(&agent, "paceline_flow_first_packets_total"), 0.0);
+    assert!(
+        metric(&agent, "paceline_class_packets_total{class=\"stream\"") >= 20.0,
+        "every datagram counted in its class"
+    );
+    let human = cli(&a, &["flows"]);
+    assert!(
+        String::from_utf8_lossy(&human.stdout).contains("not tracked"),
+        "{}",
+        text(&human)
+    );
+    // Asked to keep them all: the next datagrams enter the table.
+    let before = metric(&agent, "paceline_policy_reloads_total{result=\"applied\"}");
+    write(&scratch.path("p.yaml"), &policy(&ib, "auto", classes, rules));
+    wait_until("the reload", 20, || {
+        metric(&agent, "paceline_policy_reloads_total{result=\"applied\"}") > before
+    });
+    send(5);
+    let v = listing();
+    assert_eq!(v["tracked"], true, "{v:#}");
+    let row = v["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["dst"] == to.as_str())
+        .cloned();
+    let row = row.unwrap_or_else(|| panic!("the flow is not listed: {v:#}"));
+    assert_eq!(
+        (row["source"].as_str(), row["class"].as_str()),
+        (Some("table"), Some("stream"))
+    );
     agent.stop();
 }
 

@@ -1143,6 +1143,62 @@ fn a_flow_without_a_socket_is_classified_once_and_again_after_a_reload() {
     );
 }
 
+/// Under a policy whose classes keep nothing per flow (`TABLE_UNTRACKED_FLOWS`, as the
+/// compiler flags one with `spec.track_flows: auto`), a flow without a local socket never
+/// touches the flow table: no admission slot, no insert, no entry; its class still counts
+/// every packet and follows a reload on its next packet (the CPU's class memo is checked
+/// against the policy generation). The same flows under the same policy with the flag clear
+/// enter the table on their second packet, in the same run. Checked (2026-12-07): with the
+/// egress program's check of the flag patched out, the first flow took an admission slot and
+/// an entry and this failed at its first assertion.
+#[test]
+fn a_policy_that_keeps_nothing_per_flow_leaves_its_flows_out_of_the_table() {
+    if !privileged("a_policy_that_keeps_nothing_per_flow_leaves_its_flows_out_of_the_table") {
+        return;
+    }
+    let mut dp = load();
+    let mut t = table();
+    t.classes[2] = t.classes[1];
+    assert!(t.keeps_nothing_per_flow(), "no flow clock, no DASR");
+    t.flags |= paceline_common::maps::TABLE_UNTRACKED_FLOWS;
+    let g1 = dp.write_rules(&t, &[port_rule(5300, 1).with_proto(17)]).unwrap();
+    let f = udp4(4000, 5300, 0);
+    for _ in 0..3 {
+        run(&mut dp, &f, SkBuff::default());
+    }
+    let s = dp.snapshot().unwrap();
+    let (entries, _) = dp.flows(1024).unwrap();
+    assert_eq!(
+        (s.global.flow_first_packets, s.global.flow_inserts, entries.len()),
+        (0, 0, 0),
+        "an untracked flow takes no admission slot and no entry"
+    );
+    assert_eq!(s.classes[1].packets, 3, "every packet counted in its class");
+    assert_eq!(cached_class(&dp, 5300, g1), None);
+    // The same port now belongs to class 2: the next packet counts there.
+    dp.write_rules(&t, &[port_rule(5300, 2).with_proto(17)]).unwrap();
+    run(&mut dp, &f, SkBuff::default());
+    let s = dp.snapshot().unwrap();
+    assert_eq!(
+        (s.classes[1].packets, s.classes[2].packets),
+        (3, 1),
+        "the packet after the reload counts in the new policy's class"
+    );
+    // Tracked: the same flow enters the table on its second packet.
+    t.flags &= !paceline_common::maps::TABLE_UNTRACKED_FLOWS;
+    let g3 = dp.write_rules(&t, &[port_rule(5300, 1).with_proto(17)]).unwrap();
+    let g = udp4(4001, 5300, 0);
+    run(&mut dp, &g, SkBuff::default());
+    run(&mut dp, &g, SkBuff::default());
+    let s = dp.snapshot().unwrap();
+    assert_eq!(
+        (s.global.flow_first_packets, s.global.flow_inserts),
+        (1, 1),
+        "a tracked flow: one first packet, one entry"
+    );
+    assert_eq!(cached_class(&dp, 5300, g3), Some(1));
+}
+
 /// Classes 0, 1 and 2 set the priority to 1, 2 and 3: a packet's priority says its class.
 fn priority_table() -> PolicyTable {
     let mut t = table();

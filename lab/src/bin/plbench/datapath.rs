@@ -89,7 +89,8 @@ impl Policy {
 }
 
 /// A policy whose one class does what the reference does: one aggregate clock per class (no
-/// per-flow clock, no level rate, no DSCP or priority), the class every bench rule matches.
+/// per-flow clock, no level rate, no DSCP or priority), the class every bench rule matches;
+/// its flows without a local socket are not tracked in the flow table.
 pub(super) fn table_one_clock() -> PolicyTable {
     let mut t = table(false);
     for c in 0..9usize {
@@ -98,6 +99,10 @@ pub(super) fn table_one_clock() -> PolicyTable {
             t.classes[c].class_rate = 10_000_000_000; // 80 Gbit/s
         }
     }
+    // As the compiler flags such a policy (`spec.track_flows: auto`): its flows without a
+    // local socket stay out of the flow table.
+    assert!(t.keeps_nothing_per_flow());
+    t.flags |= paceline_common::maps::TABLE_UNTRACKED_FLOWS;
     t
 }
 

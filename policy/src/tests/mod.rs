@@ -1465,3 +1465,5 @@ fn a_policy_compiled_after_another_is_the_policy_compiled_alone() {
         running = Some(after);
     }
 }
+
+mod flows;
