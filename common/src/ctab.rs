@@ -136,6 +136,10 @@ pub const CT_DST: u32 = 1 << 1;
 pub const CT_SEL: u32 = 1 << 2;
 /// Some rule matches on cgroup: look the cgroup's EC up.
 pub const CT_CGROUP: u32 = 1 << 3;
+/// The datapath's, not the compiler's: the words fit [`crate::maps::CTAB_FAST_WORDS`], and the
+/// agent wrote them into the bank's part of `names::CTAB_FAST` as well, where the tc program
+/// reads them without a helper call each (set by the agent when it writes the bank).
+pub const CT_FAST: u32 = 1 << 4;
 
 /// Where everything is in the words table, and the small parts read on every packet. Part of
 /// `PolicyTable`, so a packet reads it with the rest of its policy in one lookup.

@@ -41,6 +41,14 @@ pub mod names {
     /// `ArrayOfMaps` with one inner `Array<u32>` per bank: the compiled classifier's words
     /// (see [`crate::ctab`]).
     pub const CTAB_WORDS: &str = "PL_CTAB_WORDS";
+    /// `Array<u32>` of 2 x [`super::CTAB_FAST_WORDS`] words (mmap-able; 8 bytes an entry, as
+    /// every array's), bank `b`'s from word `b * CTAB_FAST_WORDS`: the classifier's words
+    /// once more, where a policy's fit (`ctab::CT_FAST`). A plain array, whose lookups the
+    /// verifier inlines; an inner map's are helper calls (an inner array of any size cannot be
+    /// inlined), one per word read. (Two words to a `u64` entry took half the memory, but the
+    /// shift that picks one made Linux 6.12's verifier walk the egress program seven times
+    /// over.)
+    pub const CTAB_FAST: &str = "PL_CTAB_FAST";
     /// `ArrayOfMaps` with one inner `HashMap<SelKey, u32>` per bank (see `ctab::LIST_AT`).
     pub const CTAB_SELS: &str = "PL_CTAB_SELS";
     /// `ArrayOfMaps` with one inner `HashMap<RuleKey, u32>` per bank.
@@ -80,6 +88,12 @@ pub const MAX_LEVELS: usize = 8;
 /// Entries of [`names::AGG_CLOCKS`] and of [`names::STATS`].
 pub const AGG_SLOTS: usize = MAX_CLASSES + MAX_LEVELS;
 const _: () = assert!(MAX_CLASSES.is_power_of_two() && MAX_LEVELS.is_power_of_two());
+/// Words of each bank's part of [`names::CTAB_FAST`] (4 MiB, 8 MiB the map): a policy whose
+/// words fit is classified from there. A policy with port or protocol rules pays the protocol
+/// table and a 16-bit root per address trie it has (65,536 words each); this holds them all
+/// (both directions, both families) and as much again.
+pub const CTAB_FAST_WORDS: u32 = 1 << 19;
+
 /// Default entries of [`names::FLOWS`] (`spec.flow_table_size`): 65 536 flows, a 16-byte key
 /// and a 72-byte [`FlowState`] each: 9.5 MiB of kernel memory by the map's memlock, which
 /// `paceline status` reports. The agent resizes the map at load time; this is also the size

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result, anyhow};
 use paceline_common::{
     classify::Rule,
-    maps::{CodelState, PolicyTable},
+    ctab::CT_FAST,
+    maps::{CTAB_FAST_WORDS, CodelState, PolicyTable},
 };
 
 use crate::kernel::bpfsys;
@@ -46,9 +47,9 @@ impl Datapath {
         let old = self.banks[next as usize]
             .take()
             .filter(|b| self.bank_installed(next, b));
-        let (old_image, [old_words, old_sels, old_rules]) = match old {
-            Some(b) => (Some(b.image), b.maps.map(Some)),
-            None => (None, [None, None, None]),
+        let (old_image, [old_words, old_sels, old_rules], old_fast) = match old {
+            Some(b) => (Some(b.image), b.maps.map(Some), b.fast),
+            None => (None, [None, None, None], false),
         };
         let empty = Image::empty();
         let was = old_image.as_deref().unwrap_or(&empty);
@@ -58,6 +59,21 @@ impl Datapath {
             .context("writing the classifier's selector table")?;
         let rules = hash_into(old_rules, &was.rules, &image.rules, "pl_ctab_rules")
             .context("writing the classifier's rule table")?;
+        // Words that fit are written again where the tc program reads them without a helper
+        // call (`ctab::CT_FAST`); the words map keeps them too, for the next policy's diff.
+        let fast = image.words.len() <= CTAB_FAST_WORDS as usize;
+        if fast {
+            let held = (old_fast && old_image.is_some()).then_some(&was.words[..]);
+            bpfsys::patch_words(
+                self.ctab_fast.fd().as_fd(),
+                next as usize * CTAB_FAST_WORDS as usize,
+                CTAB_FAST_WORDS as usize,
+                held,
+                &image.words,
+                paceline_common::ctab::NONE,
+            )
+            .context("writing PL_CTAB_FAST")?;
+        }
         for ((map, outer), what) in [&words, &sels, &rules]
             .into_iter()
             .zip([&mut self.ctab_words, &mut self.ctab_sels, &mut self.ctab_rules])
@@ -102,6 +118,9 @@ impl Datapath {
         let generation = self.generation + 1;
         let mut t = *table;
         t.ctab = image.header;
+        if fast {
+            t.ctab.flags |= CT_FAST;
+        }
         t.generation = generation;
         let flipped = self
             .tables
@@ -142,6 +161,7 @@ impl Datapath {
         self.banks[next as usize] = Some(Bank {
             image: image.clone(),
             maps: [words, sels, rules].map(|m| m.map),
+            fast,
         });
         Ok(self.generation)
     }

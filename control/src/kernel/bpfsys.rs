@@ -274,6 +274,73 @@ pub fn patch_mmapable(fd: BorrowedFd<'_>, old: &[u32], new: &[u32]) -> io::Resul
     Ok(())
 }
 
+/// Writes the 32-bit words `new` into `len` entries of an mmap-able array map of `u32` (each
+/// word in the low half of its 8-byte entry, as [`patch_mmapable`]), from entry `start` (a
+/// whole number of pages in), and `fill` past the end of `new`. `old`: what those entries
+/// hold, as the same words and `fill` after them, when known: then only the words that differ
+/// are written; `None`: every one is. The region must be one no program reads.
+pub fn patch_words(
+    fd: BorrowedFd<'_>,
+    start: usize,
+    len: usize,
+    old: Option<&[u32]>,
+    new: &[u32],
+    fill: u32,
+) -> io::Result<()> {
+    if new.len() > len {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "more words than the region holds",
+        ));
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    if (start * 8) % page != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a region not on a page",
+        ));
+    }
+    let bytes = (len * 8).div_ceil(page) * page;
+    // SAFETY: mapping the map's own memory, shared, at an offset and of a length within its
+    // size (the kernel refuses them otherwise).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            (start * 8) as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let slots = p.cast::<u64>();
+    let slot = |w: u32| {
+        let mut b = [0u8; 8];
+        b[..4].copy_from_slice(&w.to_ne_bytes());
+        u64::from_ne_bytes(b)
+    };
+    let last = match old {
+        // Past both `old` and `new`, the region holds `fill` and stays so.
+        Some(o) => o.len().max(new.len()).min(len),
+        None => len,
+    };
+    for i in 0..last {
+        let want = new.get(i).copied().unwrap_or(fill);
+        let held = old.map(|o| o.get(i).copied().unwrap_or(fill));
+        if held != Some(want) {
+            // SAFETY: `i` is below `len`, which the mapping covers.
+            unsafe { slots.add(i).write(slot(want)) };
+        }
+    }
+    // SAFETY: unmapping the mapping made above.
+    unsafe { libc::munmap(p, bytes) };
+    Ok(())
+}
+
 /// Waits until every BPF program that started before this call has finished: tc and sock_ops
 /// programs run inside RCU read-side sections, and MEMBARRIER_CMD_GLOBAL waits for an RCU grace
 /// period (`synchronize_rcu`). Returns false where the kernel refuses it (nohz_full), after

@@ -125,6 +125,8 @@ pub struct Datapath {
     pub(super) ctab_words: ArrayOfMaps<MapData, MapData>,
     pub(super) ctab_sels: ArrayOfMaps<MapData, MapData>,
     pub(super) ctab_rules: ArrayOfMaps<MapData, MapData>,
+    /// `PL_CTAB_FAST`: each bank's words again, where they fit (`ctab::CT_FAST`).
+    pub(super) ctab_fast: MapData,
     /// What each bank's classifier maps hold, when this process wrote them: the next policy
     /// written into a bank rewrites only what differs.
     pub(super) banks: [Option<Bank>; 2],
@@ -223,6 +225,10 @@ impl Datapath {
         let ctab_words = ArrayOfMaps::try_from(take(&mut ebpf, names::CTAB_WORDS)?)?;
         let ctab_sels = ArrayOfMaps::try_from(take(&mut ebpf, names::CTAB_SELS)?)?;
         let ctab_rules = ArrayOfMaps::try_from(take(&mut ebpf, names::CTAB_RULES)?)?;
+        let ctab_fast = match take(&mut ebpf, names::CTAB_FAST)? {
+            aya::maps::Map::Array(m) => m,
+            _ => anyhow::bail!("{} is not an array map", names::CTAB_FAST),
+        };
         let clocks = Array::try_from(take(&mut ebpf, names::AGG_CLOCKS)?)?;
         let codel = Array::try_from(take(&mut ebpf, names::CODEL)?)?;
         let ledger = match take(&mut ebpf, names::LEDGER)? {
@@ -290,6 +296,7 @@ impl Datapath {
             ctab_words,
             ctab_sels,
             ctab_rules,
+            ctab_fast,
             banks: [None, None],
             grace: None,
             clocks,
@@ -424,6 +431,9 @@ impl Datapath {
         self.reassigned = vec![false; MAX_CLASSES];
         self.levels_reset = 0;
         self.generation = 0;
+        // What the banks hold is no longer what this process wrote (`PL_CTAB_FAST` is empty):
+        // the next policies are written whole.
+        self.banks = [None, None];
         *self.flow_count.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
     }
@@ -779,6 +789,8 @@ impl BankMap {
 pub(super) struct Bank {
     pub(super) image: Arc<Image>,
     pub(super) maps: [BankMap; 3],
+    /// The bank's part of `PL_CTAB_FAST` holds the image's words (and NONE after them).
+    pub(super) fast: bool,
 }
 
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {

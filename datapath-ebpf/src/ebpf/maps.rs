@@ -9,10 +9,10 @@ use aya_ebpf::{
 use paceline_common::{
     abi,
     classify::PacketInfo,
-    ctab::{NONE, RuleKey, SelKey, Tables},
+    ctab::{CT_FAST, NONE, RuleKey, SelKey, Tables},
     maps::{
-        ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, Counters, CpuState, DEFAULT_FLOW_TABLE_SIZE, FlowState,
-        FlowTableKey, Ledger, PolicyTable,
+        ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, CTAB_FAST_WORDS, Counters, CpuState,
+        DEFAULT_FLOW_TABLE_SIZE, FlowState, FlowTableKey, Ledger, PolicyTable,
     },
     trace::{TRACE_RING_BYTES, TraceConfig},
 };
@@ -74,22 +74,41 @@ type Rules = BtfHashMap<RuleKey, u32, 1>;
 
 #[btf_map]
 static PL_CTAB_WORDS: ArrayOfMaps<Words, 2> = ArrayOfMaps::new();
+/// The words again, where they fit (`ctab::CT_FAST`): see `names::CTAB_FAST`.
+#[map(name = "PL_CTAB_FAST")]
+static CTAB_FAST: Array<u32> = Array::with_max_entries(2 * CTAB_FAST_WORDS, abi::BPF_F_MMAPABLE);
 #[btf_map]
 static PL_CTAB_SELS: ArrayOfMaps<Sels, 2> = ArrayOfMaps::new();
 #[btf_map]
 static PL_CTAB_RULES: ArrayOfMaps<Rules, 2> = ArrayOfMaps::new();
 
-/// One bank's classifier maps.
-pub struct Ctab {
+/// One bank's classifier maps; `FAST`: its words are read from `CTAB_FAST` (the policy's
+/// header says they are there, `CT_FAST`). One type each, chosen once per packet ([`classify`]):
+/// a choice made at every word read made the verifier walk the programs twice or more.
+pub struct Ctab<const FAST: bool> {
     words: &'static Words,
     sels: &'static Sels,
     rules: &'static Rules,
+    /// The bank's first entry in `CTAB_FAST`.
+    fast_base: u32,
 }
 
-impl Tables for Ctab {
+impl<const FAST: bool> Tables for Ctab<FAST> {
     #[inline(always)]
     fn word(&self, i: u32) -> u32 {
-        self.words.get(i).copied().unwrap_or(NONE)
+        if FAST {
+            // The entry's lookup is inlined (bounds check, shift, add), a word to an entry: an
+            // offset into a larger value computed from `i` would make the verifier track
+            // every word the index came from precisely. Within the bank whatever `i` (a valid
+            // image reads only its own words): a branch more per word cost the verifier a
+            // walk more of what follows a NONE.
+            match CTAB_FAST.get(self.fast_base + (i & (CTAB_FAST_WORDS - 1))) {
+                Some(e) => *e,
+                None => NONE,
+            }
+        } else {
+            self.words.get(i).copied().unwrap_or(NONE)
+        }
     }
 
     #[inline(always)]
@@ -131,12 +150,30 @@ pub fn active() -> Option<(&'static PolicyTable, u32)> {
 
 /// The classifier's maps of `bank` (looked up only by packets that need classifying).
 #[inline(always)]
-pub fn ctab(bank: u32) -> Option<Ctab> {
+fn ctab<const FAST: bool>(bank: u32) -> Option<Ctab<FAST>> {
     Some(Ctab {
         words: PL_CTAB_WORDS.get(bank)?,
         sels: PL_CTAB_SELS.get(bank)?,
         rules: PL_CTAB_RULES.get(bank)?,
+        fast_base: (bank & 1) * CTAB_FAST_WORDS,
     })
+}
+
+/// The class of `p` under the policy `table` in `bank`, and the rule that gave it
+/// (`ctab::classify_rule`); the default class when the bank's maps are missing.
+#[inline(always)]
+pub fn classify(table: &PolicyTable, bank: u32, p: &PacketInfo) -> (u32, u32) {
+    let h = &table.ctab;
+    let fallback = (table.default_class, NONE);
+    if h.flags & CT_FAST != 0 {
+        ctab::<true>(bank).map_or(fallback, |t| {
+            paceline_common::ctab::classify_rule(h, &t, p, table.default_class)
+        })
+    } else {
+        ctab::<false>(bank).map_or(fallback, |t| {
+            paceline_common::ctab::classify_rule(h, &t, p, table.default_class)
+        })
+    }
 }
 
 /// This CPU's counters of a class or level slot.

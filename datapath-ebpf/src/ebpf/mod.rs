@@ -214,10 +214,7 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
         (Some(st), _) => u32::from(st.class),
         (None, c) if c != NOT_CACHED => c,
         (None, _) => {
-            let (c, rule) = match maps::ctab(bank) {
-                Some(tables) => ctab::classify_rule(&table.ctab, &tables, &pkt, table.default_class),
-                None => (table.default_class, ctab::NONE),
-            };
+            let (c, rule) = maps::classify(table, bank, &pkt);
             // For a trace record (read only when TR_CACHED is clear).
             if trace::built() {
                 cpu.trace.pending.rule = rule;

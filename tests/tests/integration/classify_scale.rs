@@ -171,3 +171,74 @@ fn pkt6(dst: [u8; 16]) -> PacketInfo {
         ..PacketInfo::default()
     }
 }
+
+/// A policy whose words fit `CTAB_FAST_WORDS` is classified from `PL_CTAB_FAST`, a larger one
+/// from its bank's words map, and a bank that goes from one to the other holds the right words
+/// each time: a small policy after the large one in the same bank (its fast words written
+/// whole), then another small one in the other bank (only the words that differ written).
+/// Each packet's class is compared with the linear reference. Checked (2026-12-07): with the
+/// agent's write of the fast words taking the bank's old image as held when it was not
+/// (`held` from any old image), the small policy written after the large one into its bank
+/// misclassified and this failed; with `CT_FAST` never set, the first assertion failed.
+#[test]
+fn small_policies_classify_from_the_fast_words_and_large_ones_from_their_map() {
+    if !privileged("small_policies_classify_from_the_fast_words_and_large_ones_from_their_map") {
+        return;
+    }
+    use paceline_common::{ctab::CT_FAST, maps::CTAB_FAST_WORDS};
+    let mut dp = test_run::load();
+    let t = table(10);
+    let tcp4 = |dst: [u8; 4]| {
+        let l4 = L4::Tcp {
+            sport: 40000,
+            dport: 11211,
+        };
+        packet::ipv4([10, 0, 0, 1], dst, l4, 0, 0, &[], None, 20)
+    };
+    let tcp6 = |dst: [u8; 16]| {
+        let src = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let l4 = L4::Tcp {
+            sport: 40000,
+            dport: 11211,
+        };
+        packet::ipv6(src, dst, l4, 0, 0, false, 20)
+    };
+    // Rules over both families; `skip` IPv4 rules left out at the front, so that two policies
+    // of the same size differ in every rule's class.
+    let policy = |n: u32, skip: usize| {
+        let mut r: Vec<Rule> = bench_rules(n, false).into_iter().skip(skip).collect();
+        r.extend(bench_rules(n / 10, true));
+        r
+    };
+    let check = |dp: &mut paceline::kernel::datapath::Datapath, rules: &[Rule], n: u32, fast: bool| {
+        let words = paceline_policy::ctab::build(rules).expect("compiles").words.len();
+        assert_eq!(
+            dp.live_policy().unwrap().ctab.flags & CT_FAST != 0,
+            fast,
+            "{} rules, {words} words (fast words: {CTAB_FAST_WORDS})",
+            rules.len()
+        );
+        let mut probes: Vec<(Vec<u8>, PacketInfo)> = [0, 1, n / 2, n - 1, n + 5]
+            .iter()
+            .map(|&i| (tcp4(tenant_v4(i)), pkt4(tenant_v4(i))))
+            .collect();
+        for i in [0, n / 10 - 1, n / 10 + 3] {
+            probes.push((tcp6(tenant_v6(i)), pkt6(tenant_v6(i))));
+        }
+        for (frame, info) in probes {
+            let want = first_match(rules, &info).map_or(0, |r| u32::from(rules[r].class));
+            let o = test_run::run(dp, &frame, SkBuff::default());
+            assert_eq!(o.ctx.priority, 100 + want, "{info:?} under {} rules", rules.len());
+        }
+    };
+    let large = policy(100_000, 0);
+    dp.write_rules(&t, &large).unwrap();
+    check(&mut dp, &large, 100_000, false);
+    for (n, skip) in [(300, 0), (300, 1), (400, 3)] {
+        let small = policy(n, skip);
+        dp.write_rules(&t, &small).unwrap();
+        check(&mut dp, &small, n, true);
+    }
+    dp.write_rules(&t, &large).unwrap();
+    check(&mut dp, &large, 100_000, false);
+}

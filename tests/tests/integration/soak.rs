@@ -24,6 +24,8 @@ fn policy(ifname: &str, flow_table: u32, extra: &str) -> String {
     policy_with(ifname, "none", flow_table, extra)
 }
 
+/// The soak policy. `track_flows: all`: without fq (or with `enforcement: none`) no flow clock
+/// runs, and a policy left at `auto` would keep no flow in the table these tests fill.
 fn policy_with(ifname: &str, enforcement: &str, flow_table: u32, extra: &str) -> String {
     format!(
         r#"apiVersion: paceline/v1
@@ -36,6 +38,7 @@ spec:
   link_rate: 1Gbit
   horizon: 10s
   flow_table_size: {flow_table}
+  track_flows: all
   levels:
     - name: bulk
       priority: 0
