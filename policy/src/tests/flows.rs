@@ -39,7 +39,7 @@ fn untracked(text: &str, mode: EnforcementMode) -> bool {
 /// A flow stays out of the table exactly when no class keeps anything of it there: a flow
 /// clock needs fq (the other modes turn flow clocks off) and a class with a `flow_rate`; a DASR
 /// sender keeps every flow's state; `track_flows: all` lists every flow whatever the policy.
-/// Checked (2026-12-07): with the compiler's test of `keeps_nothing_per_flow` left out (every
+/// Checked (2026-12-06): with the compiler's test of `keeps_nothing_per_flow` left out (every
 /// `auto` policy untracked), the fq policy with a flow rate failed; with the request ignored,
 /// `track_flows: all` failed.
 #[test]

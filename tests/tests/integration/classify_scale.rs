@@ -176,7 +176,7 @@ fn pkt6(dst: [u8; 16]) -> PacketInfo {
 /// from its bank's words map, and a bank that goes from one to the other holds the right words
 /// each time: a small policy after the large one in the same bank (its fast words written
 /// whole), then another small one in the other bank (only the words that differ written).
-/// Each packet's class is compared with the linear reference. Checked (2026-12-07): with the
+/// Each packet's class is compared with the linear reference. Checked (2026-12-06): with the
 /// agent's write of the fast words taking the bank's old image as held when it was not
 /// (`held` from any old image), the small policy written after the large one into its bank
 /// misclassified and this failed; with `CT_FAST` never set, the first assertion failed.

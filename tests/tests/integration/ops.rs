@@ -1131,7 +1131,7 @@ fn a_raw_tcp_socket_is_not_one_flow() {
 /// Under a policy whose classes keep nothing per flow (`track_flows` left `auto`), datagrams
 /// sent with `sendto` stay out of the flow table (no admission slot, no insert, no row of
 /// `paceline flows`, which says so) and still count in their class; asked to list them
-/// (`track_flows: all`) the agent enters the same flow and lists it. Checked (2026-12-07):
+/// (`track_flows: all`) the agent enters the same flow and lists it. Checked (2026-12-06):
 /// with the compiler's flag left unset (every flow kept), the first `flows` listing had the
 /// flow's row (and said `tracked`) and this failed there.
 #[test]

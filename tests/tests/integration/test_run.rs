@@ -1148,7 +1148,7 @@ fn a_flow_without_a_socket_is_classified_once_and_again_after_a_reload() {
 /// touches the flow table: no admission slot, no insert, no entry; its class still counts
 /// every packet and follows a reload on its next packet (the CPU's class memo is checked
 /// against the policy generation). The same flows under the same policy with the flag clear
-/// enter the table on their second packet, in the same run. Checked (2026-12-07): with the
+/// enter the table on their second packet, in the same run. Checked (2026-12-06): with the
 /// egress program's check of the flag patched out, the first flow took an admission slot and
 /// an entry and this failed at its first assertion.
 #[test]
