@@ -408,6 +408,7 @@ const NEWEST_VM_ONLY: &[&str] = &[
     "soak::new_flows_four_times",
     "soak::the_d3_application_map",
     "ops::classify_flows_and_cleanup_check",
+    "ops::flows_that_nothing_is_kept_for",
     "agent::reload_applies_a_good_policy",
     "trace::trace_shows_a_running_agents_packets",
     "d3_e2e::",
