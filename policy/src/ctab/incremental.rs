@@ -28,6 +28,9 @@ pub(super) struct Memo {
     /// one of them covers.
     groups: Vec<[Vec<u32>; 4]>,
     group_max: Vec<[usize; 4]>,
+    /// The selector without conditions: its one-address rules are arrays, not rule-table
+    /// entries, so another selector of its id takes nothing from it.
+    any_sel: Option<u32>,
     /// Each rule's family when it has addresses.
     families: Vec<Option<bool>>,
 }
@@ -335,7 +338,7 @@ pub fn build_after(
             let tag = rule_tag(si as u32, shape);
             let rules_of = &g[shape as usize];
             if let Some([src_mv, dst_mv]) = &moves
-                && !(is_any && shape != SHAPE_BOTH)
+                && !((is_any || memo.is_some_and(|m| m.any_sel == Some(si as u32))) && shape != SHAPE_BOTH)
                 && !dirty[si][shape as usize]
             {
                 let (m, prev) = (memo.expect("moves"), prev.expect("a memo is an image's"));
@@ -507,6 +510,7 @@ pub fn build_after(
             fields: Some(fields),
             groups,
             group_max,
+            any_sel,
             families,
         }),
     })

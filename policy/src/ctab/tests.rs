@@ -860,3 +860,30 @@ fn address_stages_after_edits_equal_stages_from_nothing() {
         }
     }
 }
+
+/// A rule with only a source prefix gains a port: its selector takes the id the selector
+/// without conditions had, with the same rules in the same shape. The one-address rules of that
+/// selector were arrays, not rule-table entries, so the new one has nothing to take from the
+/// image before. Checked (2026-12-06): without the memo's `any_sel`, the edited rule's entries
+/// were missing from the incremental build (a random edit sequence found it).
+#[test]
+fn incremental_build_after_the_unconditioned_selector_gained_a_port() {
+    let src = |a: [u8; 4], len: u8| (v4_mapped(u32::from_ne_bytes(a)), words(mask(96 + len)));
+    let (s8, m8) = src([10, 0, 0, 0], 8);
+    let (s16, m16) = src([10, 1, 0, 0], 16);
+    let before = vec![
+        Rule::any(1).with_proto(6).with_dport(80, 80).with_src(s8, m8),
+        Rule::any(2).with_src(s16, m16),
+    ];
+    let prev = incremental_matches_full(&before, None, &LIMITS).unwrap();
+    let mut after = before.clone();
+    after[1] = after[1].with_dport(443, 443);
+    let image = incremental_matches_full(&after, Some(&prev), &LIMITS).unwrap();
+    let t = MemTables::new(&image);
+    let mut p = random_packet(&mut StdRng::seed_from_u64(3));
+    p.is_v6 = 0;
+    p.src = v4_mapped(u32::from_ne_bytes([10, 1, 2, 3]));
+    p.dport = 443;
+    assert_eq!(t.first_rule(&p), first_match(&after, &p));
+    assert_eq!(t.first_rule(&p), Some(1));
+}
