@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result, anyhow};
 use paceline_common::{
     classify::Rule,
-    ctab::CT_FAST,
+    ctab::{CT_FAST, CT_SHAPE_ARRAYS},
     maps::{CTAB_FAST_WORDS, CodelState, PolicyTable},
 };
 
@@ -61,7 +61,9 @@ impl Datapath {
             .context("writing the classifier's rule table")?;
         // Words that fit are written again where the tc program reads them without a helper
         // call (`ctab::CT_FAST`); the words map keeps them too, for the next policy's diff.
-        let fast = image.words.len() <= CTAB_FAST_WORDS as usize;
+        // That reader takes the one-address rules from their arrays, which the compiler adds
+        // only where everything fits (`CT_SHAPE_ARRAYS`).
+        let fast = image.words.len() <= CTAB_FAST_WORDS as usize && image.header.flags & CT_SHAPE_ARRAYS != 0;
         if fast {
             let held = (old_fast && old_image.is_some()).then_some(&was.words[..]);
             bpfsys::patch_words(

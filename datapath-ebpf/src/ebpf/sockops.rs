@@ -118,7 +118,7 @@ fn configure(ctx: &SockOpsContext, table: &PolicyTable, bank: u32) {
         pkt.src = v4_mapped(ctx.local_ip4());
         pkt.dst = v4_mapped(ctx.remote_ip4());
     }
-    let class_idx = maps::classify(table, bank, &pkt).0 & (MAX_CLASSES as u32 - 1);
+    let class_idx = maps::classify_once(table, bank, &pkt).0 & (MAX_CLASSES as u32 - 1);
     let class = &table.classes[class_idx as usize];
     // SAFETY: reading the program's own context.
     let mss = unsafe { (*ctx.ops).mss_cache };

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use paceline_common::classify::Rule;
 use paceline_common::ctab::{
-    CT_CGROUP, CT_DST, CT_SEL, CT_SRC, CtabHeader, LIST_AT, LIST_ONE, MAX_PHASE_ARRAY_WORDS, MAX_SEL_MATCH,
-    NONE, PHASES, RuleKey, SEL_ANY, SEL_BOTH, SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS, SHAPE_BOTH, SHAPE_DST,
-    SHAPE_SRC, SelKey, TAG_CGROUP, TAG_PHASE, rule_tag,
+    CT_CGROUP, CT_DST, CT_SEL, CT_SHAPE_ARRAYS, CT_SRC, CtabHeader, LIST_AT, LIST_ONE, MAX_PHASE_ARRAY_WORDS,
+    MAX_SEL_MATCH, NONE, PHASES, RuleKey, SEL_ANY, SEL_BOTH, SEL_DST, SEL_DST_AT, SEL_FIRST, SEL_SRC,
+    SEL_SRC_AT, SEL_WORDS, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, TAG_CGROUP, TAG_PHASE, rule_tag,
 };
+use paceline_common::maps::CTAB_FAST_WORDS;
 
 use super::addr::{self, Ranges};
 use super::fields::FieldEcs;
@@ -457,6 +458,55 @@ pub fn build_after(
     st.rule_entries = rule_list.len();
     lap(&mut times.rule_table);
 
+    // ---- the one-address arrays ----
+    // For the tc program where it reads the words without a helper call: every selector's
+    // rules with one address condition also as an array over that dimension's ECs (an array
+    // read instead of a hash lookup per packet), when all of them fit with the rest of the
+    // words in the fast words (`CT_SHAPE_ARRAYS`). The rule table keeps those rules too, for
+    // the readers of the words map (sock_ops; a policy too large for the fast words).
+    let ec_count = |shape: u32| {
+        (if shape == SHAPE_SRC {
+            src_ecs.count
+        } else {
+            dst_ecs.count
+        }) as usize
+    };
+    let one_addr: Vec<(usize, u32)> = (0..groups.len())
+        .filter(|&si| Some(si as u32) != any_sel)
+        .flat_map(|si| [SHAPE_SRC, SHAPE_DST].map(|shape| (si, shape)))
+        .filter(|&(si, shape)| !groups[si][shape as usize].is_empty())
+        .collect();
+    let need: usize = one_addr.iter().map(|&(_, shape)| ec_count(shape)).sum();
+    let after = sels.len() * SEL_WORDS as usize
+        + src_any.as_ref().map_or(0, Vec::len)
+        + dst_any.as_ref().map_or(0, Vec::len)
+        + rules.len();
+    let mut arrays_at: Vec<[u32; 2]> = vec![[NONE; 2]; groups.len()];
+    if need <= lim.shape_arrays && words.len() + need + after <= lim.words.min(CTAB_FAST_WORDS as usize) {
+        h.flags |= CT_SHAPE_ARRAYS;
+        for &(si, shape) in &one_addr {
+            let off = words.len();
+            words.resize(off + ec_count(shape), NONE);
+            arrays_at[si][shape as usize - 1] = off as u32;
+            let arr = &mut words[off..];
+            for &ri in &groups[si][shape as usize] {
+                let n = &norms[ri as usize];
+                let bx = if shape == SHAPE_SRC {
+                    src_ecs.ranges(n.src.as_ref(), n.addr_family)
+                } else {
+                    dst_ecs.ranges(n.dst.as_ref(), n.addr_family)
+                };
+                for &(s, e) in bx.iter() {
+                    for v in &mut arr[s as usize..e as usize] {
+                        if *v == NONE {
+                            *v = ri;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     // ---- the rest of the words ----
     let push = |words: &mut Vec<u32>, v: &[u32]| {
         let off = words.len() as u32;
@@ -464,8 +514,10 @@ pub fn build_after(
         off
     };
     let mut recs = Vec::with_capacity(sels.len() * SEL_WORDS as usize);
-    for g in &groups {
+    for (g, at) in groups.iter().zip(&arrays_at) {
         let mut r = [NONE; SEL_WORDS as usize];
+        r[SEL_SRC_AT as usize] = at[0];
+        r[SEL_DST_AT as usize] = at[1];
         // The loop over a packet's listed selectors compares this with the best rule so far:
         // only their address shapes remain to be looked up.
         r[SEL_FIRST as usize] = g[1..]

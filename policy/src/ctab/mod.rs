@@ -40,6 +40,7 @@ pub use incremental::build_after;
 use paceline_common::classify::Rule;
 use paceline_common::classify::{UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK};
 use paceline_common::ctab::{CtabHeader, MAX_MARK_CONDS, MAX_SEL_MATCH, NONE, RuleKey, SelKey, Tables};
+use paceline_common::maps::CTAB_FAST_WORDS;
 
 use addr::{Prefix, prefix_len, words_to_u128};
 use fields::{MarkCond, PCond, Ports, port_set};
@@ -59,6 +60,9 @@ pub struct Limits {
     pub marks: usize,
     /// Mark ECs (combinations of mark conditions a packet can meet).
     pub mark_values: usize,
+    /// Words the selectors' one-address arrays may take together (`ctab::CT_SHAPE_ARRAYS`:
+    /// all of them or none; they must also fit the fast words with the rest).
+    pub shape_arrays: usize,
 }
 
 pub const LIMITS: Limits = Limits {
@@ -67,6 +71,7 @@ pub const LIMITS: Limits = Limits {
     rules: 1 << 22,
     marks: MAX_MARK_CONDS,
     mark_values: 4096,
+    shape_arrays: CTAB_FAST_WORDS as usize,
 };
 
 /// Why a rule list does not compile.
@@ -155,7 +160,7 @@ pub struct BuildTimes {
     pub phases: Duration,
     /// The rule table.
     pub rule_table: Duration,
-    /// Selector records, the address-only arrays, the rule classes.
+    /// The one-address arrays, selector records, the address-only arrays, the rule classes.
     pub words: Duration,
 }
 

@@ -168,17 +168,25 @@ fn random_packet(rng: &mut impl Rng) -> PacketInfo {
 
 /// Compares the compiled lookup with the reference on every packet; false when the rules
 /// passed a limit (too many overlapping selectors with addresses), which random policies may.
+/// Also with little room for the one-address arrays (`Limits::shape_arrays`): some policies
+/// read them, others the rule table.
 fn check(rules: &[Rule], packets: &[PacketInfo]) -> bool {
-    let image = match build(rules) {
-        Ok(i) => i,
-        Err(BuildError::Limit { .. }) => return false,
-        Err(e) => panic!("build failed: {e}\nrules: {rules:#?}"),
+    let few = Limits {
+        shape_arrays: 1 + rules.len() % 24,
+        ..LIMITS
     };
-    let t = MemTables::new(&image);
-    for p in packets {
-        let want = first_match(rules, p);
-        let got = t.first_rule(p);
-        assert_eq!(got, want, "packet {p:#?}\nrules: {rules:#?}");
+    for lim in [LIMITS, few] {
+        let image = match build_with(rules, &lim) {
+            Ok(i) => i,
+            Err(BuildError::Limit { .. }) => return false,
+            Err(e) => panic!("build failed: {e}\nrules: {rules:#?}"),
+        };
+        let t = MemTables::new(&image);
+        for p in packets {
+            let want = first_match(rules, p);
+            let got = t.first_rule(p);
+            assert_eq!(got, want, "packet {p:#?}\nrules: {rules:#?}\nlimits: {lim:?}");
+        }
     }
     true
 }
@@ -602,7 +610,15 @@ fn incremental_matches_full(rules: &[Rule], prev: Option<&Image>, lim: &Limits) 
     let full = build_with(rules, lim);
     match (inc, full) {
         (Ok(inc), Ok(full)) => {
-            assert!(inc.same_tables(&full), "incremental != full for {rules:#?}");
+            assert!(
+                inc.same_tables(&full),
+                "incremental != full for {rules:#?}\n{:?} {:?}\n{:?} {:?}\n{:?}",
+                inc.header,
+                full.header,
+                inc.stats,
+                full.stats,
+                lim
+            );
             Some(inc)
         }
         (Err(a), Err(b)) => {
@@ -623,14 +639,18 @@ fn incremental_builds_after_random_edits_equal_full_builds() {
     for _ in 0..40 {
         let n = rng.random_range(0..80);
         let mut rules: Vec<Rule> = (0..n).map(|_| random_rule(&mut rng, 8)).collect();
-        // Now and then a rule-table limit a reused group could pass.
-        let lim = if rng.random_bool(0.2) {
-            Limits {
+        // Now and then a rule-table limit a reused group could pass, or little room for the
+        // one-address arrays (they come and go as the ECs grow and shrink).
+        let lim = match rng.random_range(0..10) {
+            0 | 1 => Limits {
                 rules: rng.random_range(1..200),
                 ..LIMITS
-            }
-        } else {
-            LIMITS
+            },
+            2..=4 => Limits {
+                shape_arrays: rng.random_range(0..40),
+                ..LIMITS
+            },
+            _ => LIMITS,
         };
         let mut prev = incremental_matches_full(&rules, None, &lim);
         for _ in 0..12 {
@@ -858,6 +878,52 @@ fn address_stages_after_edits_equal_stages_from_nothing() {
                 prev[k] = after;
             }
         }
+    }
+}
+
+/// A tenant list (`tcp dst <address> dst_port 11211` for many addresses) has its rules also as
+/// an array over the destination ECs, for the reader of the fast words (an array read instead
+/// of a hash lookup), and answers the same read either way; with no room for the arrays it has
+/// none, and the fast words are not used (`CT_SHAPE_ARRAYS`).
+#[test]
+fn one_address_rules_are_also_an_array_where_everything_fits_the_fast_words() {
+    use paceline_common::ctab::{CT_SHAPE_ARRAYS, SEL_DST_AT};
+    let rules: Vec<Rule> = (0..1000u32)
+        .map(|i| {
+            let a = u32::from_be_bytes([10, 1, (i >> 8) as u8, i as u8]);
+            Rule::any(1 + (i % 7) as u16)
+                .with_proto(6)
+                .with_dport(11211, 11211)
+                .with_dst(v4_mapped(a.to_be()), words(mask(128)))
+        })
+        .collect();
+    let with = build(&rules).unwrap();
+    let without = build_with(
+        &rules,
+        &Limits {
+            shape_arrays: 0,
+            ..LIMITS
+        },
+    )
+    .unwrap();
+    assert_ne!(with.header.flags & CT_SHAPE_ARRAYS, 0);
+    assert_eq!(without.header.flags & CT_SHAPE_ARRAYS, 0);
+    assert_eq!(with.rules, without.rules, "the rule table holds them either way");
+    // The one selector (tcp, port 11211) is selector 0.
+    let rec = |i: &Image| i.words[(i.header.sel_off + SEL_DST_AT) as usize];
+    assert_ne!(rec(&with), NONE);
+    assert_eq!(rec(&without), NONE);
+    let (tw, to) = (MemTables::new(&with), MemTables::new(&without));
+    let mut rng = StdRng::seed_from_u64(11);
+    for i in 0..3000u32 {
+        let mut p = random_packet(&mut rng);
+        p.proto = 6;
+        p.is_v6 = 0;
+        p.dport = [11211, 11212][(i % 2) as usize];
+        p.dst = v4_mapped(u32::from_be_bytes([10, 1, (i >> 8) as u8 & 7, i as u8]).to_be());
+        let want = first_match(&rules, &p);
+        assert_eq!(tw.first_rule(&p), want, "{p:?}");
+        assert_eq!(to.first_rule(&p), want, "{p:?}");
     }
 }
 

@@ -231,7 +231,20 @@ fn small_policies_classify_from_the_fast_words_and_large_ones_from_their_map() {
             assert_eq!(o.ctx.priority, 100 + want, "{info:?} under {} rules", rules.len());
         }
     };
-    let large = policy(100_000, 0);
+    // 100,000 IPv4 and 10,000 IPv6 tenants, and 400 IPv6 hosts that share no 16-bit prefix:
+    // each takes a trie path of its own (14 blocks of 256 words), past the fast words.
+    let mut large = policy(100_000, 0);
+    large.extend((0..400u32).map(|i| {
+        let w = |x: u32| x.wrapping_mul(0x9e37_79b9).to_be();
+        Rule::any(3)
+            .with_proto(6)
+            .with_dport(11211, 11211)
+            .with_family(true)
+            .with_dst(
+                [(0x2000_0000 + (i << 16)).to_be(), w(i), w(i + 1), w(i + 2)],
+                [u32::MAX; 4],
+            )
+    }));
     dp.write_rules(&t, &large).unwrap();
     check(&mut dp, &large, 100_000, false);
     for (n, skip) in [(300, 0), (300, 1), (400, 3)] {
