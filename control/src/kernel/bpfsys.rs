@@ -234,44 +234,7 @@ pub fn delete_batch<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<()> {
 /// of its 8-byte entry (an array's entries are 8-byte aligned: this layout is the map's own).
 /// The map must be one no program reads.
 pub fn patch_mmapable(fd: BorrowedFd<'_>, old: &[u32], new: &[u32]) -> io::Result<()> {
-    let entries = old.len().max(new.len());
-    if entries == 0 {
-        return Ok(());
-    }
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    let len = (entries * 8).div_ceil(page) * page;
-    // SAFETY: mapping the map's own memory, shared, of a length within its size (the kernel
-    // refuses a longer one).
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    let slots = p.cast::<u64>();
-    let slot = |w: u32| {
-        let mut b = [0u8; 8];
-        b[..4].copy_from_slice(&w.to_ne_bytes());
-        u64::from_ne_bytes(b)
-    };
-    for i in 0..entries {
-        let (was, now) = (old.get(i), new.get(i));
-        if was != now {
-            // SAFETY: `i` is below `entries`, which the mapping covers.
-            unsafe { slots.add(i).write(now.map_or(0, |&w| slot(w))) };
-        }
-    }
-    // SAFETY: unmapping the mapping made above.
-    unsafe { libc::munmap(p, len) };
-    Ok(())
+    patch_words(fd, 0, old.len().max(new.len()), Some(old), new, 0)
 }
 
 /// Writes the 32-bit words `new` into `len` entries of an mmap-able array map of `u32` (each
@@ -292,6 +255,10 @@ pub fn patch_words(
             io::ErrorKind::InvalidInput,
             "more words than the region holds",
         ));
+    }
+    // Nothing to map (mmap refuses a length of 0).
+    if len == 0 {
+        return Ok(());
     }
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
