@@ -215,6 +215,12 @@ pub const TABLE_DASR_SENDER: u32 = 1 << 5;
 /// flows to be listed (`spec.track_flows: all`): the tc program keeps them out of the flow
 /// table (no lookup, no admission slot, no insert), their class in its CPU's class memo alone.
 pub const TABLE_UNTRACKED_FLOWS: u32 = 1 << 6;
+/// `spec.track_flows: auto`: a flow without a local socket whose class keeps nothing per flow
+/// ([`PolicyTable::class_keeps_nothing_per_flow`]) stays out of the flow table under a policy
+/// whose other classes keep flow clocks there: classified, it takes its CPU's class memo
+/// instead of an admission slot and, on its second packet, an insert. (Its first packet still
+/// looks the table up: only the classifier tells its class.)
+pub const TABLE_UNTRACKED_CLASSES: u32 = 1 << 7;
 
 /// A whole compiled policy: what one slot of [`names::TABLES`] holds.
 ///

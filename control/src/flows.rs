@@ -67,6 +67,10 @@ pub struct Flows {
     /// (`TABLE_UNTRACKED_FLOWS` clear); when it does not, no table row is listed.
     #[serde(default = "tracked_by_default")]
     pub tracked: bool,
+    /// Whether flows without a local socket whose class keeps nothing per flow stay out of the
+    /// table (`TABLE_UNTRACKED_CLASSES`): then only the classes with flow clocks are listed.
+    #[serde(default)]
+    pub untracked_classes: bool,
     pub flows: Vec<FlowRow>,
 }
 
@@ -221,9 +225,15 @@ fn secs(s: f64) -> String {
 pub fn render(f: &Flows) -> String {
     let mut o = if f.tracked {
         format!(
-            "{} flows in the flow table (capacity {}), {} local sockets; showing {}\n",
+            "{} flows in the flow table (capacity {}){}, {} local sockets; showing {}\n",
             f.total,
             f.capacity,
+            if f.untracked_classes {
+                " of classes with a flow clock (the others' flows without a local socket are not \
+                 tracked; spec.track_flows: all tracks them)"
+            } else {
+                ""
+            },
             f.sockets,
             f.flows.len()
         )
@@ -374,16 +384,30 @@ spec:
         );
         assert_eq!(select(vec![sock.clone(), o.clone()], None, 3)[1], sock);
         assert_eq!(select(vec![o, r], Some("other"), 10).len(), 1);
-        let text = render(&Flows {
+        let mut flows = Flows {
             total: 2,
             capacity: 65536,
             sockets: 0,
             tracked: true,
+            untracked_classes: false,
             flows: picked,
-        });
+        };
+        let text = render(&flows);
         assert!(
             text.contains("10.0.0.2:443") && text.contains("+2.00ms"),
             "{text}"
         );
+        assert!(!text.contains("not tracked"), "{text}");
+        // Under a policy whose classes without a flow clock keep their flows out, the header
+        // says so (and how to list them all).
+        flows.untracked_classes = true;
+        let text = render(&flows);
+        assert!(
+            text.contains("of classes with a flow clock") && text.contains("spec.track_flows: all"),
+            "{text}"
+        );
+        // An agent from before `untracked_classes` sends no such field: every flow tracked.
+        let old: Flows = serde_json::from_str(r#"{"total": 0, "capacity": 1, "flows": []}"#).unwrap();
+        assert!(old.tracked && !old.untracked_classes);
     }
 }

@@ -29,7 +29,7 @@ use paceline_common::{
     maps::{
         CLASS_D3, CLASS_SET_PRIORITY, ClassConfig, CodelParams, LEVEL_SET_DSCP, LEVEL_SET_PCP, LevelConfig,
         MAX_CLASSES, MAX_LEVELS, PolicyTable, TABLE_D3_RECEIVER, TABLE_DASR_RECEIVER, TABLE_DASR_SENDER,
-        TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, TABLE_UNTRACKED_FLOWS, level_slot,
+        TABLE_NO_FLOW_CLOCKS, TABLE_SOCK_TOS, TABLE_UNTRACKED_CLASSES, TABLE_UNTRACKED_FLOWS, level_slot,
     },
 };
 
@@ -676,9 +676,15 @@ fn compile_with(
         }
     }
     // Flows without a local socket enter the flow table only where it keeps something of
-    // theirs, or where the policy asks to list them all.
-    if v.track_flows == crate::raw::TrackFlows::Auto && table.keeps_nothing_per_flow() {
-        table.flags |= TABLE_UNTRACKED_FLOWS;
+    // theirs: under a policy where no class does, none (no lookup either); under one where some
+    // do, those classes' flows (the others' first packets still look the table up); a DASR
+    // sender keeps every flow's. `track_flows: all` lists every flow.
+    if v.track_flows == crate::raw::TrackFlows::Auto {
+        if table.keeps_nothing_per_flow() {
+            table.flags |= TABLE_UNTRACKED_FLOWS;
+        } else if table.flags & TABLE_DASR_SENDER == 0 {
+            table.flags |= TABLE_UNTRACKED_CLASSES;
+        }
     }
     times.rules = t_rules.elapsed();
     let built = {

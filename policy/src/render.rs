@@ -157,10 +157,12 @@ pub fn check_report(c: &Compiled) -> String {
         format!(
             "{} entries; {}",
             c.flow_table_size,
-            if c.table.flags & paceline_common::maps::TABLE_UNTRACKED_FLOWS != 0 {
-                "flows without a local socket untracked (track_flows: all)"
-            } else {
-                "flows without a local socket tracked"
+            match flows_tracked_for(c) {
+                "none" => "flows without a local socket untracked (track_flows: all)",
+                "classes with a flow clock" => {
+                    "flows without a local socket tracked for classes with a flow clock"
+                }
+                _ => "flows without a local socket tracked",
             }
         ),
     );
@@ -504,6 +506,7 @@ pub fn json(c: &Compiled) -> Value {
         "flow_table_size": c.flow_table_size,
         "track_flows": c.track_flows.as_str(),
         "flows_tracked": c.table.flags & paceline_common::maps::TABLE_UNTRACKED_FLOWS == 0,
+        "flows_tracked_for": flows_tracked_for(c),
         "link_rate_bytes_per_second": c.link_rate.as_ref().map(|l| l.rate),
         "link_rate_source": c.link_rate.as_ref().map(|l| l.source.to_string()),
         "qjump": c.qjump.as_ref().map(|q| json!({
@@ -579,4 +582,17 @@ pub fn json(c: &Compiled) -> Value {
         })),
         "warnings": c.warnings,
     })
+}
+
+/// Which flows without a local socket the flow table keeps: "every class", "classes with a
+/// flow clock" (`TABLE_UNTRACKED_CLASSES`) or "none" (`TABLE_UNTRACKED_FLOWS`).
+fn flows_tracked_for(c: &Compiled) -> &'static str {
+    use paceline_common::maps::{TABLE_UNTRACKED_CLASSES, TABLE_UNTRACKED_FLOWS};
+    if c.table.flags & TABLE_UNTRACKED_FLOWS != 0 {
+        "none"
+    } else if c.table.flags & TABLE_UNTRACKED_CLASSES != 0 {
+        "classes with a flow clock"
+    } else {
+        "every class"
+    }
 }

@@ -425,7 +425,7 @@ pub fn render_with(
     counter(
         &r,
         "paceline_flow_table_inserts_total",
-        "Flows the datapath entered in the per-flow table (a flow without a local TCP or connected UDP socket, on its second packet: its class and clock; none under a policy that keeps nothing per flow, see spec.track_flows).",
+        "Flows the datapath entered in the per-flow table (a flow without a local TCP or connected UDP socket, on its second packet: its class and clock; none of a class that keeps nothing per flow, see spec.track_flows).",
         &[],
     )?
     .with_label_values(&[] as &[&str])

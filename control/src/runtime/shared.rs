@@ -167,10 +167,8 @@ impl Shared {
         let dp = g.dp()?;
         // A policy that tracks no flow without a local socket (`TABLE_UNTRACKED_FLOWS`) lists
         // none from the table: what it holds is left from an earlier policy.
-        let tracked = dp
-            .live_policy()
-            .map(|t| t.flags & paceline_common::maps::TABLE_UNTRACKED_FLOWS == 0)
-            .unwrap_or(true);
+        let flags = dp.live_policy().map(|t| t.flags).unwrap_or(0);
+        let tracked = flags & paceline_common::maps::TABLE_UNTRACKED_FLOWS == 0;
         // Every entry is read to filter by class and order by departure; the table is bounded
         // (spec.flow_table_size).
         let (entries, total) = if tracked {
@@ -206,6 +204,7 @@ impl Shared {
             capacity: g.status.flow_table.capacity,
             sockets: n_sockets,
             tracked,
+            untracked_classes: flags & paceline_common::maps::TABLE_UNTRACKED_CLASSES != 0,
             flows: flows::select(rows, class, top),
         })
     }

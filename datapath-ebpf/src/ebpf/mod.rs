@@ -26,8 +26,8 @@ use paceline_common::{
     edt::delay_bucket,
     maps::{
         BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,
-        MAX_CLASSES, MAX_LEVELS, Memo, TABLE_DASR_SENDER, TABLE_NO_FLOW_CLOCKS, TABLE_UNTRACKED_FLOWS,
-        admit_index, admit_tag_of, level_slot,
+        MAX_CLASSES, MAX_LEVELS, Memo, TABLE_DASR_SENDER, TABLE_NO_FLOW_CLOCKS, TABLE_UNTRACKED_CLASSES,
+        TABLE_UNTRACKED_FLOWS, admit_index, admit_tag_of, level_slot,
     },
     trace::{TP_PACED, TR_CACHED, TR_GSO, TR_SOCKET, TR_UNPARSED, TR_V6, TracePending, action, held_binding},
 };
@@ -125,7 +125,8 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
     // keyed by its 5-tuple and checked against the policy generation, mark, DSCP, cgroup and
     // unknown fields the same way, unless the policy keeps nothing per flow
     // (`TABLE_UNTRACKED_FLOWS`: the flow's class is then cached in the CPU's class memo alone,
-    // and a new flow pays no table lookup, admission slot or insert). (Neither the socket nor
+    // and a new flow pays no table lookup, admission slot or insert), or its class keeps
+    // nothing per flow (`TABLE_UNTRACKED_CLASSES`: the same, after the table's lookup). (Neither the socket nor
     // the table entry stays live across `classify`: the verifier walks the classifier once, not
     // once per case.) `off_table`: the flow table is not read, the packet having such a socket,
     // its class from the CPU's class memo, or the policy tracking no flow in the table (one
@@ -193,9 +194,9 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                 cached = c;
                 clock = &mut f.t_next;
                 bind = &mut f.binding;
-                // A flow in the table whose class keeps nothing per flow takes the CPU's class
-                // memo from its third packet: it still enters the table, which `paceline flows`
-                // lists. Here, not with the sockets' below: a flag carried there would make the
+                // A flow in the table whose class keeps nothing per flow (under `track_flows:
+                // all`, or entered under an earlier policy) takes the CPU's class memo from its
+                // third packet: it still enters the table, which `paceline flows` lists. Here, not with the sockets' below: a flag carried there would make the
                 // verifier walk pacing once more.
                 if table.class_keeps_nothing_per_flow(c) {
                     memo(cpu).set(table.generation, &pkt, c);
@@ -224,6 +225,16 @@ fn try_tc_egress(ctx: &TcContext) -> Result<i32, i32> {
                     st.set_class(table.generation, &pkt, c, txhash);
                     sock_state = Some(st);
                 }
+            } else if !in_table
+                && table.flags & TABLE_UNTRACKED_CLASSES != 0
+                && table.class_keeps_nothing_per_flow(c)
+            {
+                // A new flow of a class that keeps nothing per flow, under a policy whose
+                // other classes keep flow clocks in the table: its class goes into the CPU's
+                // class memo (below, as an untracked policy's flows' do), not into an admission
+                // slot and the table. The same state as those flows': the verifier walks the
+                // rest once for both.
+                off_table = true;
             } else if in_table && let Some(f) = FLOWS.get_ptr_mut(&cpu.table_key) {
                 // A flow classified under another policy (or for another mark, DSCP or
                 // cgroup): the new class, the same clock.

@@ -647,6 +647,8 @@ fn small_policy_compiles_to_the_exact_table() {
     t.n_classes = 4;
     t.default_class = 2;
     t.horizon_ns = 50_000_000;
+    // Class 1 keeps a flow clock, the others nothing (`track_flows: auto`).
+    t.flags = paceline_common::maps::TABLE_UNTRACKED_CLASSES;
     t.classes[0] = ClassConfig {
         skb_priority: 7,
         flags: CLASS_SET_PRIORITY,
@@ -1170,7 +1172,10 @@ fn json_output() {
     assert_eq!(j["classes"][0]["rto_min_us"], 5_000);
     assert_eq!(j["default_class"], "bulk");
     assert_eq!(j["table"]["n_rules"], 3);
-    assert_eq!(j["table"]["flags"], 0);
+    assert_eq!(
+        j["table"]["flags"],
+        paceline_common::maps::TABLE_UNTRACKED_CLASSES
+    );
     assert_eq!(j["classifier"]["rules"], 3);
     assert_eq!(j["rules"][0]["match"], "tcp dst 10.1.0.0/16 dst_port 11211");
     assert_eq!(j["sha256"].as_str().unwrap().len(), 64);

@@ -22,5 +22,6 @@ mod prometheus;
 mod soak;
 mod test_run;
 mod trace;
+mod untracked;
 
 pub use paceline_tests::gate::{privileged, skip, under_tcg};

@@ -123,7 +123,7 @@ pub(crate) fn table() -> PolicyTable {
     t
 }
 
-fn port_rule(dport: u16, class: u16) -> Rule {
+pub(crate) fn port_rule(dport: u16, class: u16) -> Rule {
     Rule::any(class).with_dport(dport, dport)
 }
 
@@ -1077,7 +1077,7 @@ pub(crate) fn udp4(sport: u16, dport: u16, dscp: u8) -> Vec<u8> {
 }
 
 /// The class a flow-table entry holds for the policy of `generation`, if any.
-fn cached_class(dp: &Datapath, dport: u16, generation: u64) -> Option<u32> {
+pub(crate) fn cached_class(dp: &Datapath, dport: u16, generation: u64) -> Option<u32> {
     let (flows, _) = dp.flows(1024).expect("flow table");
     let (_, s) = flows.iter().find(|(k, _)| k.dport == dport)?;
     s.class_under(generation)

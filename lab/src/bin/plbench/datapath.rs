@@ -106,6 +106,19 @@ pub(super) fn table_one_clock() -> PolicyTable {
     t
 }
 
+/// [`table`]`(true)` with class 1 (the benchmark's port 11211) without its flow clock while the
+/// other classes keep theirs; `untracked`: as the compiler flags it under `spec.track_flows:
+/// auto` (class 1's flows stay out of the flow table once classified).
+pub(super) fn table_mixed(untracked: bool) -> PolicyTable {
+    let mut t = table(true);
+    t.classes[1].flow_rate = 0;
+    assert!(t.class_keeps_nothing_per_flow(1) && !t.keeps_nothing_per_flow());
+    if untracked {
+        t.flags |= paceline_common::maps::TABLE_UNTRACKED_CLASSES;
+    }
+    t
+}
+
 /// Classes 1..=8 at level 0 (every class the bench rules use), class 0 the default at level 1.
 /// `paced`: every class has a per-flow and a class clock and level 0 a rate and a DSCP at rates
 /// the benchmark's packet rate does not exceed (the measured path is the send path, not the
@@ -275,8 +288,10 @@ pub(super) fn datapath(
         Policy::new(table(true), &port_rules()),
         Policy::new(table(false), &port_rules()),
         Policy::new(table_one_clock(), &port_rules()),
+        Policy::new(table_mixed(false), &port_rules()),
+        Policy::new(table_mixed(true), &port_rules()),
     ];
-    let (full4, classify4, one4) = (0, 1, 2);
+    let (full4, classify4, one4, mixed_tracked, mixed) = (0, 1, 2, 3, 4);
     let case = |name: &str, prog, policy, frame: &[u8], ts| Case {
         name: name.into(),
         prog,
@@ -378,6 +393,37 @@ pub(super) fn datapath(
             "IPv4/UDP full path: a new flow's first packet, the flow table full of other flows",
             Prog::NewFlowFullTable,
             full4,
+            &udp4,
+            0,
+        ),
+        // A class without a flow clock under a policy whose other classes keep them in the
+        // flow table: tracked (`spec.track_flows: all`), against left out once classified
+        // (`auto`: the class memo).
+        case(
+            "IPv4/UDP a class without a flow clock beside classes with one: a new flow's first packet, tracked (admission slot)",
+            Prog::NewFlow,
+            mixed_tracked,
+            &udp4,
+            0,
+        ),
+        case(
+            "IPv4/UDP a class without a flow clock beside classes with one: a new flow's first packet, untracked (class memo)",
+            Prog::NewFlow,
+            mixed,
+            &udp4,
+            0,
+        ),
+        case(
+            "IPv4/UDP a class without a flow clock beside classes with one: a flow's second packet, tracked (entered in the table)",
+            Prog::Full,
+            mixed_tracked,
+            &udp4,
+            0,
+        ),
+        case(
+            "IPv4/UDP a class without a flow clock beside classes with one: a flow's second packet, untracked (class memo)",
+            Prog::Full,
+            mixed,
             &udp4,
             0,
         ),
