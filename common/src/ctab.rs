@@ -76,8 +76,8 @@ pub const MAX_SEL_MATCH: usize = 16;
 /// them on every packet of a policy with marks, without a branch each).
 pub const MAX_MARK_CONDS: usize = 8;
 /// Words of a selector record: [`SEL_FIRST`], [`SEL_ANY`], [`SEL_SRC`], [`SEL_DST`],
-/// [`SEL_BOTH`], [`SEL_SRC_AT`], [`SEL_DST_AT`].
-pub const SEL_WORDS: u32 = 7;
+/// [`SEL_BOTH`].
+pub const SEL_WORDS: u32 = 5;
 /// The first rule the selector can yield in a shape with address conditions (the others are
 /// folded into the selector lists' `any_best`).
 pub const SEL_FIRST: u32 = 0;
@@ -90,12 +90,23 @@ pub const SEL_SRC: u32 = 2;
 pub const SEL_DST: u32 = 3;
 /// The first rule of the selector with both, or [`NONE`].
 pub const SEL_BOTH: u32 = 4;
-/// With [`CT_SHAPE_ARRAYS`]: where the selector's rules with only a source condition are an
-/// array over the source ECs (word `at + EC`: the first such rule whose prefix holds the EC, or
-/// [`NONE`]); [`NONE`] when it has none.
-pub const SEL_SRC_AT: u32 = 5;
-/// [`SEL_SRC_AT`] for the rules with only a destination condition.
-pub const SEL_DST_AT: u32 = 6;
+/// With [`CT_SHAPE_ARRAYS`]: of the two words [`shape_at`] names for a selector, the one that
+/// says where its rules with only a source condition are an array over the source ECs (word
+/// `at + EC`: the first such rule whose prefix holds the EC, or [`NONE`]); [`NONE`] when it has
+/// none.
+pub const SHAPE_AT_SRC: u32 = 0;
+/// [`SHAPE_AT_SRC`] for the rules with only a destination condition.
+pub const SHAPE_AT_DST: u32 = 1;
+
+/// Where selector `sel`'s two [`SHAPE_AT_SRC`] / [`SHAPE_AT_DST`] words are: below the selector
+/// records, the last selector's first (`sel_off - 2 * (sel + 1)`). Outside the records, whose
+/// layout stays that of the programs before the one-address arrays: such a program, adopted
+/// during an upgrade until the new one replaces it, reads a new image right (it ignores
+/// [`CT_SHAPE_ARRAYS`] and takes those rules from the rule table, which holds them too).
+#[inline(always)]
+pub const fn shape_at(sel_off: u32, sel: u32) -> u32 {
+    sel_off.wrapping_sub(sel.wrapping_add(1).wrapping_mul(2))
+}
 
 /// What the last phase yields for a key (its array's word, or the selector table's value): a
 /// rule (this bit clear: the first address-free rule of the selectors the packet satisfies, and
@@ -150,11 +161,14 @@ pub const CT_CGROUP: u32 = 1 << 3;
 /// The datapath's, not the compiler's: the words fit [`crate::maps::CTAB_FAST_WORDS`], and the
 /// agent wrote them into the bank's part of `names::CTAB_FAST` as well, where the tc program
 /// reads them without a helper call each (set by the agent when it writes the bank, only with
-/// [`CT_SHAPE_ARRAYS`]).
-pub const CT_FAST: u32 = 1 << 4;
+/// [`CT_SHAPE_ARRAYS`]). Bit 4 meant the same for the agents before the one-address arrays,
+/// whose fast words were 524,288 a bank in a map of their own: it is never set now, so that such
+/// a program, adopted during an upgrade until the new one replaces it, reads the words map
+/// (which this agent writes) and not its own fast words (which it does not).
+pub const CT_FAST: u32 = 1 << 6;
 /// The compiler's: every selector's rules with one address condition are also arrays over
-/// that dimension's ECs ([`SEL_SRC_AT`], [`SEL_DST_AT`]; an array read instead of a hash
-/// lookup), and the words fit [`crate::maps::CTAB_FAST_WORDS`]. Those rules stay in the rule
+/// that dimension's ECs ([`shape_at`]; an array read instead of a hash lookup), and the words
+/// fit [`crate::maps::CTAB_FAST_WORDS`]. Those rules stay in the rule
 /// table too. The reader of the fast words reads the arrays, every other reader the rule table
 /// ([`Tables::shape_arrays`]): one way each, no branch per selector (a branch there made the
 /// verifier walk the selector loop twice: Linux 6.1's egress program went from 333,000
@@ -526,7 +540,7 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
             best = min(
                 best,
                 if t.shape_arrays(h) {
-                    t.word(t.word(rec + SEL_SRC_AT).wrapping_add(a))
+                    t.word(t.word(shape_at(h.sel_off, sel) + SHAPE_AT_SRC).wrapping_add(a))
                 } else {
                     t.rule(&RuleKey {
                         tag: rule_tag(sel, SHAPE_SRC),
@@ -540,7 +554,7 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
             best = min(
                 best,
                 if t.shape_arrays(h) {
-                    t.word(t.word(rec + SEL_DST_AT).wrapping_add(b))
+                    t.word(t.word(shape_at(h.sel_off, sel) + SHAPE_AT_DST).wrapping_add(b))
                 } else {
                     t.rule(&RuleKey {
                         tag: rule_tag(sel, SHAPE_DST),

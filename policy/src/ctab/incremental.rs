@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use paceline_common::classify::Rule;
 use paceline_common::ctab::{
     CT_CGROUP, CT_DST, CT_SEL, CT_SHAPE_ARRAYS, CT_SRC, CtabHeader, LIST_AT, LIST_ONE, MAX_PHASE_ARRAY_WORDS,
-    MAX_SEL_MATCH, NONE, PHASES, RuleKey, SEL_ANY, SEL_BOTH, SEL_DST, SEL_DST_AT, SEL_FIRST, SEL_SRC,
-    SEL_SRC_AT, SEL_WORDS, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, TAG_CGROUP, TAG_PHASE, rule_tag,
+    MAX_SEL_MATCH, NONE, PHASES, RuleKey, SEL_ANY, SEL_BOTH, SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS,
+    SHAPE_AT_DST, SHAPE_AT_SRC, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, TAG_CGROUP, TAG_PHASE, rule_tag,
+    shape_at,
 };
 use paceline_common::maps::CTAB_FAST_WORDS;
 
@@ -477,7 +478,8 @@ pub fn build_after(
         .filter(|&(si, shape)| !groups[si][shape as usize].is_empty())
         .collect();
     let need: usize = one_addr.iter().map(|&(_, shape)| ec_count(shape)).sum();
-    let after = sels.len() * SEL_WORDS as usize
+    // The records, and the two words per selector that name its arrays (`shape_at`).
+    let after = sels.len() * (SEL_WORDS as usize + 2)
         + src_any.as_ref().map_or(0, Vec::len)
         + dst_any.as_ref().map_or(0, Vec::len)
         + rules.len();
@@ -514,10 +516,8 @@ pub fn build_after(
         off
     };
     let mut recs = Vec::with_capacity(sels.len() * SEL_WORDS as usize);
-    for (g, at) in groups.iter().zip(&arrays_at) {
+    for g in &groups {
         let mut r = [NONE; SEL_WORDS as usize];
-        r[SEL_SRC_AT as usize] = at[0];
-        r[SEL_DST_AT as usize] = at[1];
         // The loop over a packet's listed selectors compares this with the best rule so far:
         // only their address shapes remain to be looked up.
         r[SEL_FIRST as usize] = g[1..]
@@ -532,6 +532,18 @@ pub fn build_after(
         recs.extend_from_slice(&r);
     }
     if !recs.is_empty() {
+        // With the arrays, each selector's two words that name them, just below the records
+        // (`shape_at`: the last selector's first).
+        if h.flags & CT_SHAPE_ARRAYS != 0 {
+            let start = words.len() as u32;
+            words.resize(words.len() + 2 * arrays_at.len(), NONE);
+            let sel_off = start + 2 * arrays_at.len() as u32;
+            for (s, at) in arrays_at.iter().enumerate() {
+                let w = shape_at(sel_off, s as u32);
+                words[(w + SHAPE_AT_SRC) as usize] = at[0];
+                words[(w + SHAPE_AT_DST) as usize] = at[1];
+            }
+        }
         h.sel_off = push(&mut words, &recs);
     }
     if let Some(v) = &src_any {

@@ -883,11 +883,12 @@ fn address_stages_after_edits_equal_stages_from_nothing() {
 
 /// A tenant list (`tcp dst <address> dst_port 11211` for many addresses) has its rules also as
 /// an array over the destination ECs, for the reader of the fast words (an array read instead
-/// of a hash lookup), and answers the same read either way; with no room for the arrays it has
-/// none, and the fast words are not used (`CT_SHAPE_ARRAYS`).
+/// of a hash lookup), and answers the same read either way, and read as a program from before
+/// the arrays reads it; with no room for the arrays it has none, and the fast words are not
+/// used (`CT_SHAPE_ARRAYS`).
 #[test]
 fn one_address_rules_are_also_an_array_where_everything_fits_the_fast_words() {
-    use paceline_common::ctab::{CT_SHAPE_ARRAYS, SEL_DST_AT};
+    use paceline_common::ctab::{CT_SHAPE_ARRAYS, SHAPE_AT_DST, shape_at};
     let rules: Vec<Rule> = (0..1000u32)
         .map(|i| {
             let a = u32::from_be_bytes([10, 1, (i >> 8) as u8, i as u8]);
@@ -910,9 +911,15 @@ fn one_address_rules_are_also_an_array_where_everything_fits_the_fast_words() {
     assert_eq!(without.header.flags & CT_SHAPE_ARRAYS, 0);
     assert_eq!(with.rules, without.rules, "the rule table holds them either way");
     // The one selector (tcp, port 11211) is selector 0.
-    let rec = |i: &Image| i.words[(i.header.sel_off + SEL_DST_AT) as usize];
-    assert_ne!(rec(&with), NONE);
-    assert_eq!(rec(&without), NONE);
+    assert_ne!(
+        with.words[(shape_at(with.header.sel_off, 0) + SHAPE_AT_DST) as usize],
+        NONE
+    );
+    // A program from before the arrays (adopted during an upgrade until the new one replaces
+    // it) ignores the flag, and reads the records and the rule table as they were.
+    let mut before = with.clone();
+    before.header.flags &= !CT_SHAPE_ARRAYS;
+    let tb = MemTables::new(&before);
     let (tw, to) = (MemTables::new(&with), MemTables::new(&without));
     let mut rng = StdRng::seed_from_u64(11);
     for i in 0..3000u32 {
@@ -924,6 +931,7 @@ fn one_address_rules_are_also_an_array_where_everything_fits_the_fast_words() {
         let want = first_match(&rules, &p);
         assert_eq!(tw.first_rule(&p), want, "{p:?}");
         assert_eq!(to.first_rule(&p), want, "{p:?}");
+        assert_eq!(tb.first_rule(&p), want, "{p:?}");
     }
 }
 
