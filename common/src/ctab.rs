@@ -40,12 +40,10 @@
 //! [`CtabHeader::phase_off`]), the list's words when its selectors have address conditions,
 //! and per listed selector at most three lookups, each skipped when the selector cannot beat
 //! the best rule found so far: an array read for its rules with one address condition (where
-//! the arrays and the words fit the fast words, [`CT_SHAPE_ARRAYS`]), a hash lookup for those
-//! with both. A policy without rules
-//! that have both a source and a destination takes no hash lookup (but a cgroup id's, and
-//! where the arrays did not fit). None of this grows
-//! with the number of rules; the sizes of the structures do (`paceline policy check` prints
-//! them).
+//! the arrays and the words fit the fast words, [`CT_SHAPE_ARRAYS`]; a hash lookup elsewhere),
+//! a hash lookup for those with both. There, only rules with both a source and a destination
+//! condition (and a cgroup id) take a hash lookup. None of this grows with the number of rules;
+//! the sizes of the structures do (`paceline policy check` prints them).
 //!
 //! [`classify`] is that lookup, written once: the eBPF programs run it over the maps, the
 //! agent's tests over the compiled structures in memory, against the linear reference
