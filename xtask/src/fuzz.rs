@@ -1,4 +1,5 @@
-//! `cargo xtask fuzz [--time S] [--seed N] [--only T]`: every fuzzer, each for S seconds.
+//! `cargo xtask fuzz [--time S] [--seed N] [--only T]`: every fuzzer, each for S seconds of a
+//! CPU (the cargo-fuzz targets run at once, so on fewer CPUs than targets each runs longer).
 //!
 //! 1. The cargo-fuzz targets in `fuzz/` (their own workspace, built with nightly and no
 //!    sanitizer: the code under test is safe Rust): `policy` (the policy pipeline), `packet`
@@ -40,7 +41,8 @@ fn seed_dirs(target: &str) -> &'static [&'static str] {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Seconds per target.
+    /// Seconds of a CPU per target (the targets run at once: the wall time is this times the
+    /// targets over the CPUs, when they are more).
     #[arg(long, default_value_t = 60)]
     time: u64,
     /// libFuzzer's seed and the differential run's; 0 picks one from the clock.
@@ -122,62 +124,82 @@ fn libfuzzer_targets(root: &Path, targets: &[&str], secs: u64, seed: u64) -> Res
     let scratch = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), Into::into)
         .join("fuzz-corpus");
-    let mut out = Vec::new();
-    for t in targets {
-        let new = scratch.join(t);
-        std::fs::create_dir_all(&new).with_context(|| format!("creating {}", new.display()))?;
-        let mut args = vec![
-            format!("-max_total_time={secs}"),
-            format!("-seed={seed}"),
-            "-timeout=10".into(),
-            "-rss_limit_mb=4096".into(),
-            "-print_final_stats=1".into(),
-        ];
-        if *t == "policy" {
-            args.push(format!("-dict={}", root.join("fuzz/policy.dict").display()));
-            args.push("-max_len=16384".into());
-        }
-        println!("==> fuzz {t}: {secs} s, seed {seed}");
-        let started = Instant::now();
-        let o = cargo_fuzz(root)
-            .args(["run", "-s", "none", t])
-            .arg(&new)
-            .args(seed_dirs(t).iter().map(|d| root.join(d)))
-            .arg("--")
-            .args(&args)
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::piped())
-            .output()
-            .with_context(|| format!("running cargo fuzz run {t}"))?;
-        let log = String::from_utf8_lossy(&o.stderr);
-        let runs = log
-            .lines()
-            .rev()
-            .find_map(|l| l.strip_prefix("Done ").and_then(|r| r.split_whitespace().next()))
-            .unwrap_or("?")
-            .to_string();
-        let ok = o.status.success();
-        if !ok {
-            // The crash report and its reproducer path.
-            let tail: Vec<&str> = log.lines().rev().take(60).collect();
-            for l in tail.iter().rev() {
-                eprintln!("{l}");
-            }
-        }
-        out.push(Outcome {
-            target: t.to_string(),
-            ok,
-            note: if ok {
-                format!(
-                    "{runs} runs in {:.0} s, no failure",
-                    started.elapsed().as_secs_f64()
-                )
-            } else {
-                format!("failed after {runs} runs: see fuzz/artifacts/{t}/")
-            },
-        });
+    // The targets run at once, each for as long as gives it about `secs` seconds of a CPU:
+    // one after another they left a CPU idle (each fuzzer is one process on one CPU).
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let n = targets.len() as u64;
+    let wall = if n > cpus { (secs * n).div_ceil(cpus) } else { secs };
+    println!(
+        "==> fuzz {}: at once, {wall} s each ({secs} s of a CPU each on {cpus} CPUs), seed {seed}",
+        targets.join(", ")
+    );
+    let scratch = &scratch;
+    std::thread::scope(|scope| {
+        let runs: Vec<_> = targets
+            .iter()
+            .map(|&t| scope.spawn(move || fuzz_one(root, &scratch.join(t), t, wall, seed)))
+            .collect();
+        runs.into_iter()
+            .map(|h| h.join().expect("a fuzz runner thread panicked"))
+            .collect()
+    })
+}
+
+/// Runs libFuzzer on `target` for `secs` seconds (wall) from `seed`; what it finds new goes to
+/// `corpus`.
+fn fuzz_one(root: &Path, corpus: &Path, target: &str, secs: u64, seed: u64) -> Result<Outcome> {
+    let t = target;
+    std::fs::create_dir_all(corpus).with_context(|| format!("creating {}", corpus.display()))?;
+    let mut args = vec![
+        format!("-max_total_time={secs}"),
+        format!("-seed={seed}"),
+        "-timeout=10".into(),
+        "-rss_limit_mb=4096".into(),
+        "-print_final_stats=1".into(),
+    ];
+    if t == "policy" {
+        args.push(format!("-dict={}", root.join("fuzz/policy.dict").display()));
+        args.push("-max_len=16384".into());
     }
-    Ok(out)
+    let started = Instant::now();
+    // Its own output is captured (three fuzzers' progress lines interleaved would say nothing);
+    // a failure prints the end of it.
+    let o = cargo_fuzz(root)
+        .args(["run", "-s", "none", t])
+        .arg(corpus)
+        .args(seed_dirs(t).iter().map(|d| root.join(d)))
+        .arg("--")
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("running cargo fuzz run {t}"))?;
+    let log = String::from_utf8_lossy(&o.stderr);
+    let runs = log
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("Done ").and_then(|r| r.split_whitespace().next()))
+        .unwrap_or("?")
+        .to_string();
+    let ok = o.status.success();
+    if !ok {
+        // The crash report and its reproducer path.
+        let tail: Vec<&str> = log.lines().rev().take(60).collect();
+        let text: Vec<&str> = tail.into_iter().rev().collect();
+        eprintln!("==> fuzz {t} failed:\n{}", text.join("\n"));
+    }
+    Ok(Outcome {
+        target: t.to_string(),
+        ok,
+        note: if ok {
+            format!(
+                "{runs} runs in {:.0} s, no failure",
+                started.elapsed().as_secs_f64()
+            )
+        } else {
+            format!("failed after {runs} runs: see fuzz/artifacts/{t}/")
+        },
+    })
 }
 
 fn differential(root: &Path, secs: u64, seed: u64) -> Result<Outcome> {

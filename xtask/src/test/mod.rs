@@ -13,8 +13,8 @@
 //!    [`NEWEST_VM_ONLY`] (operator workflows, the mechanisms' end-to-end runs) run on 6.12
 //!    only: 6.1 checks what differs by kernel.
 //!
-//! 3. Fuzz (after step 1; `--no-fuzz` skips it): every cargo-fuzz target for
-//!    [`FUZZ_SECS`] seconds with a fixed libFuzzer seed, starting from its seed directories
+//! 3. Fuzz (after step 1; `--no-fuzz` skips it): every cargo-fuzz target, all at once, for
+//!    [`FUZZ_SECS`] seconds of a CPU each with a fixed libFuzzer seed, from its seed directories
 //!    (`fuzz/seeds/<target>`, and the shipped policies and invalid-policy fixtures for `policy`;
 //!    see `fuzz.rs`; building the targets with nightly takes a few minutes the first time).
 //!
@@ -350,7 +350,7 @@ fn failed_row(kernel: &str, what: &str, e: &anyhow::Error) -> Row {
     }
 }
 
-/// Seconds each cargo-fuzz target runs in `cargo xtask test`.
+/// Seconds of a CPU each cargo-fuzz target gets in `cargo xtask test` (they run at once).
 pub const FUZZ_SECS: u64 = 20;
 
 /// Integration tests the VM runs leave out (`--skip`): D3's and DASR's benefit, whose claims
@@ -417,8 +417,8 @@ const NEWEST_VM_ONLY: &[&str] = &[
 ];
 
 fn fuzz_row(root: &Path, host_kernel: &str) -> Row {
-    println!("==> fuzz: every cargo-fuzz target for {FUZZ_SECS} s, seed 1");
-    let what = format!("cargo fuzz (seeded, {FUZZ_SECS} s/target)");
+    println!("==> fuzz: every cargo-fuzz target at once, {FUZZ_SECS} s of a CPU each, seed 1");
+    let what = format!("cargo fuzz (seeded, {FUZZ_SECS} CPU s/target)");
     let t0 = Instant::now();
     match crate::fuzz::short_run(root, FUZZ_SECS) {
         Ok(outs) => {
