@@ -535,32 +535,10 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
             break;
         }
         if t.word(rec + SEL_SRC) < best {
-            best = min(
-                best,
-                if t.shape_arrays(h) {
-                    t.word(t.word(shape_at(h.sel_off, sel) + SHAPE_AT_SRC).wrapping_add(a))
-                } else {
-                    t.rule(&RuleKey {
-                        tag: rule_tag(sel, SHAPE_SRC),
-                        a,
-                        b: 0,
-                    })
-                },
-            );
+            best = min(best, one_address(h, t, sel, SHAPE_SRC, a));
         }
         if t.word(rec + SEL_DST) < best {
-            best = min(
-                best,
-                if t.shape_arrays(h) {
-                    t.word(t.word(shape_at(h.sel_off, sel) + SHAPE_AT_DST).wrapping_add(b))
-                } else {
-                    t.rule(&RuleKey {
-                        tag: rule_tag(sel, SHAPE_DST),
-                        a: 0,
-                        b,
-                    })
-                },
-            );
+            best = min(best, one_address(h, t, sel, SHAPE_DST, b));
         }
         if t.word(rec + SEL_BOTH) < best {
             best = min(
@@ -575,6 +553,28 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
         i += 1;
     }
     best
+}
+
+/// The first of selector `sel`'s rules with only a source (`shape` [`SHAPE_SRC`]) or only a
+/// destination ([`SHAPE_DST`]) condition that holds address EC `ec`, or [`NONE`]: from its
+/// array where the reader takes them ([`Tables::shape_arrays`]), else from the rule table.
+#[inline(always)]
+fn one_address<T: Tables>(h: &CtabHeader, t: &T, sel: u32, shape: u32, ec: u32) -> u32 {
+    if t.shape_arrays(h) {
+        let at = if shape == SHAPE_SRC {
+            SHAPE_AT_SRC
+        } else {
+            SHAPE_AT_DST
+        };
+        t.word(t.word(shape_at(h.sel_off, sel) + at).wrapping_add(ec))
+    } else {
+        let (a, b) = if shape == SHAPE_SRC { (ec, 0) } else { (0, ec) };
+        t.rule(&RuleKey {
+            tag: rule_tag(sel, shape),
+            a,
+            b,
+        })
+    }
 }
 
 /// The class of `p`: its first matching rule's class, else `default_class`.
