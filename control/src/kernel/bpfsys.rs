@@ -262,7 +262,7 @@ pub fn patch_words(
     }
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    if (start * 8) % page != 0 {
+    if !(start * 8).is_multiple_of(page) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "a region not on a page",
