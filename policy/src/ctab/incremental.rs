@@ -414,14 +414,7 @@ pub fn build_after(
                         &mut dst_any
                     };
                     let arr = arr.as_mut().expect("allocated for this shape");
-                    let bx = if shape == SHAPE_SRC { &a_box } else { &b_box };
-                    for &(s, e) in bx.iter() {
-                        for v in &mut arr[s as usize..e as usize] {
-                            if *v == NONE {
-                                *v = ri;
-                            }
-                        }
-                    }
+                    claim(arr, if shape == SHAPE_SRC { &a_box } else { &b_box }, ri);
                     continue;
                 }
                 // The limit is on distinct entries: count the group's exactly only when its
@@ -498,13 +491,7 @@ pub fn build_after(
                 } else {
                     dst_ecs.ranges(n.dst.as_ref(), n.addr_family)
                 };
-                for &(s, e) in bx.iter() {
-                    for v in &mut arr[s as usize..e as usize] {
-                        if *v == NONE {
-                            *v = ri;
-                        }
-                    }
-                }
+                claim(arr, &bx, ri);
             }
         }
     }
@@ -578,4 +565,16 @@ pub fn build_after(
             families,
         }),
     })
+}
+
+/// Rule `ri` into every word of `arr` over `ranges` that no earlier rule took (the rules come
+/// in policy order: the first that holds an EC is its rule).
+fn claim(arr: &mut [u32], ranges: &Ranges, ri: u32) {
+    for &(s, e) in ranges.iter() {
+        for v in &mut arr[s as usize..e as usize] {
+            if *v == NONE {
+                *v = ri;
+            }
+        }
+    }
 }
