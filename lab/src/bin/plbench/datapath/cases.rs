@@ -507,6 +507,25 @@ pub(crate) fn cases(max_rules: u32) -> (Vec<Policy>, Vec<Case>) {
         policies.push(Policy::new(table(false), &policygen::bench_rules(n, true)));
         let pf = policies.len();
         policies.push(Policy::new(table(true), &policygen::bench_rules(n, false)));
+        let (o4, o6) = (policies.len(), policies.len() + 1);
+        policies.push(Policy::new(table_one_clock(), &policygen::bench_rules(n, false)));
+        policies.push(Policy::new(table_one_clock(), &policygen::bench_rules(n, true)));
+        // Like for like with the reference at this rule count: its work (one class clock, the
+        // clock read: no stack timestamp), on a new flow's first packet.
+        cases.push(case(
+            &format!("IPv4/TCP one class clock, {n} rules, the last matches, no stack timestamp: a new flow's first packet"),
+            Prog::NewFlow,
+            o4,
+            &tcp4_to(last4, 0, None),
+            0,
+        ));
+        cases.push(case(
+            &format!("IPv6/TCP one class clock, {n} rules, the last matches, no stack timestamp: a new flow's first packet"),
+            Prog::NewFlow,
+            o6,
+            &tcp6_to(last6),
+            0,
+        ));
         cases.push(case(
             &format!("classify only, IPv4, {n} rules, the last matches (a new flow's first packet)"),
             Prog::NewFlow,
