@@ -232,6 +232,11 @@ fn rendered_metrics() -> String {
         history_generation: 4,
         sock_ops: true,
         api_refused: Some((2, 1)),
+        kernel_memory: Some(paceline::kernel::memory::summarize([
+            (1, "PL_FLOWS".to_string(), 9_962_368),
+            (2, "PL_CTAB_FAST".to_string(), 16_781_312),
+            (3, "PL_CPU".to_string(), 1_000_000),
+        ])),
     };
     paceline::metrics::render_with(&snap, Some(&d3), &links, &status, &ops).expect("render")
 }

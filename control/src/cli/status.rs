@@ -257,10 +257,25 @@ fn render(b: &LiveStatus, now: u64) -> String {
         "\nunparsed (passed untouched): non-IP {}, truncated {}, malformed {}, IPv6 extension limit {}",
         u.non_ip, u.truncated, u.malformed, u.ipv6_extension_limit
     );
+    if let Some(m) = &b.kernel_memory {
+        let _ = writeln!(o, "{}", kernel_memory_line(m));
+    }
     for w in &p.warnings {
         let _ = writeln!(o, "policy warning: {w}");
     }
     o
+}
+
+/// One line: the total and its parts, in MiB.
+fn kernel_memory_line(m: &crate::status::KernelMemory) -> String {
+    let mib = |b: u64| b as f64 / 1_048_576.0;
+    format!(
+        "kernel memory (maps): {:.1} MiB: flow table {:.1}, classifier {:.1} (both banks), other {:.1}",
+        mib(m.total_bytes),
+        mib(m.flow_table_bytes),
+        mib(m.classifier_bytes),
+        mib(m.other_bytes)
+    )
 }
 
 /// DASR: the roles, N per local address, the options and the shares set on senders.
@@ -436,6 +451,29 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn renders_the_maps_kernel_memory_when_the_agent_reports_it() {
+        let mut s: LiveStatus = serde_json::from_str(crate::status::tests::LIVE).expect("status");
+        s.kernel_memory = Some(crate::kernel::memory::summarize([
+            (1, "PL_FLOWS".to_string(), 9 << 20),
+            (2, "PL_CTAB_FAST".to_string(), 16 << 20),
+            (3, "pl_ctab_words".to_string(), 1 << 19),
+            (4, "PL_CPU".to_string(), 3 << 19),
+        ]));
+        let text = render(&s, s.status.started_at);
+        assert!(
+            text.contains(
+                "kernel memory (maps): 27.0 MiB: flow table 9.0, classifier 16.5 (both banks), other 1.5\n"
+            ),
+            "{text}"
+        );
+        // Through JSON as the CLI receives it; an agent without the field renders no line.
+        let back: LiveStatus = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back.kernel_memory, s.kernel_memory);
+        s.kernel_memory = None;
+        assert!(!render(&s, 0).contains("kernel memory"));
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //!   they are missing (`ip netns exec`, containers), and their unmount at a clean stop.
 //! - [`features`]: what the running kernel offers, probed at start.
 //! - [`sockdiag`]: TCP sockets' byte counters (sock_diag netlink) for `paceline flows`.
+//! - [`memory`]: the kernel memory the datapath's maps take, from the kernel's own accounting.
 pub mod attach;
 pub mod banks;
 pub mod bpfsys;
@@ -24,6 +25,7 @@ pub mod levels;
 #[cfg(test)]
 #[path = "../../build/map_types.rs"]
 mod map_types;
+pub mod memory;
 pub mod mounts;
 pub mod persist;
 pub mod qdisc;

@@ -64,6 +64,8 @@ pub struct OpsMetrics {
     pub sock_ops: bool,
     /// API requests refused for no token and for a wrong one (`None`: no token file).
     pub api_refused: Option<(u64, u64)>,
+    /// The maps' kernel memory (`None`: not read).
+    pub kernel_memory: Option<crate::status::KernelMemory>,
 }
 
 /// The Prometheus text exposition of `snap` (and the D3 counters and router links, when D3 is
@@ -467,6 +469,21 @@ pub fn render_with(
     )?
     .with_label_values(&[] as &[&str])
     .set(snap.tracing as i64);
+    if let Some(m) = &ops.kernel_memory {
+        let g = igauge(
+            &r,
+            "paceline_kernel_memory_bytes",
+            "Kernel memory charged to the datapath's maps (memlock), by part: the per-flow table, the classifier (both banks: the fixed fast words and each bank's maps, which follow the policy's size), and the rest.",
+            &["part"],
+        )?;
+        for (part, v) in [
+            ("flow_table", m.flow_table_bytes),
+            ("classifier", m.classifier_bytes),
+            ("other", m.other_bytes),
+        ] {
+            g.with_label_values(&[part]).set(v as i64);
+        }
+    }
     if let Some(m) = status.flow_table.memlock_bytes {
         igauge(
             &r,

@@ -152,7 +152,13 @@ impl Shared {
             Some(_) => Some(crate::dasr::report(dp)?),
             None => None,
         };
-        Ok(LiveStatus::new(g.status.clone(), &snap, d3.as_deref(), &links).with_dasr(dasr.as_ref()))
+        // Read each time: a reload may have grown a bank's maps.
+        let memory = crate::kernel::memory::of_this_process()
+            .map_err(|e| log::debug!("reading the maps' kernel memory: {e}"))
+            .ok();
+        Ok(LiveStatus::new(g.status.clone(), &snap, d3.as_deref(), &links)
+            .with_dasr(dasr.as_ref())
+            .with_kernel_memory(memory))
     }
 
     /// `/healthz` (`readiness` false) and `/readyz` (true).
@@ -244,6 +250,8 @@ impl Inner {
             history_generation: self.history_generation,
             sock_ops: self.sock_ops,
             api_refused: None,
+            // Read each scrape: a reload may have grown a bank's maps.
+            kernel_memory: crate::kernel::memory::of_this_process().ok(),
         }
     }
 
