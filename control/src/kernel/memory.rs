@@ -11,16 +11,23 @@ use paceline_common::maps::names;
 
 use crate::status::{KernelMemory, MapMemory};
 
+/// A numeric field of an fdinfo text.
+fn field<T: std::str::FromStr>(text: &str, name: &str) -> Option<T> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// The id and memlock of a map's fdinfo text; `None` for another kind of descriptor.
 pub fn parse_fdinfo(text: &str) -> Option<(u32, u64)> {
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_string())
-    };
-    let id = field("map_id:")?.parse().ok()?;
-    let memlock = field("memlock:")?.parse().ok()?;
-    Some((id, memlock))
+    Some((field(text, "map_id:")?, field(text, "memlock:")?))
+}
+
+/// The memlock the kernel charges the map (or program) behind `fd`.
+pub fn memlock_of(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    field(&text, "memlock:")
 }
 
 /// Which part of [`KernelMemory`] a map of this name belongs to: the flow table, the

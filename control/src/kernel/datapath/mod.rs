@@ -13,14 +13,17 @@ use aya::{
 use paceline_common::{
     dasr::{self, DasrAddr, DasrIface, DasrStats},
     maps::{
-        AggClock, CodelState, Counters, CpuState, D3_SEEN_ENTRIES, D3ClassStats, D3LinkCounters, D3LinkCtl,
-        D3Seen, DEFAULT_FLOW_TABLE_SIZE, FlowKey, FlowState, FlowTableKey, GlobalCounters, Ledger,
-        MAX_CLASSES, MAX_LEVELS, PolicyTable, SockState, level_slot, names,
+        AggClock, CodelState, Counters, CpuState, D3ClassStats, D3LinkCounters, D3LinkCtl,
+        DEFAULT_FLOW_TABLE_SIZE, MAX_CLASSES, PolicyTable, SockState, names,
     },
-    trace::{TraceConfig, TraceCpu},
+    trace::TraceConfig,
 };
 
 use crate::kernel::bpfsys;
+
+mod apps;
+mod counters;
+pub use counters::{FLOW_COUNT_EVERY, Snapshot};
 use paceline_policy::ctab::Image;
 
 /// The eBPF object built by `build.rs` (aya-build) from `datapath-ebpf`.
@@ -87,34 +90,6 @@ impl Default for LoadOptions {
         }
     }
 }
-
-/// Summed (over CPUs) counters of every class and level.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    pub classes: Vec<Counters>,
-    pub levels: Vec<Counters>,
-    pub global: GlobalCounters,
-    /// `paceline trace`'s counters (records written, capped, lost).
-    pub trace: TraceCpu,
-    /// A trace is on in the datapath (its configuration's flags).
-    pub tracing: bool,
-    /// Entries in the flow table, counted at most every [`FLOW_COUNT_EVERY`] (`None` where
-    /// nobody counted).
-    pub flow_entries: Option<u64>,
-}
-
-impl Snapshot {
-    /// Flows evicted from the full flow table: inserts minus the entries present (the datapath
-    /// never deletes), as long as the two describe the same table.
-    pub fn flow_evictions(&self) -> Option<u64> {
-        self.flow_entries
-            .map(|e| self.global.flow_inserts.saturating_sub(e))
-    }
-}
-
-/// How long a count of the flow table's entries serves: counting walks the table with one
-/// syscall per entry (about 0.5 s for a million), so scrapes and status share one count.
-pub const FLOW_COUNT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub struct Datapath {
     ebpf: Ebpf,
@@ -237,7 +212,7 @@ impl Datapath {
         };
         // The flow table stays in the object: only the datapath reads and writes it.
         let flow_table_memlock = match ebpf.map(names::FLOWS) {
-            Some(aya::maps::Map::LruHashMap(m)) => memlock_of(m.fd().as_fd()),
+            Some(aya::maps::Map::LruHashMap(m)) => crate::kernel::memory::memlock_of(m.fd().as_fd()),
             Some(_) => None,
             None => return Err(anyhow!("map {} missing from the eBPF object", names::FLOWS)),
         };
@@ -454,136 +429,6 @@ impl Datapath {
         Ok(())
     }
 
-    /// Why DASR cannot run on this kernel (the verifier refused its program), if it cannot;
-    /// loads the program the first time.
-    pub fn dasr_unavailable(&mut self) -> Option<String> {
-        self.ingress_program().err().map(|e| format!("{e:#}"))
-    }
-
-    /// DASR's ingress program, loaded the first time it is asked for. Where the verifier
-    /// refuses it, DASR is unavailable on this kernel and the rest of the datapath runs on.
-    pub fn ingress_program(&mut self) -> Result<&mut SchedClassifier> {
-        if self.ingress_error.is_none() {
-            let p: &mut SchedClassifier = prog(&mut self.ebpf, TC_INGRESS)?.try_into()?;
-            let refused = match p.load() {
-                Ok(()) => None,
-                Err(e) => {
-                    let why = format!("{:#}", anyhow::Error::from(e));
-                    let first = why.lines().next().unwrap_or_default().to_string();
-                    log::warn!(
-                        "DASR unavailable on this kernel: the verifier refused {TC_INGRESS} ({first})"
-                    );
-                    Some(first)
-                }
-            };
-            self.ingress_error = Some(refused);
-        }
-        if let Some(Some(e)) = &self.ingress_error {
-            return Err(anyhow!(
-                "DASR is unavailable on this kernel: the verifier refused {TC_INGRESS} ({e})"
-            ));
-        }
-        Ok(prog(&mut self.ebpf, TC_INGRESS)?.try_into()?)
-    }
-
-    /// Serves interface `ifindex` with DASR (`cfg`: its line rate, epochs, roles).
-    pub fn set_dasr_iface(&mut self, ifindex: u32, cfg: &DasrIface) -> Result<()> {
-        Ok(self.dasr_ifaces.insert(ifindex, cfg, 0)?)
-    }
-
-    /// DASR's counting state of every local address it has seen (IPv4-mapped, network order).
-    pub fn dasr_addrs(&self) -> Result<Vec<([u32; 4], DasrAddr)>> {
-        self.dasr_addrs
-            .iter()
-            .map(|r| r.context("reading PL_DASR_ADDRS"))
-            .collect()
-    }
-
-    /// DASR's counters, summed over CPUs.
-    pub fn dasr_stats(&self) -> Result<DasrStats> {
-        let mut s = DasrStats::default();
-        for c in self
-            .dasr_stats
-            .get(&0, 0)
-            .context("reading PL_DASR_STATS")?
-            .iter()
-        {
-            s.add(c);
-        }
-        Ok(s)
-    }
-
-    /// The tc program's state of a local TCP socket (its class cache, flow clock and DASR
-    /// share), if it has any.
-    pub fn sock_state(&self, socket: &impl std::os::fd::AsRawFd) -> Option<SockState> {
-        self.sock.get(socket, 0).ok()
-    }
-
-    /// D3 counters of every class, summed over CPUs.
-    pub fn d3_snapshot(&self) -> Result<Vec<D3ClassStats>> {
-        let mut out = vec![D3ClassStats::default(); MAX_CLASSES];
-        for (i, slot) in out.iter_mut().enumerate() {
-            for c in self
-                .d3_stats
-                .get(&(i as u32), 0)
-                .context("reading PL_D3_STATS")?
-                .iter()
-            {
-                slot.add(c);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Sets a router link's configuration and capacity.
-    pub fn set_d3_link_ctl(&mut self, ifindex: u32, ctl: &D3LinkCtl) -> Result<()> {
-        Ok(self.d3_link_ctl.insert(ifindex, ctl, 0)?)
-    }
-
-    pub fn d3_link_ctl(&self, ifindex: u32) -> Result<D3LinkCtl> {
-        Ok(self.d3_link_ctl.get(&ifindex, 0)?)
-    }
-
-    /// A router link's counters (the datapath's side).
-    pub fn d3_link_counters(&self, ifindex: u32) -> Result<D3LinkCounters> {
-        Ok(self.d3_links.get(&ifindex, 0)?)
-    }
-
-    /// Writes a router link's counters (creation with zeroes; D, A, N zeroed at an idle reset).
-    pub fn set_d3_link_counters(&mut self, ifindex: u32, c: &D3LinkCounters) -> Result<()> {
-        Ok(self.d3_links.insert(ifindex, c, 0)?)
-    }
-
-    /// The D3 router's record of each flow's last request (`PL_D3_SEEN`). Entries evicted
-    /// during the walk are skipped.
-    pub fn d3_seen(&self) -> Result<Vec<D3Seen>> {
-        let m = self
-            .ebpf
-            .map(names::D3_SEEN)
-            .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::D3_SEEN))?;
-        let h: HashMap<&MapData, FlowKey, D3Seen> = HashMap::try_from(m)?;
-        Ok(h.iter()
-            .take(D3_SEEN_ENTRIES as usize * 2 + 16)
-            .flatten()
-            .map(|(_, v)| v)
-            .collect())
-    }
-
-    /// Pins the map applications write their sockets' sizes and deadlines into. Whoever can
-    /// open the pin can claim deadlines, and with them a share of every D3 link: the pin is
-    /// root's, mode 0600, or with `group` the group's too, mode 0660 (the other pins stay
-    /// root's alone).
-    pub fn pin_d3_app(&mut self, path: &std::path::Path, group: Option<u32>) -> Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let _ = std::fs::remove_file(path);
-        self.d3_app
-            .pin(path)
-            .with_context(|| format!("pinning the D3 application map at {}", path.display()))?;
-        restrict_pin(path, group).with_context(|| format!("setting the owner and mode of {}", path.display()))
-    }
-
     /// The sock_ops program, verified the first time it is asked for.
     pub fn sock_ops_program(&mut self) -> Result<&mut SockOps> {
         let p: &mut SockOps = prog(&mut self.ebpf, SOCK_OPS)?.try_into()?;
@@ -597,151 +442,6 @@ impl Datapath {
     pub fn live_policy(&self) -> Result<PolicyTable> {
         let live = self.active.get(&0, 0)? & 1;
         Ok(self.tables.get(&live, 0)?)
-    }
-
-    /// Counters of every class slot and level, summed over CPUs (a class's are its slot's
-    /// beyond what the slot held when the class took it, a level's are its slots': see
-    /// [`crate::kernel::levels`]).
-    pub fn snapshot(&self) -> Result<Snapshot> {
-        let slots = self.class_counters()?;
-        let (ledger, _) = self.ledger_now(&slots)?;
-        let (classes, levels) = crate::kernel::levels::view(&ledger, &slots);
-        let mut s = Snapshot {
-            classes,
-            levels,
-            global: GlobalCounters::default(),
-            trace: TraceCpu::default(),
-            tracing: self.trace_config().map(|c| c.flags != 0).unwrap_or(false),
-            flow_entries: self.flow_entries(),
-        };
-        for cpu in self.cpu.get(&0, 0).context("reading PL_CPU")?.iter() {
-            s.global.add(&cpu.global);
-            s.trace.add(&cpu.trace);
-        }
-        Ok(s)
-    }
-
-    /// Every class slot's counters, summed over CPUs.
-    pub(super) fn class_counters(&self) -> Result<Vec<Counters>> {
-        (0..MAX_CLASSES as u32)
-            .map(|slot| self.slot_counters(slot))
-            .collect()
-    }
-
-    fn slot_counters(&self, slot: u32) -> Result<Counters> {
-        let mut sum = Counters::default();
-        for c in self.stats.get(&slot, 0).context("reading PL_STATS")?.iter() {
-            sum.add(c);
-        }
-        Ok(sum)
-    }
-
-    /// The ledger as the next policy write starts from: the pinned one, or, where none was
-    /// written yet (a fresh start, or the first start after an agent whose datapath counted
-    /// levels per packet), one that puts the live policy's slots in their levels and carries
-    /// on each level's totals from `PL_STATS`'s level slots (then `true`: adopted).
-    pub(super) fn ledger_now(&self, slots: &[Counters]) -> Result<(Box<Ledger>, bool)> {
-        let mut ledger = crate::kernel::levels::empty();
-        bpfsys::lookup_into(self.ledger.fd().as_fd(), 0, &mut *ledger).context("reading PL_LEDGER")?;
-        let adopted = ledger.written == 0;
-        if adopted {
-            let live = self.live_policy().ok().filter(|t| t.generation != 0);
-            let legacy = (0..MAX_LEVELS as u32)
-                .map(|l| self.slot_counters(level_slot(l)))
-                .collect::<Result<Vec<_>>>()?;
-            crate::kernel::levels::adopt(&mut ledger, live.as_ref(), slots, &legacy);
-        }
-        Ok((ledger, adopted))
-    }
-
-    /// Zeroes `PL_STATS`' level slots on every CPU (after the first ledger took their totals).
-    pub(super) fn zero_legacy_levels(&mut self) -> Result<()> {
-        let n = aya::util::nr_cpus().map_err(|(p, e)| anyhow!("reading {p}: {e}"))?;
-        for l in 0..MAX_LEVELS as u32 {
-            let zero = aya::maps::PerCpuValues::try_from(vec![Counters::default(); n])?;
-            self.stats
-                .set(level_slot(l), zero, 0)
-                .context("zeroing PL_STATS")?;
-        }
-        Ok(())
-    }
-
-    pub(super) fn write_ledger(&self, ledger: &Ledger) -> Result<()> {
-        bpfsys::update_from(self.ledger.fd().as_fd(), 0, ledger).context("writing PL_LEDGER")
-    }
-
-    /// Starts a class or level slot over (the slot now names another class or level): zeroes
-    /// its aggregate clock and CoDel state now, and its counters from the next policy write
-    /// on ([`crate::kernel::levels::write`]), which leaves what a class slot counted so far in
-    /// its old level and starts a level slot from zero.
-    pub fn reset_slot(&mut self, slot: u32) -> Result<()> {
-        if (slot as usize) < MAX_CLASSES {
-            self.reassigned[slot as usize] = true;
-        } else {
-            self.levels_reset |= 1 << ((slot as usize - MAX_CLASSES) & (MAX_LEVELS - 1));
-        }
-        // Racy against packets on other CPUs at this instant; only used when a slot changes
-        // hands at a reload, when its new class has not seen traffic yet.
-        self.clocks
-            .set(slot, AggClock::default(), 0)
-            .context("zeroing PL_AGG_CLOCKS")?;
-        self.codel
-            .set(slot, CodelState::default(), 0)
-            .context("zeroing PL_CODEL")?;
-        Ok(())
-    }
-
-    /// An aggregate's CoDel state (tests and diagnostics).
-    pub fn codel_state(&self, slot: u32) -> Result<CodelState> {
-        Ok(self.codel.get(&slot, 0)?)
-    }
-
-    /// An aggregate clock's value (tests and diagnostics).
-    pub fn agg_clock(&self, slot: u32) -> Result<u64> {
-        Ok(self.clocks.get(&slot, 0)?.t_next)
-    }
-
-    /// The flow table's entries, counted again when the last count is older than
-    /// [`FLOW_COUNT_EVERY`]; `None` if the table cannot be read.
-    pub fn flow_entries(&self) -> Option<u64> {
-        let mut cached = self.flow_count.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((at, n)) = *cached
-            && at.elapsed() < FLOW_COUNT_EVERY
-        {
-            return Some(n);
-        }
-        let map = self.ebpf.map(names::FLOWS)?;
-        let flows: HashMap<&MapData, FlowTableKey, FlowState> = HashMap::try_from(map).ok()?;
-        // Keys only: a flow evicted mid-walk restarts the walk at the first key (the kernel's
-        // rule for a missing key), so bound it by the capacity plus a margin.
-        let n = flows
-            .keys()
-            .take(self.flow_capacity as usize * 2 + 16)
-            .filter(|k| k.is_ok())
-            .count() as u64;
-        let n = n.min(self.flow_capacity as u64);
-        *cached = Some((std::time::Instant::now(), n));
-        Some(n)
-    }
-
-    /// The per-flow table's entries, at most `limit` (read-only; `paceline flows`), and how
-    /// many entries the table holds in all.
-    pub fn flows(&self, limit: usize) -> Result<(Vec<(FlowKey, FlowState)>, usize)> {
-        let m = self
-            .ebpf
-            .map(names::FLOWS)
-            .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::FLOWS))?;
-        let h: HashMap<&MapData, FlowTableKey, FlowState> = HashMap::try_from(m)?;
-        let mut out = Vec::new();
-        let mut total = 0;
-        // Entries evicted while we walk the table are skipped.
-        for (k, v) in h.iter().take(self.flow_capacity as usize * 2 + 16).flatten() {
-            total += 1;
-            if out.len() < limit {
-                out.push((k.flow(&v), v));
-            }
-        }
-        Ok((out, total))
     }
 
     /// The kernel's id of a loaded program (the health check looks for it in the interfaces'
@@ -845,14 +545,6 @@ pub fn own_netns_cookie() -> Result<u64> {
         return Err(std::io::Error::last_os_error().into());
     }
     Ok(cookie)
-}
-
-fn memlock_of(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
-    use std::os::fd::AsRawFd;
-    let text = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("memlock:"))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Makes `path` root's (and `group`'s, when given) alone.
