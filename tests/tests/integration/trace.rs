@@ -10,8 +10,10 @@ use paceline_common::{
 };
 use paceline_tests::skb::SkBuff;
 
+use crate::flow_cache::udp4;
+use crate::pacing::paced_table;
 use crate::privileged;
-use crate::test_run::{Shared, TC_ACT_SHOT, TC_ACT_UNSPEC, load, paced_table, run, tcp4, udp4};
+use crate::test_run::{Shared, TC_ACT_SHOT, TC_ACT_UNSPEC, load, run, tcp4};
 
 const SESSION: u64 = 0x7e57;
 
@@ -163,7 +165,7 @@ fn drops_keep_their_verdict_and_drops_only_records_nothing_else() {
     }
     let mut dp = load();
     // 1000-byte packets at 10 kB/s, horizon 250 ms: the 4th is dropped (see
-    // test_run::beyond_horizon_drops_and_advances_no_clock).
+    // pacing::beyond_horizon_drops_and_advances_no_clock).
     let t = paced_table(0, 10_000, 0, 250_000_000);
     dp.write_rules(&t, &[]).unwrap();
     start(&mut dp, TRACE_DROPS_ONLY, 1, 1000);

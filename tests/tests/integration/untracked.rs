@@ -6,8 +6,9 @@
 use paceline_common::maps::{ClassConfig, TABLE_UNTRACKED_CLASSES};
 use paceline_tests::skb::SkBuff;
 
+use crate::flow_cache::{cached_class, udp4};
 use crate::privileged;
-use crate::test_run::{cached_class, load, port_rule, run, table, udp4};
+use crate::test_run::{load, port_rule, run, table};
 
 /// Under a policy where class 1 keeps a flow clock and class 2 nothing, with
 /// `TABLE_UNTRACKED_CLASSES` (as the compiler flags it under `spec.track_flows: auto`), a flow
