@@ -17,7 +17,7 @@ use std::{
 use paceline_tests::{
     agent::{Agent, Scratch},
     policygen::BigPolicy,
-    testbed::{LinkOpts, Testbed},
+    testbed::{self, LinkOpts, Testbed},
 };
 
 use crate::privileged;
@@ -230,11 +230,7 @@ fn the_maps_kernel_memory_is_reported_by_part_and_follows_the_policy_size() {
     if !privileged("the_maps_kernel_memory_is_reported_by_part_and_follows_the_policy_size") {
         return;
     }
-    let tb = Testbed::new("kmem").expect("testbed");
-    let a = tb.add_host("a").expect("host a");
-    let b = tb.add_host("b").expect("host b");
-    let _link = tb.link_with(&a, &b, &LinkOpts::default()).expect("link");
-    let ifname = a.iface_to(&b).expect("a's interface").ifname;
+    let (_tb, a, b, ifname) = testbed::two_hosts("kmem").expect("testbed");
     let policy = |rules: u32| {
         BigPolicy {
             interfaces: format!("[{ifname}]"),
