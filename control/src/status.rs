@@ -342,27 +342,7 @@ pub struct FlowTable {
     pub memlock_bytes: Option<u64>,
 }
 
-/// The kernel memory the datapath's maps take, by the kernel's accounting (memlock), read
-/// when asked (`crate::kernel::memory`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KernelMemory {
-    pub total_bytes: u64,
-    /// The per-flow table (`spec.flow_table_size`).
-    pub flow_table_bytes: u64,
-    /// The classifier's maps, both banks: the fixed fast words and each bank's words and
-    /// hash tables, which follow the policy's size.
-    pub classifier_bytes: u64,
-    /// Everything else: counters, clocks, the per-CPU state, sockets' storage, D3, trace.
-    pub other_bytes: u64,
-    /// Every map, largest first.
-    pub maps: Vec<MapMemory>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MapMemory {
-    pub name: String,
-    pub bytes: u64,
-}
+pub use crate::kernel::memory::{KernelMemory, MapMemory};
 
 /// `/status`: the status document with live counters per class and level.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -8,8 +8,29 @@
 use std::collections::BTreeMap;
 
 use paceline_common::maps::names;
+use serde::{Deserialize, Serialize};
 
-use crate::status::{KernelMemory, MapMemory};
+/// The kernel memory the datapath's maps take, by the kernel's accounting (memlock), read
+/// when asked ([`of_this_process`]), as `/status` serves it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelMemory {
+    pub total_bytes: u64,
+    /// The per-flow table (`spec.flow_table_size`).
+    pub flow_table_bytes: u64,
+    /// The classifier's maps, both banks: the fixed fast words and each bank's words and
+    /// hash tables, which follow the policy's size.
+    pub classifier_bytes: u64,
+    /// Everything else: counters, clocks, the per-CPU state, sockets' storage, D3, trace.
+    pub other_bytes: u64,
+    /// Every map, largest first.
+    pub maps: Vec<MapMemory>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapMemory {
+    pub name: String,
+    pub bytes: u64,
+}
 
 /// A numeric field of an fdinfo text.
 fn field<T: std::str::FromStr>(text: &str, name: &str) -> Option<T> {
