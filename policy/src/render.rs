@@ -473,8 +473,9 @@ fn classifier_report(st: &crate::ctab::Stats, out: &mut String) {
     ]);
     t.render(out);
     out.push_str(&format!(
-        "  kernel memory: about {:.1} MiB\n",
-        st.kernel_bytes() as f64 / (1024.0 * 1024.0)
+        "  kernel memory: about {:.1} MiB in each of the two banks, beside {} MiB of fixed fast words\n",
+        st.kernel_bytes() as f64 / (1024.0 * 1024.0),
+        2 * paceline_common::maps::CTAB_FAST_WORDS as u64 * 8 >> 20
     ));
 }
 
