@@ -129,7 +129,13 @@ pub async fn run(opts: Options) -> Result<()> {
     }
 
     // The maps a previous agent pinned are reused where their layout is this build's.
-    let expected = persist::expected_layouts(EBPF_OBJECT, compiled.flow_table_size)?;
+    let load = LoadOptions {
+        flow_table_size: compiled.flow_table_size,
+        dasr_maps: compiled.dasr.is_some(),
+        pins: Some(pins.clone()),
+        ..LoadOptions::default()
+    };
+    let expected = persist::expected_layouts(EBPF_OBJECT, &load.map_sizes())?;
     let adoption = pins.prepare(&expected, dir.read_json::<persist::Record>(PINS_FILE).as_ref())?;
     if !adoption.kept.is_empty() {
         log::info!("kept the previous agent's maps: {}", adoption.kept.join(", "));
@@ -137,11 +143,7 @@ pub async fn run(opts: Options) -> Result<()> {
     for (name, why) in &adoption.reset {
         log::warn!("reset {name}: {why}");
     }
-    let mut dp = Datapath::load(&LoadOptions {
-        flow_table_size: compiled.flow_table_size,
-        pins: Some(pins.clone()),
-        ..LoadOptions::default()
-    })?;
+    let mut dp = Datapath::load(&load)?;
     dir.write_json(PINS_FILE, &persist::Record::of_this_build(expected))?;
     for slot in compiled.slots_to_reset(slots.as_ref()) {
         dp.reset_slot(slot)?;

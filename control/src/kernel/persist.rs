@@ -262,20 +262,20 @@ fn pinned_layout(path: &Path) -> Result<MapLayout> {
     })
 }
 
-/// The layouts of the object's named maps (`PL_*`; not .rodata/.bss), with the flow table sized
-/// `flow_table_size` as the loader sizes it.
-pub fn expected_layouts(object: &[u8], flow_table_size: u32) -> Result<BTreeMap<String, MapLayout>> {
+/// The layouts of the object's named maps (`PL_*`; not .rodata/.bss), with the maps of `sizes`
+/// (`LoadOptions::map_sizes`: the flow table, DASR's maps when DASR is off) sized as the loader
+/// sizes them.
+pub fn expected_layouts(object: &[u8], sizes: &[(&str, u32)]) -> Result<BTreeMap<String, MapLayout>> {
     let obj = aya_obj::Object::parse(object).context("parsing the eBPF object")?;
     let mut out = BTreeMap::new();
     for (name, m) in &obj.maps {
         if !name.starts_with("PL_") {
             continue;
         }
-        let max_entries = if name == paceline_common::maps::names::FLOWS {
-            flow_table_size
-        } else {
-            m.max_entries()
-        };
+        let max_entries = sizes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(m.max_entries(), |(_, entries)| *entries);
         out.insert(
             name.clone(),
             MapLayout {
@@ -343,8 +343,8 @@ mod tests {
     /// have: build.rs found every declaration.
     #[test]
     fn every_map_of_the_object_has_its_types_fingerprinted() {
-        let layouts =
-            expected_layouts(crate::kernel::datapath::EBPF_OBJECT, 1024).expect("the object parses");
+        let layouts = expected_layouts(crate::kernel::datapath::EBPF_OBJECT, &[(names::FLOWS, 1024)])
+            .expect("the object parses");
         let types = map_types();
         assert_eq!(
             layouts.keys().collect::<Vec<_>>(),
@@ -368,8 +368,8 @@ mod tests {
         assert!(numbering_restarts(&with_tables).is_empty());
         assert!(numbering_restarts(&[]).is_empty(), "a fresh start");
         // The names are the object's maps.
-        let layouts =
-            expected_layouts(crate::kernel::datapath::EBPF_OBJECT, 1024).expect("the object parses");
+        let layouts = expected_layouts(crate::kernel::datapath::EBPF_OBJECT, &[(names::FLOWS, 1024)])
+            .expect("the object parses");
         for m in NUMBERED_BY_THE_TABLES.iter().chain([&names::TABLES]) {
             assert!(layouts.contains_key(*m), "{m}");
         }
@@ -378,8 +378,8 @@ mod tests {
     /// What the agent writes reads back the same.
     #[test]
     fn a_record_round_trips() {
-        let layouts =
-            expected_layouts(crate::kernel::datapath::EBPF_OBJECT, 1024).expect("the object parses");
+        let layouts = expected_layouts(crate::kernel::datapath::EBPF_OBJECT, &[(names::FLOWS, 1024)])
+            .expect("the object parses");
         let r = Record::of_this_build(layouts);
         let back: Record =
             serde_json::from_str(&serde_json::to_string(&r).expect("serializes")).expect("parses");

@@ -246,7 +246,7 @@ fn the_maps_kernel_memory_is_reported_by_part_and_follows_the_policy_size() {
     let path = scratch.path("p.yaml");
     std::fs::write(&path, policy(2)).expect("write policy");
     let agent = Agent::start(&a, &path, &scratch.path("state"));
-    let memory = || {
+    let memory = |agent: &Agent| {
         let s = agent.live_status().expect("status");
         let m = s
             .kernel_memory
@@ -268,7 +268,7 @@ fn the_maps_kernel_memory_is_reported_by_part_and_follows_the_policy_size() {
         assert_eq!(Some(m.flow_table_bytes), s.status.flow_table.memlock_bytes);
         m
     };
-    let small = memory();
+    let small = memory(&agent);
     // The fast words: 2^20 four-byte words a bank, two banks, in an array of 8-byte slots.
     let fast = 2 * paceline_common::maps::CTAB_FAST_WORDS as u64 * 8;
     assert!(
@@ -280,7 +280,7 @@ fn the_maps_kernel_memory_is_reported_by_part_and_follows_the_policy_size() {
     agent
         .apply_policy(&policy(100_001), Duration::from_secs(5))
         .expect("the large policy applies");
-    let large = memory();
+    let large = memory(&agent);
     assert!(
         large.classifier_bytes > small.classifier_bytes + (1 << 20),
         "100,000 rules grow the classifier's maps: {} -> {}",
@@ -302,5 +302,33 @@ fn the_maps_kernel_memory_is_reported_by_part_and_follows_the_policy_size() {
     };
     assert_eq!(gauge("flow_table"), large.flow_table_bytes);
     assert!(gauge("classifier") >= fast);
+    // DASR's per-flow map is held at one entry without `spec.dasr`, and at its size with it
+    // (turning DASR on needs a restart, which sizes it). Checked (2026-12-07): with the agent
+    // loading every map at its declared size, the first assertion failed at 7,340,928 bytes.
+    let dasr_flows = |m: &paceline::status::KernelMemory| {
+        m.maps
+            .iter()
+            .find(|x| x.name == paceline_common::dasr::names::DASR_FLOWS)
+            .map(|x| x.bytes)
+            .expect("DASR's flow map is loaded")
+    };
+    assert!(
+        dasr_flows(&large) < 64 * 1024,
+        "DASR's flow map without DASR: {} bytes",
+        dasr_flows(&large)
+    );
+    agent.stop();
+    let with_dasr = policy(2).replace(
+        "  default_class:",
+        "  dasr: {receiver: true, sender: true, line_rate: 1Gbit}\n  default_class:",
+    );
+    std::fs::write(&path, with_dasr).expect("write policy");
+    let agent = Agent::start(&a, &path, &scratch.path("state"));
+    let dasr = memory(&agent);
+    assert!(
+        dasr_flows(&dasr) > 1 << 20,
+        "DASR's flow map with DASR: {} bytes",
+        dasr_flows(&dasr)
+    );
     agent.stop();
 }

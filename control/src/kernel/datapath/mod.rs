@@ -51,6 +51,10 @@ pub const TC_TRACE: &str = "pl_tc_trace";
 pub struct LoadOptions {
     /// Entries of the per-flow LRU table.
     pub flow_table_size: u32,
+    /// DASR's per-flow and per-address maps at their full size; false: one entry each, for an
+    /// agent whose policy has no `spec.dasr` (turning DASR on needs a restart), which then
+    /// does not hold their 7 MiB of kernel memory.
+    pub dasr_maps: bool,
     /// Load the classifier in count-only mode (no pacing, no tagging): the benchmark's floor.
     pub count_only: bool,
     /// Benchmark only: treat any full socket as a TCP socket's (BPF_PROG_TEST_RUN's socket is
@@ -76,10 +80,24 @@ pub struct LoadOptions {
     pub pins: Option<crate::kernel::persist::Pins>,
 }
 
+impl LoadOptions {
+    /// The maps sized at load rather than as the object declares them, and their entries (what
+    /// a pinned map's layout is checked against: `crate::kernel::persist::expected_layouts`).
+    pub fn map_sizes(&self) -> Vec<(&'static str, u32)> {
+        let mut sizes = vec![(names::FLOWS, self.flow_table_size)];
+        if !self.dasr_maps {
+            sizes.push((dasr::names::DASR_FLOWS, 1));
+            sizes.push((dasr::names::DASR_ADDRS, 1));
+        }
+        sizes
+    }
+}
+
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             flow_table_size: DEFAULT_FLOW_TABLE_SIZE,
+            dasr_maps: true,
             count_only: false,
             bench_any_socket: false,
             bench_flow_miss: 0,
@@ -155,8 +173,10 @@ impl Datapath {
         let unstamped: u32 = opts.bench_unstamped_mark;
         let netns = own_netns_cookie().context("reading this process's network namespace cookie")?;
         let mut loader = EbpfLoader::new();
+        for (name, entries) in opts.map_sizes() {
+            loader.map_max_entries(name, entries);
+        }
         loader
-            .map_max_entries(names::FLOWS, opts.flow_table_size)
             .override_global("PL_COUNT_ONLY", &count_only, true)
             .override_global("PL_ANY_SOCK", &any_sock, true)
             .override_global("PL_BENCH_FLOW_MISS", &flow_miss, true)
@@ -167,7 +187,7 @@ impl Datapath {
             loader.map_max_entries(names::TRACE_RING, n);
         }
         let pinned: Vec<(String, std::path::PathBuf)> = match &opts.pins {
-            Some(pins) => crate::kernel::persist::expected_layouts(EBPF_OBJECT, opts.flow_table_size)?
+            Some(pins) => crate::kernel::persist::expected_layouts(EBPF_OBJECT, &opts.map_sizes())?
                 .into_keys()
                 .map(|name| {
                     let path = pins.map(&name);
