@@ -81,6 +81,14 @@ pub struct Inner {
     pub file_digest: Option<u64>,
 }
 
+/// The maps' kernel memory for `/status` and a scrape, read each time (a reload may have grown
+/// a bank's maps) and before the agent's lock is taken: it reads `/proc`, not the agent's state.
+fn kernel_memory() -> Option<crate::status::KernelMemory> {
+    crate::kernel::memory::of_this_process()
+        .map_err(|e| log::debug!("reading the maps' kernel memory: {e}"))
+        .ok()
+}
+
 impl Shared {
     pub fn new(inner: Inner, events: Events, ctl: Ctl) -> Shared {
         Shared {
@@ -105,9 +113,11 @@ impl Shared {
 
     /// `/metrics`: the Prometheus text of the counters, labelled by the status.
     pub fn metrics(&self) -> Result<String> {
+        let memory = kernel_memory();
         let mut g = self.lock();
         let mut ops = g.ops_metrics();
         ops.api_refused = self.api_auth.get().map(|a| a.refused());
+        ops.kernel_memory = memory;
         let dp = g.dp()?;
         let d3 = if g.status.d3.is_some() {
             Some(dp.d3_snapshot()?)
@@ -139,6 +149,7 @@ impl Shared {
 
     /// `/status`: the status with live counters.
     pub fn live_status(&self) -> Result<LiveStatus> {
+        let memory = kernel_memory();
         let g = self.lock();
         let dp = g.dp()?;
         let snap = dp.snapshot()?;
@@ -152,10 +163,6 @@ impl Shared {
             Some(_) => Some(crate::dasr::report(dp)?),
             None => None,
         };
-        // Read each time: a reload may have grown a bank's maps.
-        let memory = crate::kernel::memory::of_this_process()
-            .map_err(|e| log::debug!("reading the maps' kernel memory: {e}"))
-            .ok();
         Ok(LiveStatus::new(g.status.clone(), &snap, d3.as_deref(), &links)
             .with_dasr(dasr.as_ref())
             .with_kernel_memory(memory))
@@ -250,8 +257,7 @@ impl Inner {
             history_generation: self.history_generation,
             sock_ops: self.sock_ops,
             api_refused: None,
-            // Read each scrape: a reload may have grown a bank's maps.
-            kernel_memory: crate::kernel::memory::of_this_process().ok(),
+            kernel_memory: None,
         }
     }
 
