@@ -157,13 +157,14 @@ pub const CT_SEL: u32 = 1 << 2;
 /// Some rule matches on cgroup: look the cgroup's EC up.
 pub const CT_CGROUP: u32 = 1 << 3;
 /// The datapath's, not the compiler's: the words fit [`crate::maps::CTAB_FAST_WORDS`], and the
-/// agent wrote them into the bank's part of `names::CTAB_FAST` as well, where the tc program
-/// reads them without a helper call each (set by the agent when it writes the bank, only with
-/// [`CT_SHAPE_ARRAYS`]). Bit 4 meant the same for the agents before the one-address arrays,
-/// whose fast words were 524,288 a bank in a map of their own: it is never set now, so that such
-/// a program, adopted during an upgrade until the new one replaces it, reads the words map
-/// (which this agent writes) and not its own fast words (which it does not).
-pub const CT_FAST: u32 = 1 << 6;
+/// agent wrote them into the bank's entry of `names::CTAB_FAST` as well, where the tc program
+/// reads them with one array read each (set by the agent when it writes the bank, only with
+/// [`CT_SHAPE_ARRAYS`]). Bits 4 and 6 meant the same for earlier agents, whose fast words had
+/// other layouts (bit 4: 524,288 a bank in a map of their own; bit 6: a word to each 8-byte
+/// entry of one array): they are never set now, so that such a program, adopted during an
+/// upgrade until the new one replaces it, reads the words map (which this agent writes) and
+/// not its own fast words (which it does not).
+pub const CT_FAST: u32 = 1 << 7;
 /// The compiler's: every selector's rules with one address condition are also arrays over
 /// that dimension's ECs ([`shape_at`]; an array read instead of a hash lookup), and the words
 /// fit [`crate::maps::CTAB_FAST_WORDS`]. Those rules stay in the rule

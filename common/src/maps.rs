@@ -41,13 +41,15 @@ pub mod names {
     /// `ArrayOfMaps` with one inner `Array<u32>` per bank: the compiled classifier's words
     /// (see [`crate::ctab`]).
     pub const CTAB_WORDS: &str = "PL_CTAB_WORDS";
-    /// `Array<u32>` of 2 x [`super::CTAB_FAST_WORDS`] words (mmap-able; 8 bytes an entry, as
-    /// every array's), bank `b`'s from word `b * CTAB_FAST_WORDS`: the classifier's words
-    /// once more, where a policy's fit (`ctab::CT_FAST`). A plain array, whose lookups the
-    /// verifier inlines; an inner map's are helper calls (an inner array of any size cannot be
-    /// inlined), one per word read. (Two words to a `u64` entry took half the memory, but the
-    /// shift that picks one made Linux 6.12's verifier walk the egress program seven times
-    /// over.)
+    /// `Array<`[`super::FastWords`]`>` of 2 entries, one a bank (mmap-able; each bank's
+    /// [`super::CTAB_FAST_WORDS`] words packed, 4 bytes a word): the classifier's words once
+    /// more, where a policy's fit (`ctab::CT_FAST`). A plain array: the tc program looks its
+    /// bank's entry up once a packet and reads each word at an index masked to the bank's
+    /// size, without a lookup, a bound check or a null test a word (an inner map's reads are
+    /// helper calls, one per word). Before, a word to each 8-byte entry of an array of 2 x
+    /// `CTAB_FAST_WORDS` (twice the memory, an inlined lookup a word); two words to a `u64`
+    /// entry, picked by a shift, made Linux 6.12's verifier walk the egress program seven
+    /// times over.
     pub const CTAB_FAST: &str = "PL_CTAB_FAST";
     /// `ArrayOfMaps` with one inner `HashMap<SelKey, u32>` per bank (see `ctab::LIST_AT`).
     pub const CTAB_SELS: &str = "PL_CTAB_SELS";
@@ -88,12 +90,16 @@ pub const MAX_LEVELS: usize = 8;
 /// Entries of [`names::AGG_CLOCKS`] and of [`names::STATS`].
 pub const AGG_SLOTS: usize = MAX_CLASSES + MAX_LEVELS;
 const _: () = assert!(MAX_CLASSES.is_power_of_two() && MAX_LEVELS.is_power_of_two());
-/// Words of each bank's part of [`names::CTAB_FAST`] (8 MiB, 16 MiB the map): a policy whose
+/// Words of each bank's part of [`names::CTAB_FAST`] (4 MiB, 8 MiB the map): a policy whose
 /// words fit is classified from there. A policy with port or protocol rules pays the protocol
 /// table and a 16-bit root per address trie it has (65,536 words each). 100,000 rules of
 /// `tcp dst <address>/32 dst_port 11211` take 572,603 words, and 772,605 with their
 /// one-address arrays (`ctab::CT_SHAPE_ARRAYS`), which are added only where everything fits.
 pub const CTAB_FAST_WORDS: u32 = 1 << 20;
+/// A bank's entry of [`names::CTAB_FAST`]: its words, 4 bytes each.
+pub type FastWords = [u32; CTAB_FAST_WORDS as usize];
+/// The values of [`names::CTAB_FAST`], both banks: its kernel memory, less a page of header.
+pub const CTAB_FAST_BYTES: u64 = 2 * core::mem::size_of::<FastWords>() as u64;
 
 /// Default entries of [`names::FLOWS`] (`spec.flow_table_size`): 65 536 flows, a 16-byte key
 /// and a 72-byte [`FlowState`] each: 9.5 MiB of kernel memory by the map's memlock, which

@@ -234,7 +234,7 @@ fn rendered_metrics() -> String {
         api_refused: Some((2, 1)),
         kernel_memory: Some(paceline::kernel::memory::summarize([
             (1, "PL_FLOWS".to_string(), 9_962_368),
-            (2, "PL_CTAB_FAST".to_string(), 16_781_312),
+            (2, "PL_CTAB_FAST".to_string(), 8_392_704),
             (3, "PL_CPU".to_string(), 1_000_000),
         ])),
     };

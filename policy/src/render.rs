@@ -475,7 +475,7 @@ fn classifier_report(st: &crate::ctab::Stats, out: &mut String) {
     out.push_str(&format!(
         "  kernel memory: about {:.1} MiB in each of the two banks, beside {} MiB of fixed fast words\n",
         st.kernel_bytes() as f64 / (1024.0 * 1024.0),
-        (2 * paceline_common::maps::CTAB_FAST_WORDS as u64 * 8) >> 20
+        paceline_common::maps::CTAB_FAST_BYTES >> 20
     ));
 }
 

@@ -68,6 +68,7 @@ impl Datapath {
             let held = (old_fast && old_image.is_some()).then_some(&was.words[..]);
             bpfsys::patch_words(
                 self.ctab_fast.fd().as_fd(),
+                bpfsys::WordLayout::Packed,
                 next as usize * CTAB_FAST_WORDS as usize,
                 CTAB_FAST_WORDS as usize,
                 held,

@@ -234,16 +234,35 @@ pub fn delete_batch<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<()> {
 /// of its 8-byte entry (an array's entries are 8-byte aligned: this layout is the map's own).
 /// The map must be one no program reads.
 pub fn patch_mmapable(fd: BorrowedFd<'_>, old: &[u32], new: &[u32]) -> io::Result<()> {
-    patch_words(fd, 0, old.len().max(new.len()), Some(old), new, 0)
+    patch_words(fd, WordLayout::Entries, 0, old.len().max(new.len()), Some(old), new, 0)
 }
 
-/// Writes the 32-bit words `new` into `len` entries of an mmap-able array map of `u32` (each
-/// word in the low half of its 8-byte entry, as [`patch_mmapable`]), from entry `start` (a
-/// whole number of pages in), and `fill` past the end of `new`. `old`: what those entries
-/// hold, as the same words and `fill` after them, when known: then only the words that differ
-/// are written; `None`: every one is. The region must be one no program reads.
+/// How an mmap-able array map holds 32-bit words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WordLayout {
+    /// One word to an entry, in the low half of its 8 bytes (an `Array<u32>`).
+    Entries,
+    /// Packed, 4 bytes a word, in entries of whole arrays of words (an `Array<[u32; N]>`).
+    Packed,
+}
+
+impl WordLayout {
+    fn bytes(self) -> usize {
+        match self {
+            WordLayout::Entries => 8,
+            WordLayout::Packed => 4,
+        }
+    }
+}
+
+/// Writes the 32-bit words `new` into `len` words of an mmap-able array map laid out as
+/// `layout` says, from word `start` (a whole number of pages in), and `fill` past the end of
+/// `new`. `old`: what those words hold, as the same words and `fill` after them, when known:
+/// then only the words that differ are written; `None`: every one is. The region must be one
+/// no program reads.
 pub fn patch_words(
     fd: BorrowedFd<'_>,
+    layout: WordLayout,
     start: usize,
     len: usize,
     old: Option<&[u32]>,
@@ -262,13 +281,14 @@ pub fn patch_words(
     }
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
-    if !(start * 8).is_multiple_of(page) {
+    let word = layout.bytes();
+    if !(start * word).is_multiple_of(page) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "a region not on a page",
         ));
     }
-    let bytes = (len * 8).div_ceil(page) * page;
+    let bytes = (len * word).div_ceil(page) * page;
     // SAFETY: mapping the map's own memory, shared, at an offset and of a length within its
     // size (the kernel refuses them otherwise).
     let p = unsafe {
@@ -278,18 +298,13 @@ pub fn patch_words(
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
             fd.as_raw_fd(),
-            (start * 8) as libc::off_t,
+            (start * word) as libc::off_t,
         )
     };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    let slots = p.cast::<u64>();
-    let slot = |w: u32| {
-        let mut b = [0u8; 8];
-        b[..4].copy_from_slice(&w.to_ne_bytes());
-        u64::from_ne_bytes(b)
-    };
+    let slot = |i: usize| p.cast::<u8>().wrapping_add(i * word).cast::<u32>();
     let last = match old {
         // Past both `old` and `new`, the region holds `fill` and stays so.
         Some(o) => o.len().max(new.len()).min(len),
@@ -299,8 +314,10 @@ pub fn patch_words(
         let want = new.get(i).copied().unwrap_or(fill);
         let held = old.map(|o| o.get(i).copied().unwrap_or(fill));
         if held != Some(want) {
-            // SAFETY: `i` is below `len`, which the mapping covers.
-            unsafe { slots.add(i).write(slot(want)) };
+            // SAFETY: `i` is below `len`, which the mapping covers; a word (or an entry's low
+            // half: the upper half of an entry is never read and stays as the kernel zeroed
+            // it) is 4-byte aligned.
+            unsafe { slot(i).write(want) };
         }
     }
     // SAFETY: unmapping the mapping made above.

@@ -2,7 +2,7 @@
 //! memlock the kernel charges it (`/proc/self/fdinfo`), counted once however many descriptors
 //! name it, and grouped into what an operator sizes (`spec.flow_table_size`, the policy's
 //! classifier, the rest). The classifier's fast words are a fixed array of both banks
-//! (16 MiB), charged whatever the policy; the words and hash tables of each bank follow the
+//! (8 MiB), charged whatever the policy; the words and hash tables of each bank follow the
 //! policy's size.
 
 use std::{collections::BTreeMap, sync::Mutex};

@@ -11,7 +11,7 @@ use paceline_common::{
     classify::PacketInfo,
     ctab::{CT_FAST, NONE, RuleKey, SelKey, Tables},
     maps::{
-        ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, CTAB_FAST_WORDS, Counters, CpuState,
+        ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, CTAB_FAST_WORDS, Counters, CpuState, FastWords,
         DEFAULT_FLOW_TABLE_SIZE, FlowState, FlowTableKey, Ledger, PolicyTable,
     },
     trace::{TRACE_RING_BYTES, TraceConfig},
@@ -74,9 +74,10 @@ type Rules = BtfHashMap<RuleKey, u32, 1>;
 
 #[btf_map]
 static PL_CTAB_WORDS: ArrayOfMaps<Words, 2> = ArrayOfMaps::new();
-/// The words again, where they fit (`ctab::CT_FAST`): see `names::CTAB_FAST`.
+/// The words again, where they fit (`ctab::CT_FAST`), a bank to an entry: see
+/// `names::CTAB_FAST`.
 #[map(name = "PL_CTAB_FAST")]
-static CTAB_FAST: Array<u32> = Array::with_max_entries(2 * CTAB_FAST_WORDS, abi::BPF_F_MMAPABLE);
+static CTAB_FAST: Array<FastWords> = Array::with_max_entries(2, abi::BPF_F_MMAPABLE);
 #[btf_map]
 static PL_CTAB_SELS: ArrayOfMaps<Sels, 2> = ArrayOfMaps::new();
 #[btf_map]
@@ -89,22 +90,29 @@ pub struct Ctab<const FAST: bool> {
     words: &'static Words,
     sels: &'static Sels,
     rules: &'static Rules,
-    /// The bank's first entry in `CTAB_FAST`.
-    fast_base: u32,
+    /// The bank's entry of `CTAB_FAST` (`FAST` only; null otherwise).
+    fast: *const FastWords,
+    /// This CPU's scratch word each index passes through (`FAST` only; null otherwise).
+    index: *mut u32,
 }
 
 impl<const FAST: bool> Tables for Ctab<FAST> {
     #[inline(always)]
     fn word(&self, i: u32) -> u32 {
         if FAST {
-            // The entry's lookup is inlined (bounds check, shift, add), a word to an entry: an
-            // offset into a larger value computed from `i` would make the verifier track
-            // every word the index came from precisely. Within the bank whatever `i` (a valid
-            // image reads only its own words): a branch more per word cost the verifier a
-            // walk more of what follows a NONE.
-            match CTAB_FAST.get(self.fast_base + (i & (CTAB_FAST_WORDS - 1))) {
-                Some(e) => *e,
-                None => NONE,
+            // One read into the bank's entry, which is looked up once a packet, at an index
+            // masked to the bank's size: no lookup, bound check or null test a word (a branch
+            // more per word cost the verifier a walk more of what follows a NONE). The index
+            // passes through this CPU's memory first, so that the verifier, which checks the
+            // read's offset, takes it as any value under the mask: read straight from `i`, it
+            // tracked every word the index came from precisely and walked the egress program
+            // past a million instructions.
+            // SAFETY: `fast` is the bank's map value and `index` this CPU's scratch word, both
+            // valid for this program run; volatile so LLVM keeps the round trip.
+            unsafe {
+                self.index.write_volatile(i);
+                let j = self.index.read_volatile() & (CTAB_FAST_WORDS - 1);
+                (*self.fast)[j as usize]
             }
         } else {
             self.words.get(i).copied().unwrap_or(NONE)
@@ -163,7 +171,16 @@ fn ctab<const FAST: bool>(bank: u32) -> Option<Ctab<FAST>> {
         words: PL_CTAB_WORDS.get(bank)?,
         sels: PL_CTAB_SELS.get(bank)?,
         rules: PL_CTAB_RULES.get(bank)?,
-        fast_base: (bank & 1) * CTAB_FAST_WORDS,
+        fast: if FAST {
+            CTAB_FAST.get_ptr(bank & 1)?
+        } else {
+            core::ptr::null()
+        },
+        index: if FAST {
+            &mut cpu()?.opaque[0]
+        } else {
+            core::ptr::null_mut()
+        },
     })
 }
 

@@ -269,8 +269,8 @@ fn the_maps_kernel_memory_is_reported_by_part_and_follows_the_policy_size() {
         m
     };
     let small = memory(&agent);
-    // The fast words: 2^20 four-byte words a bank, two banks, in an array of 8-byte slots.
-    let fast = 2 * paceline_common::maps::CTAB_FAST_WORDS as u64 * 8;
+    // The fast words: 2^20 four-byte words a bank, two banks, packed.
+    let fast = paceline_common::maps::CTAB_FAST_BYTES;
     assert!(
         small.classifier_bytes >= fast,
         "the classifier holds the fast words: {} < {fast}",
