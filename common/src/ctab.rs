@@ -119,6 +119,18 @@ pub const LIST_AT: u32 = 1 << 31;
 /// rule, and the bits below are that selector (a tenant list: rules sharing one protocol and
 /// port condition, each with its own addresses), so no list is read.
 pub const LIST_ONE: u32 = 1 << 30;
+/// With [`LIST_AT`] and [`LIST_ONE`], in the fast words only (`names::CTAB_FAST`: what the
+/// agent writes there, [`Tables::direct_lists`]): the one selector's rules all have one address
+/// condition, all of one dimension, and the bits under [`LIST_DIRECT_DST`] are the word offset
+/// of their array over that dimension's ECs ([`shape_at`]'s array): the packet's rule is one
+/// word there, without the selector's record or the word that names the array (a tenant list's
+/// first packet, five word reads fewer). The words map keeps the selector (the
+/// [`LIST_ONE`] word), which every other reader, and a program of an earlier agent, reads.
+pub const LIST_DIRECT: u32 = 1 << 29;
+/// With [`LIST_DIRECT`]: the array is over the destination ECs (clear: the source's).
+pub const LIST_DIRECT_DST: u32 = 1 << 28;
+/// With [`LIST_DIRECT`]: the bits that hold the array's word offset.
+pub const LIST_DIRECT_AT: u32 = LIST_DIRECT_DST - 1;
 /// Words of a selector list: its address-free rule (or [`NONE`]), its number of selectors.
 pub const LIST_ANY_BEST: u32 = 0;
 pub const LIST_N: u32 = 1;
@@ -296,6 +308,11 @@ pub trait Tables {
     /// for the verifier); memory, by the flag.
     fn shape_arrays(&self, h: &CtabHeader) -> bool {
         h.flags & CT_SHAPE_ARRAYS != 0
+    }
+    /// Whether these words are the fast words, where a last phase's word may be a
+    /// [`LIST_DIRECT`] one (a constant for the verifier).
+    fn direct_lists(&self) -> bool {
+        false
     }
     /// `v` unchanged, but unknown to the eBPF verifier: the paths that computed it (a trie
     /// walk ends at one of several levels) then continue as one (see the datapath's
@@ -506,6 +523,10 @@ pub fn first_rule<T: Tables>(h: &CtabHeader, t: &T, p: &PacketInfo) -> u32 {
     }
     if w & LIST_AT == 0 {
         return min(best, w);
+    }
+    if t.direct_lists() && w & LIST_DIRECT != 0 {
+        let ec = if w & LIST_DIRECT_DST != 0 { b } else { a };
+        return min(best, t.word((w & LIST_DIRECT_AT).wrapping_add(ec)));
     }
     // A list of one selector and no address-free rule is named in the word itself (a tenant
     // list: no list to read); any other is read from the words.

@@ -65,14 +65,15 @@ impl Datapath {
         // only where everything fits (`CT_SHAPE_ARRAYS`).
         let fast = image.words.len() <= CTAB_FAST_WORDS as usize && image.header.flags & CT_SHAPE_ARRAYS != 0;
         if fast {
-            let held = (old_fast && old_image.is_some()).then_some(&was.words[..]);
+            // With their direct lists (`ctab::LIST_DIRECT`), which only that reader reads.
+            let held = (old_fast && old_image.is_some()).then(|| was.fast_words());
             bpfsys::patch_words(
                 self.ctab_fast.fd().as_fd(),
                 bpfsys::WordLayout::Packed,
                 next as usize * CTAB_FAST_WORDS as usize,
                 CTAB_FAST_WORDS as usize,
-                held,
-                &image.words,
+                held.as_deref(),
+                &image.fast_words(),
                 paceline_common::ctab::NONE,
             )
             .context("writing PL_CTAB_FAST")?;

@@ -234,7 +234,15 @@ pub fn delete_batch<K: Copy>(fd: BorrowedFd<'_>, keys: &[K]) -> io::Result<()> {
 /// of its 8-byte entry (an array's entries are 8-byte aligned: this layout is the map's own).
 /// The map must be one no program reads.
 pub fn patch_mmapable(fd: BorrowedFd<'_>, old: &[u32], new: &[u32]) -> io::Result<()> {
-    patch_words(fd, WordLayout::Entries, 0, old.len().max(new.len()), Some(old), new, 0)
+    patch_words(
+        fd,
+        WordLayout::Entries,
+        0,
+        old.len().max(new.len()),
+        Some(old),
+        new,
+        0,
+    )
 }
 
 /// How an mmap-able array map holds 32-bit words.

@@ -11,8 +11,8 @@ use paceline_common::{
     classify::PacketInfo,
     ctab::{CT_FAST, NONE, RuleKey, SelKey, Tables},
     maps::{
-        ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, CTAB_FAST_WORDS, Counters, CpuState, FastWords,
-        DEFAULT_FLOW_TABLE_SIZE, FlowState, FlowTableKey, Ledger, PolicyTable,
+        ADMIT_SLOTS, AGG_SLOTS, AdmitSlot, AggClock, CTAB_FAST_WORDS, Counters, CpuState,
+        DEFAULT_FLOW_TABLE_SIZE, FastWords, FlowState, FlowTableKey, Ledger, PolicyTable,
     },
     trace::{TRACE_RING_BYTES, TraceConfig},
 };
@@ -136,6 +136,12 @@ impl<const FAST: bool> Tables for Ctab<FAST> {
     /// verifier walks one way.
     #[inline(always)]
     fn shape_arrays(&self, _: &paceline_common::ctab::CtabHeader) -> bool {
+        FAST
+    }
+
+    /// The fast words are written with their direct lists (`ctab::LIST_DIRECT`).
+    #[inline(always)]
+    fn direct_lists(&self) -> bool {
         FAST
     }
 

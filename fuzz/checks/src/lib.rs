@@ -426,7 +426,16 @@ fn addresses(i: &ClassifyInput) -> ([u8; 16], [u8; 16]) {
 /// `Err` when the rules do not compile (too large). One place to change with its type.
 pub fn compiled_first_rule(rules: &[Rule], p: &PacketInfo) -> Result<Option<usize>, String> {
     let image = paceline_policy::ctab::build(rules).map_err(|e| e.to_string())?;
-    Ok(paceline_policy::ctab::MemTables::new(&image).first_rule(p))
+    let got = paceline_policy::ctab::MemTables::new(&image).first_rule(p);
+    // The fast words, as the tc program reads them, give the same rule.
+    if let Some(fast) = paceline_policy::ctab::MemTables::fast(&image) {
+        assert_eq!(
+            fast.first_rule(p),
+            got,
+            "the fast words and the words map disagree"
+        );
+    }
+    Ok(got)
 }
 
 /// The classify target: the bytes as a [`ClassifyInput`] (as libFuzzer's typed targets read

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use paceline_common::classify::Rule;
 use paceline_common::ctab::{
-    CT_CGROUP, CT_DST, CT_SEL, CT_SHAPE_ARRAYS, CT_SRC, CtabHeader, LIST_AT, LIST_ONE, MAX_PHASE_ARRAY_WORDS,
-    MAX_SEL_MATCH, NONE, PHASES, RuleKey, SEL_ANY, SEL_BOTH, SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS,
-    SHAPE_AT_DST, SHAPE_AT_SRC, SHAPE_BOTH, SHAPE_DST, SHAPE_SRC, SelKey, TAG_CGROUP, TAG_PHASE, rule_tag,
-    shape_at,
+    CT_CGROUP, CT_DST, CT_SEL, CT_SHAPE_ARRAYS, CT_SRC, CtabHeader, LIST_AT, LIST_DIRECT, LIST_DIRECT_AT,
+    LIST_DIRECT_DST, LIST_ONE, MAX_PHASE_ARRAY_WORDS, MAX_SEL_MATCH, NONE, PHASES, RuleKey, SEL_ANY,
+    SEL_BOTH, SEL_DST, SEL_FIRST, SEL_SRC, SEL_WORDS, SHAPE_AT_DST, SHAPE_AT_SRC, SHAPE_BOTH, SHAPE_DST,
+    SHAPE_SRC, SelKey, TAG_CGROUP, TAG_PHASE, rule_tag, shape_at,
 };
 use paceline_common::maps::CTAB_FAST_WORDS;
 
@@ -121,6 +121,8 @@ pub fn build_after(
     // ---- field ECs over the selectors that have conditions ----
     let has_conds = sels.iter().any(|s| !s.is_any());
     let mut sel_entries: Vec<(SelKey, u32)> = Vec::new();
+    // The last phase's array words that name one selector (`LIST_ONE`), and the selector.
+    let mut one_sel_words: Vec<(u32, u32)> = Vec::new();
     let mut rule_entries: Vec<(RuleKey, u32)> = Vec::new();
     let fields = match memo.and_then(|m| m.fields.as_ref()) {
         Some(f) if f.sels == sels && f.lim == *lim => f.clone(),
@@ -273,7 +275,11 @@ pub fn build_after(
             let y = yields[set as usize];
             if direct {
                 let (off, stride) = (h.phase_off[last_phase], h.phase_stride[last_phase]);
-                words[(off + key.prev * stride + key.val) as usize] = y;
+                let at = off + key.prev * stride + key.val;
+                words[at as usize] = y;
+                if y != NONE && y & (LIST_AT | LIST_ONE) == LIST_AT | LIST_ONE {
+                    one_sel_words.push((at, y & (LIST_ONE - 1)));
+                }
             } else if y != NONE {
                 sel_entries.push((key, y));
             }
@@ -543,6 +549,29 @@ pub fn build_after(
         let classes: Vec<u32> = rules.iter().map(|r| u32::from(r.class)).collect();
         h.rule_class_off = push(&mut words, &classes);
     }
+    // ---- the fast words' direct lists ----
+    // Where a last phase's word names one selector whose rules all have one address
+    // condition, in one dimension, with their array: the fast words name the array instead
+    // (`LIST_DIRECT`).
+    let mut fast = Vec::new();
+    if h.flags & CT_SHAPE_ARRAYS != 0 {
+        for &(at, sel) in &one_sel_words {
+            let g = &groups[sel as usize];
+            let direct = match (g[SHAPE_SRC as usize].is_empty(), g[SHAPE_DST as usize].is_empty()) {
+                _ if !g[0].is_empty() || !g[SHAPE_BOTH as usize].is_empty() => None,
+                (false, true) => Some((SHAPE_SRC, 0)),
+                (true, false) => Some((SHAPE_DST, LIST_DIRECT_DST)),
+                _ => None,
+            };
+            if let Some((shape, bit)) = direct {
+                let arr = arrays_at[sel as usize][shape as usize - 1];
+                if arr != NONE && arr <= LIST_DIRECT_AT {
+                    fast.push((at, LIST_AT | LIST_ONE | LIST_DIRECT | bit | arr));
+                }
+            }
+        }
+        fast.sort_unstable();
+    }
     limit("words", words.len(), lim.words, || {
         "address tries, field tables and rule classes".into()
     })?;
@@ -551,6 +580,7 @@ pub fn build_after(
     Ok(Image {
         header: h,
         words,
+        fast,
         sels: sel_entries,
         rules: rule_list,
         stats: st,

@@ -175,6 +175,8 @@ impl BuildTimes {
 pub struct Image {
     pub header: CtabHeader,
     pub words: Vec<u32>,
+    /// Where the fast words differ from `words` (`ctab::LIST_DIRECT`): (word, value), by word.
+    pub fast: Vec<(u32, u32)>,
     pub sels: Vec<(SelKey, u32)>,
     pub rules: Vec<(RuleKey, u32)>,
     pub stats: Stats,
@@ -189,6 +191,7 @@ impl Image {
     pub fn same_tables(&self, o: &Image) -> bool {
         self.header == o.header
             && self.words == o.words
+            && self.fast == o.fast
             && self.sels == o.sels
             && self.rules == o.rules
             && self.stats == o.stats
@@ -196,11 +199,21 @@ impl Image {
 }
 
 impl Image {
+    /// The words as the fast words hold them (`names::CTAB_FAST`): `words` with `fast` in.
+    pub fn fast_words(&self) -> Vec<u32> {
+        let mut w = self.words.clone();
+        for &(i, v) in &self.fast {
+            w[i as usize] = v;
+        }
+        w
+    }
+
     /// No tables at all: what a bank holds before its first policy.
     pub fn empty() -> Self {
         Image {
             header: CtabHeader::empty(),
             words: Vec::new(),
+            fast: Vec::new(),
             sels: Vec::new(),
             rules: Vec::new(),
             stats: Stats::default(),
@@ -237,15 +250,31 @@ pub struct MemTables<'a> {
     pub image: &'a Image,
     sels: HashMap<SelKey, u32>,
     rules: HashMap<RuleKey, u32>,
+    /// The fast words ([`Image::fast_words`]) when read as the tc program reads them there.
+    fast: Option<Vec<u32>>,
+    /// Words read so far (what a packet's lookup costs, in the tests).
+    pub reads: std::cell::Cell<u32>,
 }
 
 impl<'a> MemTables<'a> {
+    /// Read as the words map's readers read it.
     pub fn new(image: &'a Image) -> Self {
         MemTables {
             image,
             sels: image.sels.iter().copied().collect(),
             rules: image.rules.iter().copied().collect(),
+            fast: None,
+            reads: std::cell::Cell::new(0),
         }
+    }
+
+    /// Read as the tc program reads the fast words, where the agent writes them (the image
+    /// has its one-address arrays, `CT_SHAPE_ARRAYS`); `None` where it does not.
+    pub fn fast(image: &'a Image) -> Option<Self> {
+        (image.header.flags & paceline_common::ctab::CT_SHAPE_ARRAYS != 0).then(|| MemTables {
+            fast: Some(image.fast_words()),
+            ..MemTables::new(image)
+        })
     }
 
     /// The first rule that matches `p`, by the datapath's lookup.
@@ -259,7 +288,17 @@ impl<'a> MemTables<'a> {
 
 impl Tables for MemTables<'_> {
     fn word(&self, i: u32) -> u32 {
-        self.image.words.get(i as usize).copied().unwrap_or(NONE)
+        self.reads.set(self.reads.get() + 1);
+        self.fast
+            .as_deref()
+            .unwrap_or(&self.image.words)
+            .get(i as usize)
+            .copied()
+            .unwrap_or(NONE)
+    }
+
+    fn direct_lists(&self) -> bool {
+        self.fast.is_some()
     }
 
     fn sel(&self, key: &SelKey) -> u32 {

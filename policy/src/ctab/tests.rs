@@ -181,11 +181,20 @@ fn check(rules: &[Rule], packets: &[PacketInfo]) -> bool {
             Err(BuildError::Limit { .. }) => return false,
             Err(e) => panic!("build failed: {e}\nrules: {rules:#?}"),
         };
+        // As the words map's readers read it, and as the tc program reads the fast words.
         let t = MemTables::new(&image);
+        let fast = MemTables::fast(&image);
         for p in packets {
             let want = first_match(rules, p);
             let got = t.first_rule(p);
             assert_eq!(got, want, "packet {p:#?}\nrules: {rules:#?}\nlimits: {lim:?}");
+            if let Some(f) = &fast {
+                let got = f.first_rule(p);
+                assert_eq!(
+                    got, want,
+                    "fast words: packet {p:#?}\nrules: {rules:#?}\nlimits: {lim:?}"
+                );
+            }
         }
     }
     true
@@ -933,6 +942,53 @@ fn one_address_rules_are_also_an_array_where_everything_fits_the_fast_words() {
         assert_eq!(to.first_rule(&p), want, "{p:?}");
         assert_eq!(tb.first_rule(&p), want, "{p:?}");
     }
+}
+
+/// A tenant list's fast words name its array in the last phase's word (`LIST_DIRECT`): the tc
+/// program reads the packet's rule there, five words fewer than through the selector's record
+/// and the word that names the array, and the same rule. A selector with rules in both
+/// dimensions keeps its record. (Checked with the reader's direct lists turned off: it took the
+/// direct word for a selector and missed the rule, and this failed.)
+#[test]
+fn a_tenant_lists_fast_words_name_its_array_directly() {
+    let tenant = |i: u32| {
+        let a = u32::from_be_bytes([10, 1, (i >> 8) as u8, i as u8]);
+        Rule::any(1 + (i % 7) as u16)
+            .with_proto(6)
+            .with_dport(11211, 11211)
+            .with_dst(v4_mapped(a.to_be()), words(mask(128)))
+    };
+    let rules: Vec<Rule> = (0..1000u32).map(tenant).collect();
+    let image = build(&rules).unwrap();
+    assert!(!image.fast.is_empty(), "the tenant list is a direct list");
+    let (map, fast) = (MemTables::new(&image), MemTables::fast(&image).unwrap());
+    let mut rng = StdRng::seed_from_u64(12);
+    let mut fewer = 0;
+    for i in 0..2000u32 {
+        let mut p = random_packet(&mut rng);
+        p.proto = 6;
+        p.is_v6 = 0;
+        p.unknown = 0;
+        p.dport = [11211, 11212][(i % 2) as usize];
+        p.dst = v4_mapped(u32::from_be_bytes([10, 1, (i >> 8) as u8 & 7, i as u8]).to_be());
+        let want = first_match(&rules, &p);
+        map.reads.set(0);
+        fast.reads.set(0);
+        assert_eq!(map.first_rule(&p), want, "{p:?}");
+        assert_eq!(fast.first_rule(&p), want, "{p:?}");
+        if p.dport == 11211 {
+            assert_eq!(fast.reads.get() + 5, map.reads.get(), "{p:?}");
+            fewer += 1;
+        }
+    }
+    assert_eq!(fewer, 1000);
+    // The same selector with a source rule as well: its record stays in the way.
+    let mut mixed = rules.clone();
+    mixed.push(Rule::any(3).with_proto(6).with_dport(11211, 11211).with_src(
+        v4_mapped(u32::from_be_bytes([192, 0, 2, 1]).to_be()),
+        words(mask(128)),
+    ));
+    assert!(build(&mixed).unwrap().fast.is_empty());
 }
 
 /// A rule with only a source prefix gains a port: its selector takes the id the selector
