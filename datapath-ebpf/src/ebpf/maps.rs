@@ -87,13 +87,15 @@ static PL_CTAB_RULES: ArrayOfMaps<Rules, 2> = ArrayOfMaps::new();
 /// header says they are there, `CT_FAST`). One type each, chosen once per packet ([`classify`]):
 /// a choice made at every word read made the verifier walk the programs twice or more.
 pub struct Ctab<const FAST: bool> {
-    words: &'static Words,
+    /// The bank's words map (not `FAST`; null otherwise: not looked up).
+    words: *const Words,
     sels: &'static Sels,
     rules: &'static Rules,
     /// The bank's entry of `CTAB_FAST` (`FAST` only; null otherwise).
     fast: *const FastWords,
-    /// This CPU's scratch word each index passes through (`FAST` only; null otherwise).
-    index: *mut u32,
+    /// This CPU's scratch words ([`CpuState::opaque`]), looked up once a packet: each fast
+    /// word's index passes through the first, and [`Tables::opaque`]'s values through both.
+    scratch: *mut [u32; 2],
 }
 
 impl<const FAST: bool> Tables for Ctab<FAST> {
@@ -107,15 +109,17 @@ impl<const FAST: bool> Tables for Ctab<FAST> {
             // read's offset, takes it as any value under the mask: read straight from `i`, it
             // tracked every word the index came from precisely and walked the egress program
             // past a million instructions.
-            // SAFETY: `fast` is the bank's map value and `index` this CPU's scratch word, both
-            // valid for this program run; volatile so LLVM keeps the round trip.
+            // SAFETY: `fast` is the bank's map value and `scratch` this CPU's scratch words,
+            // both valid for this program run; volatile so LLVM keeps the round trip.
             unsafe {
-                self.index.write_volatile(i);
-                let j = self.index.read_volatile() & (CTAB_FAST_WORDS - 1);
+                let index = self.scratch.cast::<u32>();
+                index.write_volatile(i);
+                let j = index.read_volatile() & (CTAB_FAST_WORDS - 1);
                 (*self.fast)[j as usize]
             }
         } else {
-            self.words.get(i).copied().unwrap_or(NONE)
+            // SAFETY: not `FAST`: the bank's words map, valid for this program run.
+            unsafe { (*self.words).get(i) }.copied().unwrap_or(NONE)
         }
     }
 
@@ -147,16 +151,11 @@ impl<const FAST: bool> Tables for Ctab<FAST> {
 
     #[inline(always)]
     fn opaque(&self, v: [u32; 2]) -> [u32; 2] {
-        match cpu() {
-            Some(c) => {
-                let p: *mut [u32; 2] = &mut c.opaque;
-                // SAFETY: this CPU's scratch words; volatile so LLVM keeps the round trip.
-                unsafe {
-                    p.write_volatile(v);
-                    p.read_volatile()
-                }
-            }
-            None => v,
+        // SAFETY: this CPU's scratch words, valid for this program run; volatile so LLVM keeps
+        // the round trip.
+        unsafe {
+            self.scratch.write_volatile(v);
+            self.scratch.read_volatile()
         }
     }
 }
@@ -174,7 +173,11 @@ pub fn active() -> Option<(&'static PolicyTable, u32)> {
 #[inline(always)]
 fn ctab<const FAST: bool>(bank: u32) -> Option<Ctab<FAST>> {
     Some(Ctab {
-        words: PL_CTAB_WORDS.get(bank)?,
+        words: if FAST {
+            core::ptr::null()
+        } else {
+            PL_CTAB_WORDS.get(bank)?
+        },
         sels: PL_CTAB_SELS.get(bank)?,
         rules: PL_CTAB_RULES.get(bank)?,
         fast: if FAST {
@@ -182,11 +185,7 @@ fn ctab<const FAST: bool>(bank: u32) -> Option<Ctab<FAST>> {
         } else {
             core::ptr::null()
         },
-        index: if FAST {
-            &mut cpu()?.opaque[0]
-        } else {
-            core::ptr::null_mut()
-        },
+        scratch: &mut cpu()?.opaque,
     })
 }
 
