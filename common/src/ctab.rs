@@ -42,8 +42,11 @@
 //! the best rule found so far: an array read for its rules with one address condition (where
 //! the arrays and the words fit the fast words, [`CT_SHAPE_ARRAYS`]; a hash lookup elsewhere),
 //! a hash lookup for those with both. There, only rules with both a source and a destination
-//! condition (and a cgroup id) take a hash lookup. None of this grows with the number of rules;
-//! the sizes of the structures do (`paceline policy check` prints them).
+//! condition (and a cgroup id) take a hash lookup. Where the fast words hold a tenant list
+//! (one selector whose rules all have one address condition, in one dimension), the last
+//! phase's word there names its array ([`LIST_DIRECT`]): one read instead of the selector's
+//! record. None of this grows with the number of rules; the sizes of the structures do
+//! (`paceline policy check` prints them).
 //!
 //! [`classify`] is that lookup, written once: the eBPF programs run it over the maps, the
 //! agent's tests over the compiled structures in memory, against the linear reference
