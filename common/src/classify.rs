@@ -88,7 +88,7 @@ pub struct Rule {
     /// 1 when the rule has address, mark or cgroup conditions (the datapath checks those only
     /// after the cheap protocol/port/DSCP conditions matched).
     pub deep: u8,
-    /// Index into [`PolicyTable::classes`].
+    /// Index into [`PolicyTable::classes`](crate::maps::PolicyTable::classes).
     pub class: u16,
     pub _pad1: [u8; 6],
 }
