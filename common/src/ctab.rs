@@ -180,6 +180,8 @@ pub const CT_CGROUP: u32 = 1 << 3;
 /// upgrade until the new one replaces it, reads the words map (which this agent writes) and
 /// not its own fast words (which it does not).
 pub const CT_FAST: u32 = 1 << 7;
+// An earlier agent's program reads its own fast words under those bits: never set them.
+const _: () = assert!(CT_FAST & (1 << 4 | 1 << 6) == 0);
 /// The compiler's: every selector's rules with one address condition are also arrays over
 /// that dimension's ECs ([`shape_at`]; an array read instead of a hash lookup), and the words
 /// fit [`crate::maps::CTAB_FAST_WORDS`]. Those rules stay in the rule
