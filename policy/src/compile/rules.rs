@@ -103,22 +103,22 @@ pub(super) fn rule_text(r: &RuleSpec) -> String {
     if let Some(n) = &r.src {
         part(format_args!("src {n}"));
     }
-    if let Some((lo, hi)) = r.src_port {
+    // A port condition: one port, or a range.
+    let ports = |part: &mut dyn FnMut(std::fmt::Arguments), name: &str, (lo, hi): (u16, u16)| {
         if lo == hi {
-            part(format_args!("src_port {lo}"));
+            part(format_args!("{name} {lo}"));
         } else {
-            part(format_args!("src_port {lo}-{hi}"));
+            part(format_args!("{name} {lo}-{hi}"));
         }
+    };
+    if let Some(p) = r.src_port {
+        ports(&mut part, "src_port", p);
     }
     if let Some(n) = &r.dst {
         part(format_args!("dst {n}"));
     }
-    if let Some((lo, hi)) = r.dst_port {
-        if lo == hi {
-            part(format_args!("dst_port {lo}"));
-        } else {
-            part(format_args!("dst_port {lo}-{hi}"));
-        }
+    if let Some(p) = r.dst_port {
+        ports(&mut part, "dst_port", p);
     }
     if let Some(d) = r.dscp {
         part(format_args!("dscp {d}"));
