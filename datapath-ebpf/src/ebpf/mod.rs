@@ -22,7 +22,7 @@ use aya_ebpf::{
 use paceline_common::{
     classify::PacketInfo,
     codel::CODEL_ON,
-    ctab::{self, CT_CGROUP},
+    ctab::CT_CGROUP,
     edt::delay_bucket,
     maps::{
         BENCH_FLOW_NEW, BENCH_FLOW_REPLACE, CLASS_SET_PRIORITY, FlowTableKey, LEVEL_SET_DSCP, LEVEL_SET_PCP,

@@ -19,7 +19,6 @@ use aya_ebpf::{
 };
 use paceline_common::{
     classify::{PacketInfo, UNKNOWN_CGROUP, UNKNOWN_DSCP, UNKNOWN_MARK},
-    ctab,
     maps::{
         ClassConfig, LEVEL_SET_DSCP, MAX_CLASSES, MAX_LEVELS, PolicyTable, TABLE_NO_FLOW_CLOCKS,
         TABLE_SOCK_TOS, v4_mapped,
