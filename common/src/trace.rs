@@ -7,7 +7,7 @@
 //! on each CPU ([`TraceGate`]). Off, the cost is one load of the flags word per packet.
 //!
 //! A [`TraceRecord`] names each clock's slot (flow, class, QJump level: when each would have
-//! let the packet go), the departure written and the clock that set it ([`binding`]).
+//! let the packet go), the departure written and the clock that set it ([`mod@binding`]).
 
 use crate::classify::FlowKey;
 
@@ -263,7 +263,7 @@ pub struct TraceRecord {
     pub class: u16,
     pub level: u8,
     pub action: u8,
-    /// Unused by the datapath (0): the reader computes the binding clock with [`binding`].
+    /// Unused by the datapath (0): the reader computes the binding clock with [`binding()`].
     pub binding: u8,
     /// The DSCP the packet arrived with (the one after any rewrite is in `head`).
     pub dscp_before: u8,
@@ -351,7 +351,7 @@ impl TraceRecord {
     }
 }
 
-/// The [`binding`] value a paced packet's flow keeps (`FlowState::binding`,
+/// The [`mod@binding`] value a paced packet's flow keeps (`FlowState::binding`,
 /// `SockState::binding`): the clock that held it ([`held_index`]'s value, when `delayed`), or
 /// [`binding::NOT_HELD`].
 #[inline(always)]
@@ -386,7 +386,7 @@ pub fn binding(floor: u64, flow: u64, class: u64, level: u64, depart: u64) -> u8
 
 /// Which of [`Counters::held_by`](crate::maps::Counters::held_by) a delayed packet counts in:
 /// 0 its flow clock, 1 its class clock, 2 its level clock; the clock whose slot is the
-/// departure, in [`binding`]'s order on a tie (flow, class, level). A departure that no slot
+/// departure, in [`mod@binding`]'s order on a tie (flow, class, level). A departure that no slot
 /// equals (another CPU reserved the class's or level's clock in between) counts as the
 /// level's. Call it only for a delayed packet (a clock that does not apply reads as the floor,
 /// which a delayed packet's departure lies past).
@@ -419,7 +419,7 @@ pub fn action_name(a: u8) -> &'static str {
     }
 }
 
-/// The name of a [`binding`] value.
+/// The name of a [`mod@binding`] value.
 pub fn binding_name(b: u8) -> &'static str {
     match b {
         binding::NONE => "none",

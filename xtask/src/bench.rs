@@ -41,7 +41,7 @@ struct ExpArgs {
     #[arg(long, default_value_t = 3072)]
     mem: u32,
     /// The VM's kernel: 6.1 (the published figures) or 6.12; results of 6.12 go to
-    /// results/<name>-6.12/.
+    /// `results/<name>-6.12/`.
     #[arg(long, default_value = "6.1", value_name = "6.1|6.12", value_parser = parse_one_kernel)]
     kernel: vm::Series,
 }
@@ -69,7 +69,7 @@ enum Bench {
         #[command(flatten)]
         exp: ExpArgs,
         /// The switch port's rate in Mbit/s (default 20, what the emulated VM forwards). Another
-        /// rate writes to results/qjump[-host]-<N>mbit/.
+        /// rate writes to `results/qjump[-host]-<N>mbit/`.
         #[arg(long)]
         rate_mbit: Option<u64>,
     },
@@ -166,7 +166,7 @@ fn needs(name: &str, host: bool) -> Result<()> {
 }
 
 /// Runs `plexp <name> [extra...]` in the VM (or on the host) and leaves its output in
-/// results/<name>[-host][-<suffix>]/.
+/// `results/<name>[-host][-<suffix>]/`.
 fn experiment(name: &str, a: &ExpArgs, extra: &[String], suffix: Option<&str>) -> Result<()> {
     needs(name, a.host)?;
     cargo_build_release(&["plexp", "plload", "plagent", "plreport"])?;

@@ -1,9 +1,9 @@
 //! `cargo xtask <task>`: the project's tasks that are not a plain `cargo build`/`cargo test`.
 //!
 //! # Layout
-//! - [`test`]: the full test suite on the host kernel and, with `--vm`, inside a VM (kernel matrix).
+//! - [`mod@test`]: the full test suite on the host kernel and, with `--vm`, inside a VM (kernel matrix).
 //! - [`vm`]: boots Debian's stock kernel in qemu with the host filesystem shared over 9p.
-//! - [`bench`]: benchmarks that print figures and write results (never pass/fail on speed).
+//! - [`mod@bench`]: benchmarks that print figures and write results (never pass/fail on speed).
 //! - [`fuzz`]: the cargo-fuzz targets and the differential run through the real datapath.
 
 mod bench;

@@ -51,7 +51,7 @@
 //!    under a tmpfs (writes succeed and vanish with the VM), fresh proc, sysfs, devtmpfs,
 //!    devpts, tmpfs on /tmp, /run, /var/tmp and /dev/shm (host paths under those that the
 //!    command needs, its cwd or program, are bound back in), bpffs at /sys/fs/bpf, cgroup2 at
-//!    /sys/fs/cgroup, debugfs, tracefs; binds the module tree at /lib/modules/<release>. In
+//!    /sys/fs/cgroup, debugfs, tracefs; binds the module tree at `/lib/modules/<release>`. In
 //!    the background meanwhile it insmods the test modules ([`DEFAULT_MODULES`], plus
 //!    `--module` and `PACELINE_VM_MODULES`). Any other module loads on demand: the kernel's
 //!    autoloader runs busybox modprobe over the generated modules.dep/alias, so e.g.

@@ -22,7 +22,7 @@ pub struct SockState {
     pub mark: u32,
     pub class: u16,
     pub dscp: u8,
-    /// Which limit held the socket's last paced packet (as [`FlowState::binding`]).
+    /// Which limit held the socket's last paced packet (as [`crate::maps::FlowState::binding`]).
     pub binding: u8,
     /// DASR: the share its receiver advertised, line / N (wire bytes/s; 0: none), set by the
     /// ingress program from the receiver's ACKs; it caps the flow clock (`crate::dasr::cap`).

@@ -10,6 +10,8 @@ use paceline_policy::{
     self as policy, CompileContext, EnforcementMode, HostFacts, OfflineHost, host::all_routes_managed,
 };
 
+// The help text shows addresses as [V6ADDR]:PORT, which rustdoc would take for links.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args, Debug)]
 #[command(
     after_help = "Examples:\n  paceline classify tcp 10.0.0.1:40000 10.1.2.3:11211\n  paceline classify udp '[fd00::1]:5000' '[fd00::2]:53' --policy policies/default.yaml"

@@ -6,6 +6,8 @@ use anyhow::{Context as _, Result};
 
 use crate::trace::{Msg, PcapWriter};
 
+// The help text shows addresses as [V6ADDR]:PORT, which rustdoc would take for links.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Stop after N packets.

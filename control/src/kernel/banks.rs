@@ -1,7 +1,7 @@
 //! The policy banks: writing a policy into the bank of maps the datapath is not reading, then
 //! switching banks ([`Datapath::write_policy`], [`Datapath::settle`]), and the diffing that
 //! makes a policy a few rules apart cost a few map writes (`words_into`, `hash_into`). The
-//! state a bank keeps between writes ([`Bank`], [`BankMap`]) is a field of [`Datapath`], so its
+//! state a bank keeps between writes (`Bank`, `BankMap`) is a field of [`Datapath`], so its
 //! types stand beside it in `datapath.rs`.
 
 use std::os::fd::AsFd;

@@ -3,7 +3,7 @@
 //! with `paceline_`.
 //!
 //! One module per family: the core families (classes, levels, flows, drops, delays, qdiscs,
-//! the policy) here, D3's router links in [`d3`], DASR's in [`dasr`] (appended by the caller
+//! the policy) here, D3's router links in `d3`, DASR's in `dasr` (appended by the caller
 //! where DASR is on).
 
 mod d3;

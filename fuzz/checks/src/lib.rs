@@ -5,7 +5,7 @@
 //! (`tests/seeds.rs`) replay the checked-in seeds through the same functions in a plain
 //! `cargo test`.
 //!
-//! - [`policy`]: any bytes as a policy file: the pipeline never panics, answers within the
+//! - [`policy()`]: any bytes as a policy file: the pipeline never panics, answers within the
 //!   input bounds, what validates compiles in every enforcement mode (deterministically), and
 //!   the compiled table holds its invariants ([`table_invariants`]).
 //! - [`packet`]: any bytes as a frame through the parser the tc program runs: never panics,
@@ -57,7 +57,7 @@ fn host() -> FakeHost {
         .with_cgroup("/system.slice/memcached.service", 7)
 }
 
-/// The policy target: the bytes as a policy file (UTF-8, else no input) on [`host`].
+/// The policy target: the bytes as a policy file (UTF-8, else no input) on `host`.
 pub fn policy(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
@@ -265,7 +265,7 @@ fn rewrite(f: &mut [u8], l: &Layout, v6: bool, dscp: u8, pcp: u8) {
 // ---- classify ----
 
 /// One rule's conditions, each there or not: what a policy rule can say, before the compiler's
-/// normalisation ([`build`]).
+/// normalisation (`build`).
 #[derive(Clone, Debug, Arbitrary)]
 pub struct RuleParams {
     pub class: u8,
@@ -447,7 +447,7 @@ pub fn classify(data: &[u8]) {
     }
 }
 
-/// The reference matcher and the compiled classifier against [`naive_matches`] on one input.
+/// The reference matcher and the compiled classifier against `naive_matches` on one input.
 pub fn classify_input(input: &ClassifyInput) {
     let params = &input.rules[..input.rules.len().min(256)];
     let rules: Vec<Rule> = params.iter().map(build).collect();

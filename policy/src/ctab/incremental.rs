@@ -37,11 +37,11 @@ pub(super) struct Memo {
     families: Vec<Option<bool>>,
 }
 
-/// [`build_normalized`] for the policy after `prev`'s: the parts whose inputs are those `prev`
+/// [`super::build_normalized`] for the policy after `prev`'s: the parts whose inputs are those `prev`
 /// was built from are taken from it, not built again: an address dimension's ECs and tries
 /// (when every rule has the same prefix there), the field ECs and phases (the same
 /// selectors), a selector's rule-table entries in an address shape (the same rules, prefixes
-/// and ECs). The image is the one [`build_normalized`] makes (`tests::incremental_*`).
+/// and ECs). The image is the one [`super::build_normalized`] makes (`tests::incremental_*`).
 pub fn build_after(
     rules: &[Rule],
     norms: &[Norm],

@@ -10,9 +10,9 @@
 //! - [`addr`]: address ECs (prefix trees, two namespaces) and the multibit tries.
 //! - [`fields`]: ECs of protocol/family/DSCP, ports, marks.
 //! - [`phases`]: the field ECs combined, phase by phase, into the selectors a packet meets.
-//! - [`stages`]: the address stages and the field stage, each with what it was built from, so
+//! - `stages`: the address stages and the field stage, each with what it was built from, so
 //!   that a build can take them from the one before.
-//! - [`incremental`]: the build ([`build_after`]): the stages, the phases' arrays, the
+//! - `incremental`: the build ([`build_after`]): the stages, the phases' arrays, the
 //!   selector lists, the rule tables, the words layout; and what an image keeps so that the
 //!   next build takes the stages an edit leaves unchanged from it.
 //! - this file: the images, rules normalized into selectors and address shapes, the limits.

@@ -12,7 +12,7 @@
 //!   names, factors, protocols) with the bounds they are checked against.
 //! - `levels`, `classes`, `rules`, `d3`, `dasr`: one section of `spec` each; `codel`: the `codel`
 //!   mapping of classes and levels, and where CoDel has a queue to act on.
-//! - here: [`validate`], the top-level fields (interfaces, horizon, flow table, link rate,
+//! - here: `validate`, the top-level fields (interfaces, horizon, flow table, link rate,
 //!   QJump network) and the checks across sections.
 
 mod classes;

@@ -107,7 +107,7 @@ impl Expected {
     }
 }
 
-/// The host kernel's configuration: /proc/config.gz or /boot/config-<release>.
+/// The host kernel's configuration: /proc/config.gz or `/boot/config-<release>`.
 pub(super) fn host_config() -> HashMap<String, String> {
     let text = Command::new("zcat")
         .arg("/proc/config.gz")

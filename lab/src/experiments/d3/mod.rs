@@ -22,7 +22,7 @@
 //! the bottleneck nor D3's per-flow logic cares which host a flow comes from (the paper also
 //! ran several workers per host). Each sender host runs one `plload serve` server (in this
 //! process, inside the host's namespace) on port [`PORT`]; a worker is one persistent TCP
-//! connection from the aggregator to it. The aggregator (`plload pa`, [`pa::run`]) sends a
+//! connection from the aggregator to it. The aggregator (`plload pa`, `pa::run`) sends a
 //! query to all N workers at once; for each (query, worker) it draws a response size uniform in
 //! [2 KB, 50 KB] and a deadline exponential with mean 20, 30 or 40 ms (seeded; the same draws
 //! for every mode at a given N), the worker calls its response hook and writes the response,
@@ -44,7 +44,7 @@
 //!   as flows finish).
 //! - `qjump`: QJump levels with deadline-aware level choice, the counterpart of the paper's
 //!   TCPpr (two priority classes, short deadlines high): the worker's hook
-//!   ([`DeadlineMarkHook`]) marks a response urgent (SO_MARK 1) when its deadline is below the
+//!   (`DeadlineMarkHook`) marks a response urgent (SO_MARK 1) when its deadline is below the
 //!   distribution's median (mean x ln 2); the agent puts marked packets in the top QJump level
 //!   (factor [`Config::qjump_factor`], DSCP 46, so the switch's queue 5) and the rest in the
 //!   lowest (unlimited, DSCP 0, queue 0). QJump parameters n = 8 hosts, P = 1514 B,
@@ -54,7 +54,7 @@
 //!   (capacity 1 Gbit/s), the aggregator runs it as D3 receiver, the senders with a D3 class
 //!   for the workers' port (`enforcement: sockops`, `link_rate: 1Gbit`, which sets the quench
 //!   cap and the scale of requests; the first RTT is the agent's default: one segment per RTT
-//!   until the grant, a 2-segment initial window); the worker's [`D3Hook`] writes each
+//!   until the grant, a 2-segment initial window); the worker's `D3Hook` writes each
 //!   response's size and deadline into the sender agent's pinned application map before
 //!   writing it. Grants are enforced by TCP's own pacing (SO_MAX_PACING_RATE from sock_ops).
 //! - variants: `d3-first-line` (the first RTT at the line rate), `d3-base-rate` (the defaults

@@ -18,7 +18,7 @@
 //! runs one `plload serve` server on [`PORT`] (in this process, in the host's namespace); the S
 //! servers of a point are S connections, server i on host `i % sender_hosts` (the machine has 2
 //! cores: S namespaces with an agent each would be too heavy; the port and DASR count flows,
-//! not hosts). The client (`plload incast`, [`incast::run`]) opens the S connections, then asks
+//! not hosts). The client (`plload incast`, `incast::run`) opens the S connections, then asks
 //! every server for one [`Config::fragment_bytes`] fragment per block, [`Config::blocks`]
 //! blocks.
 //!

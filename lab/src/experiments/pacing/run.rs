@@ -335,7 +335,7 @@ pub(crate) fn run_point(bed: &Bed, agent: &Agent, p: &Point, t: Timing, seed: u6
 }
 
 /// Runs the experiment.
-/// `aggregates`: the points of [`plan_aggregates`] instead of the conformance plan.
+/// `aggregates`: the points of `plan_aggregates` instead of the conformance plan.
 pub fn run(c: &Common, aggregates: bool) -> Result<()> {
     std::fs::create_dir_all(&c.out).with_context(|| format!("create {}", c.out.display()))?;
     let (mut points, level_rate) = if aggregates {

@@ -63,12 +63,12 @@ pub struct Config {
     /// The N axis.
     pub flows: Vec<usize>,
     /// Bottleneck buffers as fractions of the bandwidth-delay product measured at the start
-    /// (the slides' regime: 1.7-6.8%), turned into whole frames with [`buffer_frames`]; unused
+    /// (the slides' regime: 1.7-6.8%), turned into whole frames with `buffer_frames`; unused
     /// when `buffers_pkts` is set.
     pub buffers_bdp: Vec<f64>,
     /// Bottleneck buffers in full frames, instead of `buffers_bdp`.
     pub buffers_pkts: Vec<u32>,
-    /// The modes measured (names of [`Mode`]); unpaced must be among them (N* compares with it).
+    /// The modes measured (names of `Mode`); unpaced must be among them (N* compares with it).
     pub modes: Vec<String>,
     /// Repetitions of the whole plan (outermost loop, so an aborted run keeps whole ones);
     /// N* is located in each and in their pooled results.
