@@ -610,17 +610,22 @@ pub fn on_parse_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
 }
 
 /// RTT (every ACK with an RTT sample, turned on while a share applies): a share the receiver
-/// stopped repeating while the flow kept sending is dropped.
+/// stopped repeating while the flow kept sending is dropped, and so is every share once a
+/// policy no longer makes this host a DASR sender (a reload turned it off: the share would
+/// otherwise hold the connection's SO_MAX_PACING_RATE for as long as it lives).
 #[inline(always)]
 pub fn on_rtt(ctx: &SockOpsContext, table: &PolicyTable) {
-    if table.flags & TABLE_DASR_SENDER == 0 {
-        return;
-    }
     let Some(ds) = dsock(ctx, false) else { return };
     if ds.applied == 0 {
         return;
     }
     let Some(st) = sock_state(ctx) else { return };
+    if table.flags & TABLE_DASR_SENDER == 0 {
+        st.dasr_rate = 0;
+        st.dasr_raise_ns = 0;
+        apply(ctx, table, st, ds, 0);
+        return;
+    }
     // SAFETY: reading the program's own context.
     let (srtt_ns, segs) = unsafe { (((*ctx.ops).srtt_us >> 3) as u64 * 1000, (*ctx.ops).data_segs_out) };
     if !dasr::stale(

@@ -856,3 +856,72 @@ fn against_plain_tcp_two_dasr_senders_keep_the_port_queue_short_at_the_same_good
         "DASR's senders carried less than 85% of cubic's goodput: {msg}"
     );
 }
+
+/// An agent that starts again without the DASR sender role (`spec.dasr` changes take a
+/// restart) releases the shares its connections hold: it adopts the maps the last one pinned
+/// (a crash, an upgrade: here `kill -9`), socket storage with them, and the next ACKs with an
+/// RTT sample set SO_MAX_PACING_RATE back to what the class asks (here nothing: unlimited)
+/// and clear the socket's share, which the tc program's flow clock also reads under fq. One
+/// sender alone, capped at the advertised line, then its agent restarted without `dasr`.
+///
+/// Checked (2026-12-07, host 6.18): with sock_ops' RTT callback returning at once under a
+/// policy without a DASR sender (as it did), the cap stayed at the line after the restart
+/// and this failed.
+#[test]
+fn an_agent_restarted_without_the_dasr_sender_releases_the_shares_it_applied() {
+    let test = "an_agent_restarted_without_the_dasr_sender_releases_the_shares_it_applied";
+    if !can_run(test) {
+        return;
+    }
+    let tcg = crate::under_tcg();
+    let rate_mbit: u64 = if tcg { 20 } else { 100 };
+    let adv_mbit = rate_mbit * 95 / 100;
+    let line = adv_mbit * 125_000;
+    let tb = Testbed::new("dasr_off").expect("testbed");
+    let star = two_senders(&tb, rate_mbit);
+    let rx_ip = star.receiver.ipv4();
+    let fq = sch_fq_available();
+    let enforcement = if fq { "fq" } else { "sockops" };
+    let scratch = Scratch::new("dasr-off");
+    let rx_if = star.receiver.iface_to(&star.router).expect("rx iface").ifname;
+    std::fs::write(scratch.path("rx.yaml"), receiver_policy(&rx_if, adv_mbit, 1000)).unwrap();
+    let _rx_agent = Agent::start(&star.receiver, &scratch.path("rx.yaml"), &scratch.path("rx"));
+    let tx_if = star.sender_iface(0).ifname.clone();
+    std::fs::write(scratch.path("s0.yaml"), sender_policy(&tx_if, enforcement)).unwrap();
+    let agent = Agent::start(&star.senders[0], &scratch.path("s0.yaml"), &scratch.path("s0"));
+    let _received = count_received(&star);
+    let a = star.senders[0]
+        .in_netns(move || TcpStream::connect((rx_ip, PORT)))
+        .expect("netns")
+        .expect("connect");
+    let fd = a.as_raw_fd();
+    let mss = tcp_info(fd).expect("tcp_info").snd_mss;
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = writer(a.try_clone().unwrap(), stop.clone());
+    let cap = || tcp_info(fd).expect("tcp_info").max_pacing_rate;
+    let full = expected_pacing(line, mss, fq);
+    let until = |what: &str, limit: Duration, ok: &dyn Fn(u64) -> bool| {
+        let t0 = Instant::now();
+        loop {
+            let c = cap();
+            if ok(c) {
+                return;
+            }
+            assert!(t0.elapsed() < limit, "{what}: SO_MAX_PACING_RATE {c} after {limit:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    until("capped at the advertised line", Duration::from_secs(10), &|c| {
+        (c as f64 / full - 1.0).abs() <= 0.10
+    });
+    let no_dasr = sender_policy(&tx_if, enforcement).replace("  dasr: {receiver: false, sender: true}\n", "");
+    assert!(!no_dasr.contains("dasr"), "{no_dasr}");
+    agent.kill9();
+    std::fs::write(scratch.path("s0.yaml"), &no_dasr).unwrap();
+    let _agent = Agent::start(&star.senders[0], &scratch.path("s0.yaml"), &scratch.path("s0"));
+    // The data keeps flowing, so ACKs with RTT samples keep coming.
+    until("released after the restart", Duration::from_secs(5), &|c| c == u64::MAX);
+    stop.store(true, Ordering::Relaxed);
+    let _ = a.shutdown(Shutdown::Write);
+    w.join().unwrap();
+}
