@@ -240,6 +240,30 @@ fn can_run(test: &str) -> bool {
     true
 }
 
+/// The bottleneck port's rate and what the receiver advertises of it.
+struct Rates {
+    port_mbit: u64,
+    adv_mbit: u64,
+    /// `adv_mbit` in bytes/s.
+    line: u64,
+}
+
+impl Rates {
+    /// For this machine: the emulated VM forwards about 20 Mbit/s; the host a lot more. The
+    /// receiver advertises 95% of its port (`line_rate` written with headroom): with the shares
+    /// adding up to exactly the port's rate, the queue slow start built never drains, and the
+    /// losses at its limit silence a flow for an RTT, long enough to leave the count.
+    fn here() -> Rates {
+        let port_mbit = if crate::under_tcg() { 20 } else { 100 };
+        let adv_mbit = port_mbit * 95 / 100;
+        Rates {
+            port_mbit,
+            adv_mbit,
+            line: adv_mbit * 125_000,
+        }
+    }
+}
+
 /// Two senders, a router and the receiver, behind an HTB port of `rate_mbit` with a 100 KB
 /// queue toward the receiver.
 fn two_senders(tb: &Testbed, rate_mbit: u64) -> Star {
@@ -296,14 +320,12 @@ fn two_senders_settle_at_half_the_line_and_the_first_returns_to_it_when_the_othe
     if !can_run(test) {
         return;
     }
-    // The emulated VM forwards about 20 Mbit/s; this machine a lot more.
     let tcg = crate::under_tcg();
-    let rate_mbit: u64 = if tcg { 20 } else { 100 };
-    // The receiver advertises 95% of its port (`line_rate` written with headroom): with the
-    // shares adding up to exactly the port's rate, the queue slow start built never drains,
-    // and the losses at its limit silence a flow for an RTT, long enough to leave the count.
-    let adv_mbit = rate_mbit * 95 / 100;
-    let line = adv_mbit * 125_000;
+    let Rates {
+        port_mbit: rate_mbit,
+        adv_mbit,
+        line,
+    } = Rates::here();
     let tb = Testbed::new("dasr_e2e").expect("testbed");
     let star = two_senders(&tb, rate_mbit);
     let rx_ip = star.receiver.ipv4();
@@ -873,10 +895,11 @@ fn an_agent_restarted_without_the_dasr_sender_releases_the_shares_it_applied() {
     if !can_run(test) {
         return;
     }
-    let tcg = crate::under_tcg();
-    let rate_mbit: u64 = if tcg { 20 } else { 100 };
-    let adv_mbit = rate_mbit * 95 / 100;
-    let line = adv_mbit * 125_000;
+    let Rates {
+        port_mbit: rate_mbit,
+        adv_mbit,
+        line,
+    } = Rates::here();
     let tb = Testbed::new("dasr_off").expect("testbed");
     let star = two_senders(&tb, rate_mbit);
     let rx_ip = star.receiver.ipv4();
