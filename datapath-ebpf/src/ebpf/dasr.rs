@@ -611,8 +611,9 @@ pub fn on_parse_hdr_opt(ctx: &SockOpsContext, table: &PolicyTable) {
 
 /// RTT (every ACK with an RTT sample, turned on while a share applies): a share the receiver
 /// stopped repeating while the flow kept sending is dropped, and so is every share once a
-/// policy no longer makes this host a DASR sender (a reload turned it off: the share would
-/// otherwise hold the connection's SO_MAX_PACING_RATE for as long as it lives).
+/// policy no longer makes this host a DASR sender (an agent started again without the role,
+/// adopting the pinned socket storage: the share would otherwise hold the connection's
+/// SO_MAX_PACING_RATE, and the tc program's flow clock, for as long as it lives).
 #[inline(always)]
 pub fn on_rtt(ctx: &SockOpsContext, table: &PolicyTable) {
     let Some(ds) = dsock(ctx, false) else { return };
